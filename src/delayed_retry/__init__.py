@@ -1,0 +1,58 @@
+"""delayed-retry: delayed retries, parking and scheduling for aio-pika consumers, in RabbitMQ."""
+
+from delayed_retry.errors import (
+    ConfigurationError,
+    DelayedRetryError,
+    DelayOutOfRangeError,
+    HandlerSignal,
+    ParkMessage,
+    PublishError,
+    PublishNotConfirmedError,
+    PublishTimeoutError,
+    RetryAfter,
+    TopologyMismatchError,
+)
+from delayed_retry.headers import RetryState
+from delayed_retry.middleware import (
+    RetryingHandler,
+    consume,
+    current_retry_state,
+    retry_state,
+    with_delayed_retry,
+)
+from delayed_retry.observe import Instrumentation, NoInstrumentation
+from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
+from delayed_retry.scheduling import publish_delayed
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+
+__all__ = [
+    # consuming with retries
+    "with_delayed_retry",
+    "consume",
+    "RetryingHandler",
+    "RetryPolicy",
+    "DEFAULT_WAIT",
+    "RetryState",
+    "retry_state",
+    "current_retry_state",
+    # scheduling
+    "publish_delayed",
+    # topology
+    "DelayTopology",
+    "DEFAULT_TOPOLOGY",
+    # telemetry
+    "Instrumentation",
+    "NoInstrumentation",
+    # handler signals
+    "HandlerSignal",
+    "RetryAfter",
+    "ParkMessage",
+    # errors
+    "DelayedRetryError",
+    "ConfigurationError",
+    "DelayOutOfRangeError",
+    "TopologyMismatchError",
+    "PublishError",
+    "PublishNotConfirmedError",
+    "PublishTimeoutError",
+]

@@ -1,0 +1,336 @@
+"""Read and write the retry state a message carries in its headers. Pure functions.
+
+delayed-retry keeps its own state in its own headers (:data:`X_RETRY` and the
+``x-retry-*`` family) and reads the broker's ``x-death`` only to count
+rejections. Before any re-publish the broker's death headers are removed:
+carrying them into the delay chain makes the broker drop the message as a
+dead-letter cycle (RabbitMQ ≤ 3.12) or stall a quorum queue.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+import traceback as tb
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from delayed_retry.durations import from_epoch_ms, to_epoch_ms
+
+__all__ = [
+    "BROKER_HEADERS",
+    "MAX_RETRY_COUNT",
+    "X_DUE_AT",
+    "X_EXCEPTION_MESSAGE",
+    "X_EXCEPTION_TRACEBACK",
+    "X_EXCEPTION_TYPE",
+    "X_FIRST_FAILURE_AT",
+    "X_LAST_ERROR",
+    "X_LAST_FAILURE_AT",
+    "X_ORIGINAL_EXCHANGE",
+    "X_ORIGINAL_ROUTING_KEY",
+    "X_PARKED_AT",
+    "X_PARKED_REASON",
+    "X_QUEUE",
+    "X_RETRY",
+    "RetryState",
+    "failure_headers",
+    "parking_headers",
+    "parse_retry_state",
+    "sanitize_headers",
+    "scheduled_headers",
+]
+
+X_RETRY = "x-retry"
+"""Delayed retries already made (an int); the next handling is attempt ``x-retry + 1``."""
+X_DUE_AT = "x-retry-due-at"
+"""Absolute due time of a message in the chain, milliseconds since the Unix epoch."""
+X_FIRST_FAILURE_AT = "x-retry-first-failure-at"
+"""When the message first failed, milliseconds since the Unix epoch."""
+X_LAST_FAILURE_AT = "x-retry-last-failure-at"
+"""When the message last failed, milliseconds since the Unix epoch."""
+X_LAST_ERROR = "x-retry-last-error"
+"""``Type: message`` of the last failure, bounded."""
+X_ORIGINAL_EXCHANGE = "x-retry-original-exchange"
+"""The exchange the message was first published to (informational: never used to route)."""
+X_ORIGINAL_ROUTING_KEY = "x-retry-original-routing-key"
+"""The routing key the message was first published with (informational)."""
+X_QUEUE = "x-retry-queue"
+"""The queue the message failed in and returns to."""
+X_PARKED_REASON = "x-parked-reason"
+"""Why a message was parked: ``max-retries``, ``not-retryable``, ``park-requested``, …"""
+X_PARKED_AT = "x-parked-at"
+"""When the message was parked, milliseconds since the Unix epoch."""
+X_EXCEPTION_TYPE = "x-exception-type"
+"""Qualified name of the exception that parked the message."""
+X_EXCEPTION_MESSAGE = "x-exception-message"
+"""``str()`` of that exception, bounded."""
+X_EXCEPTION_TRACEBACK = "x-exception-traceback"
+"""Its traceback, bounded (the innermost frames are kept)."""
+
+BROKER_HEADERS = ("x-death", "x-delivery-count")
+"""Broker-written headers, never re-published (nor any ``x-first-death-*``/``x-last-death-*``)."""
+
+MAX_RETRY_COUNT = 1_000_000
+"""An ``x-retry`` above this is treated as malformed, not as a real count."""
+
+MAX_ERROR_CHARS = 2_000
+MAX_TRACEBACK_CHARS = 8_000
+MAX_HEADER_STRING_CHARS = 32_000
+MAX_HEADER_DEPTH = 8
+_COUNTED_DEATHS = ("rejected", "delivery_limit")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryState:
+    """What a handler can know about the delivery it got.
+
+    ``attempt`` is 1 on the first handling, 2 on the first retry, and so on.
+    ``problems`` lists headers that were present but unusable (they are
+    ignored, and counting starts from what could be read).
+    """
+
+    attempt: int
+    retries: int
+    queue: str | None
+    original_exchange: str
+    original_routing_key: str
+    first_failure_at: datetime | None = None
+    last_failure_at: datetime | None = None
+    last_error: str | None = None
+    due_at: datetime | None = None
+    broker_deaths: int = 0
+    problems: tuple[str, ...] = field(default=())
+
+
+def _epoch_ms(value: object, name: str, problems: list[str]) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 47:
+        return from_epoch_ms(value)
+    problems.append(f"{name}={value!r:.60} is not milliseconds since the epoch; ignored")
+    return None
+
+
+def _text(value: object, name: str, problems: list[str]) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value[:MAX_HEADER_STRING_CHARS]
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")[:MAX_HEADER_STRING_CHARS]
+    problems.append(f"{name} has type {type(value).__name__}, not text; ignored")
+    return None
+
+
+def _broker_deaths(x_death: object, queue: str | None) -> int:
+    """Rejections recorded by the broker (``x-death``), for ``queue`` when it is known."""
+    if not isinstance(x_death, list):
+        return 0
+    total = 0
+    for entry in x_death:
+        if not isinstance(entry, Mapping) or entry.get("reason") not in _COUNTED_DEATHS:
+            continue
+        if queue is not None and entry.get("queue") != queue:
+            continue
+        count = entry.get("count")
+        if isinstance(count, int) and not isinstance(count, bool) and 0 < count <= MAX_RETRY_COUNT:
+            total += count
+    return min(total, MAX_RETRY_COUNT)
+
+
+def parse_retry_state(
+    headers: Mapping[str, Any] | None,
+    *,
+    exchange: str | None,
+    routing_key: str | None,
+    queue: str | None,
+) -> RetryState:
+    """Read the retry state from ``headers``; never raises, whatever the headers hold.
+
+    ``exchange`` and ``routing_key`` are those of the delivery; the original
+    ones come from the headers when the message has been through the chain.
+    ``queue`` is the queue the consumer is bound to; ``None`` means "read it
+    from the headers" (for tools, never for routing).
+    """
+    h: Mapping[str, Any] = headers if isinstance(headers, Mapping) else {}
+    problems: list[str] = []
+    raw = h.get(X_RETRY)
+    retries = 0
+    if raw is not None:
+        if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= MAX_RETRY_COUNT:
+            retries = raw
+        else:
+            problems.append(
+                f"{X_RETRY}={raw!r:.60} is not a count in 0..{MAX_RETRY_COUNT}; counting from 0"
+            )
+    deaths = _broker_deaths(h.get("x-death"), queue)
+    retries = max(retries, deaths)
+    header_queue = _text(h.get(X_QUEUE), X_QUEUE, problems)
+    original_exchange = _text(h.get(X_ORIGINAL_EXCHANGE), X_ORIGINAL_EXCHANGE, problems)
+    original_key = _text(h.get(X_ORIGINAL_ROUTING_KEY), X_ORIGINAL_ROUTING_KEY, problems)
+    return RetryState(
+        attempt=retries + 1,
+        retries=retries,
+        queue=queue if queue is not None else header_queue,
+        original_exchange=original_exchange if original_exchange is not None else (exchange or ""),
+        original_routing_key=original_key if original_key is not None else (routing_key or ""),
+        first_failure_at=_epoch_ms(h.get(X_FIRST_FAILURE_AT), X_FIRST_FAILURE_AT, problems),
+        last_failure_at=_epoch_ms(h.get(X_LAST_FAILURE_AT), X_LAST_FAILURE_AT, problems),
+        last_error=_text(h.get(X_LAST_ERROR), X_LAST_ERROR, problems),
+        due_at=_epoch_ms(h.get(X_DUE_AT), X_DUE_AT, problems),
+        broker_deaths=deaths,
+        problems=tuple(problems),
+    )
+
+
+def _is_broker_header(name: str) -> bool:
+    return (
+        name in BROKER_HEADERS
+        or name.startswith("x-first-death-")
+        or name.startswith("x-last-death-")
+    )
+
+
+def _float32_exact(value: float) -> bool:
+    try:
+        return bool(struct.unpack("f", struct.pack("f", value))[0] == value)
+    except (OverflowError, struct.error):
+        return False
+
+
+def _sanitize_value(value: object, depth: int) -> Any:
+    """A header value pamqp can encode, keeping its meaning where possible."""
+    if value is None or isinstance(value, bool | datetime | bytearray):
+        return value
+    if isinstance(value, int):
+        return value if -(1 << 63) <= value < 1 << 63 else str(value)
+    if isinstance(value, float):
+        # pamqp encodes floats as 32-bit: keep those that survive, spell the rest out.
+        if math.isfinite(value) and _float32_exact(value):
+            return value
+        return repr(value)
+    if isinstance(value, Decimal):
+        try:
+            from pamqp.encode import decimal as encode_decimal
+
+            encode_decimal(value)
+            return value
+        except (TypeError, ValueError, struct.error, OverflowError):
+            return str(value)
+    if isinstance(value, bytes):
+        return bytearray(value)
+    if isinstance(value, str):
+        if len(value) > MAX_HEADER_STRING_CHARS:
+            return value[:MAX_HEADER_STRING_CHARS] + "…[truncated]"
+        return value
+    if depth >= MAX_HEADER_DEPTH:
+        return repr(value)[:1000]
+    if isinstance(value, Mapping):
+        return {str(k)[:128]: _sanitize_value(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_sanitize_value(v, depth + 1) for v in value]
+    return repr(value)[:1000]
+
+
+def sanitize_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Headers safe to re-publish: broker death headers removed, values made encodable.
+
+    ``bytes`` become ``bytearray`` (AMQP byte arrays), floats that 32-bit
+    encoding would change become their ``repr`` text, integers beyond 64 bits
+    and undecodable Decimals become text, and nesting deeper than
+    :data:`MAX_HEADER_DEPTH` becomes text.
+    """
+    if not isinstance(headers, Mapping):
+        return {}
+    return {
+        str(k)[:128]: _sanitize_value(v, 0)
+        for k, v in headers.items()
+        if not _is_broker_header(str(k))
+    }
+
+
+def _bounded(text: str, limit: int, *, keep_end: bool = False) -> str:
+    if len(text) <= limit:
+        return text
+    marker = "…[truncated]"
+    if keep_end:
+        return marker + text[-(limit - len(marker)) :]
+    return text[: limit - len(marker)] + marker
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message`` of ``exc``, bounded."""
+    return _bounded(f"{_qualname(exc)}: {exc}", MAX_ERROR_CHARS)
+
+
+def _qualname(exc: BaseException) -> str:
+    cls = type(exc)
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+
+
+def scheduled_headers(headers: Mapping[str, Any] | None, *, due_at: datetime) -> dict[str, Any]:
+    """Headers for a message entering the chain: sanitized, with its absolute due time."""
+    out = sanitize_headers(headers)
+    out[X_DUE_AT] = to_epoch_ms(due_at)
+    return out
+
+
+def failure_headers(
+    headers: Mapping[str, Any] | None,
+    state: RetryState,
+    exc: BaseException,
+    *,
+    now: datetime,
+    retries: int,
+) -> dict[str, Any]:
+    """Headers recording one more failure of a message; ``retries`` is the new count."""
+    out = sanitize_headers(headers)
+    out[X_RETRY] = retries
+    out[X_FIRST_FAILURE_AT] = to_epoch_ms(state.first_failure_at or now)
+    out[X_LAST_FAILURE_AT] = to_epoch_ms(now)
+    out[X_LAST_ERROR] = describe_exception(exc)
+    out[X_ORIGINAL_EXCHANGE] = state.original_exchange
+    out[X_ORIGINAL_ROUTING_KEY] = state.original_routing_key
+    if state.queue is not None:
+        out[X_QUEUE] = state.queue
+    return out
+
+
+def parking_headers(
+    headers: Mapping[str, Any] | None,
+    state: RetryState,
+    exc: BaseException,
+    *,
+    now: datetime,
+    reason: str,
+) -> dict[str, Any]:
+    """The parking record: failure headers plus reason, time, exception type, message, traceback."""
+    out = failure_headers(headers, state, exc, now=now, retries=state.retries)
+    out.pop(X_DUE_AT, None)
+    out[X_PARKED_REASON] = reason
+    out[X_PARKED_AT] = to_epoch_ms(now)
+    out[X_EXCEPTION_TYPE] = _qualname(exc)
+    out[X_EXCEPTION_MESSAGE] = _bounded(str(exc), MAX_ERROR_CHARS)
+    trace = "".join(tb.format_exception(exc))
+    out[X_EXCEPTION_TRACEBACK] = _bounded(trace, MAX_TRACEBACK_CHARS, keep_end=True)
+    if state.problems:
+        out["x-retry-header-problems"] = _bounded("; ".join(state.problems), MAX_ERROR_CHARS)
+    return out
+
+
+def encode_body_preview(body: bytes, limit: int = 200) -> str:
+    """A printable preview of a body: UTF-8 text when it is, base64 otherwise."""
+    chunk = body[:limit]
+    try:
+        return chunk.decode("utf-8")
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(chunk).decode("ascii")

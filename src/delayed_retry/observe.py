@@ -1,0 +1,100 @@
+"""The seam between the middleware and telemetry: what is observed, not how.
+
+The middleware reports each handling attempt and each hand-over through an
+:class:`Instrumentation`. :mod:`delayed_retry.tracing` implements it with
+OpenTelemetry; :class:`NoInstrumentation` does nothing, for tests and for
+those who want no telemetry at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Literal, Protocol
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from delayed_retry.headers import RetryState
+
+__all__ = ["AttemptScope", "Instrumentation", "NoInstrumentation", "Outcome", "PublishKind"]
+
+Outcome = Literal["success", "retry", "parked", "redelayed", "error"]
+"""How an attempt ended; ``error``: the hand-over failed and the message went back to its queue."""
+
+PublishKind = Literal["retry", "park", "schedule"]
+
+
+class AttemptScope(Protocol):
+    """One handling attempt, open while the handler runs and the message is handed over."""
+
+    def publishing(
+        self, headers: dict[str, Any], *, kind: PublishKind, exchange: str, routing_key: str
+    ) -> AbstractContextManager[None]:
+        """Wrap a publish of the message onward; may add trace context to ``headers``."""
+        ...
+
+    def finish(
+        self,
+        outcome: Outcome,
+        *,
+        delay: float | None = None,
+        exc: BaseException | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Record how the attempt ended (called once)."""
+        ...
+
+
+class Instrumentation(Protocol):
+    """Telemetry for the middleware and for scheduling."""
+
+    def attempt(
+        self, message: AbstractIncomingMessage, state: RetryState, *, queue: str
+    ) -> AbstractContextManager[AttemptScope]:
+        """Open the scope of one handling attempt of ``message``."""
+        ...
+
+    def scheduling(
+        self, headers: dict[str, Any], *, queue: str, exchange: str, routing_key: str, delay: float
+    ) -> AbstractContextManager[None]:
+        """Wrap a :func:`~delayed_retry.publish_delayed` publish; may add trace context."""
+        ...
+
+
+class _NoScope:
+    @contextmanager
+    def publishing(
+        self, headers: dict[str, Any], *, kind: PublishKind, exchange: str, routing_key: str
+    ) -> Iterator[None]:
+        yield
+
+    def finish(
+        self,
+        outcome: Outcome,
+        *,
+        delay: float | None = None,
+        exc: BaseException | None = None,
+        reason: str | None = None,
+    ) -> None:
+        return None
+
+
+class NoInstrumentation:
+    """Records nothing. Use it to turn telemetry off entirely."""
+
+    @contextmanager
+    def attempt(
+        self, message: AbstractIncomingMessage, state: RetryState, *, queue: str
+    ) -> Iterator[AttemptScope]:
+        yield _NoScope()
+
+    @contextmanager
+    def scheduling(
+        self, headers: dict[str, Any], *, queue: str, exchange: str, routing_key: str, delay: float
+    ) -> Iterator[None]:
+        yield
+
+
+def default_instrumentation() -> Instrumentation:
+    """The instrumentation used when none is given."""
+    return NoInstrumentation()

@@ -1,0 +1,121 @@
+"""Publish with publisher confirms, and nothing else: the one place messages leave.
+
+Every hand-over of a message (into the delay chain, to parking) goes through
+:func:`publish_confirmed`, which returns only once the broker has confirmed
+the publish and raises otherwise. Callers ack the original only after it
+returns: at-least-once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import aiormq
+import aiormq.abc
+from pamqp import commands as spec
+
+from delayed_retry.errors import (
+    ConfigurationError,
+    PublishError,
+    PublishNotConfirmedError,
+    PublishTimeoutError,
+)
+
+__all__ = ["DEFAULT_PUBLISH_TIMEOUT", "copy_properties", "publish_confirmed"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PUBLISH_TIMEOUT = 30.0
+"""Seconds to wait for a publisher confirm before giving up on a publish."""
+
+
+def copy_properties(
+    properties: spec.Basic.Properties | None, headers: Mapping[str, Any]
+) -> spec.Basic.Properties:
+    """Properties for a re-published copy: persistent, new headers, no expiration, no user-id.
+
+    ``expiration`` would cut a delay short (the lower of queue TTL and message
+    TTL wins); ``user_id`` must match the publishing connection's user or the
+    broker refuses the publish.
+    """
+    p = properties or spec.Basic.Properties()
+    return spec.Basic.Properties(
+        content_type=p.content_type,
+        content_encoding=p.content_encoding,
+        headers=dict(headers),
+        delivery_mode=2,
+        priority=p.priority,
+        correlation_id=p.correlation_id,
+        reply_to=p.reply_to,
+        message_id=p.message_id,
+        timestamp=p.timestamp,
+        message_type=p.message_type,
+        app_id=p.app_id,
+    )
+
+
+async def publish_confirmed(
+    channel: aiormq.abc.AbstractChannel,
+    *,
+    exchange: str,
+    routing_key: str,
+    body: bytes,
+    properties: spec.Basic.Properties,
+    timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+) -> None:
+    """Publish and wait for the broker's confirm; raise :class:`PublishError` if there is none.
+
+    Raises :class:`PublishNotConfirmedError` on a nack or a return,
+    :class:`PublishTimeoutError` when no confirm arrives within ``timeout``
+    seconds, :class:`PublishError` when the channel closes meanwhile, and
+    :class:`ConfigurationError` when the channel is not in confirm mode.
+    """
+    if not getattr(channel, "publisher_confirms", False):
+        raise ConfigurationError(
+            "the channel has no publisher confirms, so delayed-retry cannot know when a "
+            "message is safely handed over; open it with channel(publisher_confirms=True)"
+        )
+    try:
+        result = await channel.basic_publish(
+            body,
+            exchange=exchange,
+            routing_key=routing_key,
+            properties=properties,
+            mandatory=True,
+            timeout=timeout,
+        )
+    except TimeoutError as exc:
+        raise PublishTimeoutError(
+            f"no publisher confirm within {timeout} s for a publish to exchange {exchange!r}"
+        ) from exc
+    except aiormq.exceptions.PublishError as exc:
+        raise PublishNotConfirmedError(
+            f"exchange {exchange!r} returned the message as unroutable (key {routing_key!r})"
+        ) from exc
+    except (
+        aiormq.exceptions.AMQPError,
+        asyncio.CancelledError,
+        ConnectionError,
+        RuntimeError,
+    ) as exc:
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        raise PublishError(
+            f"publish to exchange {exchange!r} failed before a confirm: {exc!r}"
+        ) from exc
+    except (TypeError, ValueError, struct.error, OverflowError) as exc:
+        raise PublishError(
+            f"the message could not be encoded for exchange {exchange!r}: {exc}"
+        ) from exc
+    if isinstance(result, spec.Basic.Ack):
+        return
+    if isinstance(result, spec.Basic.Nack):
+        raise PublishNotConfirmedError(f"the broker nacked a publish to exchange {exchange!r}")
+    raise PublishNotConfirmedError(
+        f"exchange {exchange!r} returned the message as unroutable (key {routing_key!r}); "
+        "is its alternate exchange missing?"
+    )

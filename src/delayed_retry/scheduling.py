@@ -1,0 +1,71 @@
+"""Schedule any message for later through the delay chain."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel
+
+from delayed_retry.declare import declarer_for
+from delayed_retry.durations import Duration, resolve_due_at, to_epoch_ms, utcnow
+from delayed_retry.errors import ConfigurationError
+from delayed_retry.headers import scheduled_headers
+from delayed_retry.observe import Instrumentation, default_instrumentation
+from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+
+__all__ = ["publish_delayed"]
+
+
+async def publish_delayed(
+    channel: AbstractChannel,
+    message: aio_pika.Message,
+    *,
+    queue: str,
+    delay: Duration | datetime,
+    topology: DelayTopology = DEFAULT_TOPOLOGY,
+    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+    instrumentation: Instrumentation | None = None,
+    now: datetime | None = None,
+) -> datetime:
+    """Deliver ``message`` to ``queue`` after ``delay``; returns the due time.
+
+    Use it to do something later without a scheduler: a reminder three days
+    after delivery, a timeout check in ten minutes. ``delay`` is seconds, a
+    ``timedelta``, or an aware ``datetime`` (a due time in the past delivers
+    at once). The message waits inside RabbitMQ and is never delivered before
+    its due time. It returns once the broker has confirmed the publish.
+
+    Raises :class:`~delayed_retry.errors.DelayOutOfRangeError` for a negative,
+    NaN or too long delay, and :class:`~delayed_retry.errors.ConfigurationError`
+    when ``queue`` does not exist.
+    """
+    if not isinstance(message, aio_pika.Message):
+        raise ConfigurationError(f"message={message!r} must be an aio_pika.Message")
+    start = now or utcnow()
+    due_at = resolve_due_at(delay, now=start)
+    route = topology.route(topology.units_until(due_at, now=start), queue)
+    underlay = await channel.get_underlay_channel()
+    await declarer_for(underlay.connection).destination(
+        underlay.connection, topology, queue, with_parking=False
+    )
+    headers: dict[str, Any] = scheduled_headers(message.headers, due_at=due_at)
+    inst = instrumentation or default_instrumentation()
+    with inst.scheduling(
+        headers,
+        queue=queue,
+        exchange=route.exchange,
+        routing_key=route.routing_key,
+        delay=(to_epoch_ms(due_at) - to_epoch_ms(start)) / 1000,
+    ):
+        await publish_confirmed(
+            underlay,
+            exchange=route.exchange,
+            routing_key=route.routing_key,
+            body=message.body,
+            properties=copy_properties(message.properties, headers),
+            timeout=publish_timeout,
+        )
+    return due_at

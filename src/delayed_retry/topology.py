@@ -1,0 +1,294 @@
+"""The delay chain's names and arguments: which exchanges and queues exist, and how.
+
+Pure: nothing here talks to a broker. :mod:`delayed_retry.declare` turns a
+:class:`DelayTopology` into declarations.
+
+Picture for ``prefix="delayed-retry"``::
+
+    delayed-retry.level.35 ─1─► queue delayed-retry.level.35 (TTL 2^35 units) ─dead-letter─┐
+         │0 (exchange-to-exchange)                                                        │
+         ▼                                                                                │
+    delayed-retry.level.34 ◄──────────────────────────────────────────────────────────────┘
+         …  down to level 00, whose queue dead-letters into
+    delayed-retry.delivery ──(binding *.*.….Q)──► Q
+         └─ alternate-exchange ─► delayed-retry.unroutable ─► queue delayed-retry.unroutable
+    delayed-retry.parking ──(key Q)──► Q.parking
+                          └──(#)────► delayed-retry.parking.alerts
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal, NamedTuple, TypedDict
+
+from delayed_retry import encoding
+from delayed_retry.durations import Duration, to_epoch_ms, to_seconds
+from delayed_retry.errors import ConfigurationError, DelayOutOfRangeError
+
+__all__ = [
+    "DEFAULT_TOPOLOGY",
+    "DelayTopology",
+    "ExchangeSpec",
+    "QueueArguments",
+    "QueueSpec",
+    "QueueType",
+    "Route",
+]
+
+QueueType = Literal["quorum", "classic"]
+
+
+class QueueArguments(TypedDict, total=False):
+    """The ``x-*`` arguments delayed-retry sets on the queues it declares."""
+
+    x_queue_type: QueueType
+    x_message_ttl: int
+    x_dead_letter_exchange: str
+    x_dead_letter_strategy: Literal["at-least-once", "at-most-once"]
+    x_overflow: Literal["reject-publish", "drop-head"]
+    x_max_length: int
+
+
+def amqp_arguments(args: QueueArguments) -> dict[str, str | int]:
+    """``QueueArguments`` spelled as AMQP wants them (``x_message_ttl`` → ``x-message-ttl``)."""
+    return {key.replace("_", "-"): value for key, value in args.items()}  # type: ignore[misc]
+
+
+class ExchangeSpec(NamedTuple):
+    """One exchange to declare."""
+
+    name: str
+    type: Literal["topic", "fanout"]
+    alternate_exchange: str | None
+
+
+class QueueSpec(NamedTuple):
+    """One queue to declare, with its bindings as (exchange, routing key) pairs."""
+
+    name: str
+    arguments: QueueArguments
+    bindings: tuple[tuple[str, str], ...]
+
+
+class Route(NamedTuple):
+    """Where to publish a message so that it arrives at ``destination`` after ``units``."""
+
+    exchange: str
+    routing_key: str
+    units: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class DelayTopology:
+    """The delay chain and parking exchanges shared by every consumer on a vhost.
+
+    The defaults suit most systems: 1 ms resolution, 36 levels (a maximum
+    delay of about 795 days) and quorum queues with at-least-once
+    dead-lettering, which keep delayed messages through a node loss in a
+    cluster. Choose ``queue_type="classic"`` only on a single node where
+    at-most-once dead-lettering is acceptable. Every process that uses the
+    same ``prefix`` must use the same settings: declaring a different one
+    fails with :class:`~delayed_retry.errors.TopologyMismatchError`.
+    """
+
+    prefix: str = "delayed-retry"
+    levels: int = 36
+    unit: Duration = timedelta(milliseconds=1)
+    queue_type: QueueType = "quorum"
+    unit_ms: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.prefix or self.prefix.startswith("amq.") or " " in self.prefix:
+            raise ConfigurationError(
+                f"DelayTopology prefix={self.prefix!r} is not usable; pick a name such as "
+                "'delayed-retry' (not empty, no spaces, not starting with 'amq.')"
+            )
+        if isinstance(self.levels, bool) or not isinstance(self.levels, int):
+            raise ConfigurationError(f"DelayTopology levels={self.levels!r} must be an int")
+        if not 1 <= self.levels <= 48:
+            raise ConfigurationError(
+                f"DelayTopology levels={self.levels} is outside 1..48; 36 levels of 1 ms hold "
+                "delays up to about 795 days"
+            )
+        unit_seconds = to_seconds(self.unit, name="DelayTopology unit")
+        unit_ms = unit_seconds * 1000
+        if unit_ms < 1 or not math.isclose(unit_ms, round(unit_ms), abs_tol=1e-9):
+            raise ConfigurationError(
+                f"DelayTopology unit={self.unit!r} must be a whole number of milliseconds, at "
+                "least 1 ms, because queue TTLs are whole milliseconds"
+            )
+        if self.queue_type not in ("quorum", "classic"):
+            raise ConfigurationError(
+                f"DelayTopology queue_type={self.queue_type!r} must be 'quorum' or 'classic'"
+            )
+        object.__setattr__(self, "unit_ms", round(unit_ms))
+
+    async def declare(self, channel: Any, *, queues: Iterable[str] = ()) -> None:
+        """Declare this topology now, and bind ``queues`` to its end (with parking queues).
+
+        Optional: the decorator and :func:`~delayed_retry.publish_delayed`
+        declare what they need on first use. Call it at start-up to fail fast
+        on a mismatch. ``channel`` is an aio-pika or aiormq channel.
+        """
+        from delayed_retry.declare import declare_on
+
+        await declare_on(channel, self, queues=tuple(queues))
+
+    # -- names ---------------------------------------------------------------
+    def level_name(self, level: int) -> str:
+        """Name of level ``level``'s exchange and of its queue (they share it)."""
+        return f"{self.prefix}.level.{level:02d}"
+
+    @property
+    def delivery_exchange(self) -> str:
+        """The exchange the chain ends in; each destination queue binds to it."""
+        return f"{self.prefix}.delivery"
+
+    @property
+    def unroutable_exchange(self) -> str:
+        """Alternate exchange catching what the chain cannot route (a deleted destination)."""
+        return f"{self.prefix}.unroutable"
+
+    @property
+    def unroutable_queue(self) -> str:
+        """Where unroutable chain messages are kept for people to inspect and replay."""
+        return f"{self.prefix}.unroutable"
+
+    @property
+    def parking_exchange(self) -> str:
+        """Exchange for parked messages; routing key is the queue that gave up."""
+        return f"{self.prefix}.parking"
+
+    @property
+    def alerts_queue(self) -> str:
+        """Gets a copy of every parked and unroutable message, for alerting."""
+        return f"{self.prefix}.parking.alerts"
+
+    @staticmethod
+    def default_parking_queue(queue: str) -> str:
+        """The parking queue of ``queue`` unless configured: ``<queue>.parking``."""
+        return f"{queue}.parking"
+
+    # -- delays --------------------------------------------------------------
+    @property
+    def max_units(self) -> int:
+        """The longest delay the chain holds, in units."""
+        return (1 << self.levels) - 1
+
+    @property
+    def max_delay(self) -> timedelta:
+        """The longest delay the chain holds."""
+        return timedelta(milliseconds=self.max_units * self.unit_ms)
+
+    def units_until(self, due_at: datetime, *, now: datetime) -> int:
+        """Units from ``now`` to ``due_at``, rounded up; raises when past the maximum."""
+        delay_ms = max(to_epoch_ms(due_at) - to_epoch_ms(now), 0)
+        units = encoding.units_for_ms(delay_ms, self.unit_ms)
+        if units > self.max_units:
+            raise DelayOutOfRangeError(
+                f"a delay of {timedelta(milliseconds=delay_ms)} is longer than the maximum "
+                f"{self.max_delay} of DelayTopology(prefix={self.prefix!r}, "
+                f"levels={self.levels}); add levels or use a coarser unit"
+            )
+        return units
+
+    def route(self, units: int, destination: str) -> Route:
+        """Where to publish ``units`` of delay to ``destination``: its entry level."""
+        self.check_destination(destination)
+        key = encoding.routing_key(units, self.levels, destination)
+        return Route(self.level_name(encoding.entry_level(units)), key, units)
+
+    def check_destination(self, destination: str) -> None:
+        """Raise :class:`ConfigurationError` when ``destination`` cannot be a chain target."""
+        try:
+            encoding.validate_destination(destination, self.levels)
+        except ValueError as exc:
+            raise ConfigurationError(f"queue {destination!r} cannot receive delays: {exc}") from exc
+
+    # -- what to declare -----------------------------------------------------
+    def _queue_arguments(
+        self, dead_letter_exchange: str | None, ttl_ms: int | None
+    ) -> QueueArguments:
+        args: QueueArguments = {"x_queue_type": self.queue_type}
+        if ttl_ms is not None:
+            args["x_message_ttl"] = ttl_ms
+        if dead_letter_exchange is not None:
+            args["x_dead_letter_exchange"] = dead_letter_exchange
+            if self.queue_type == "quorum":
+                # At-least-once dead-lettering needs reject-publish; with drop-head the
+                # broker silently falls back to at-most-once.
+                args["x_dead_letter_strategy"] = "at-least-once"
+                args["x_overflow"] = "reject-publish"
+        return args
+
+    def exchanges(self) -> list[ExchangeSpec]:
+        """Every exchange of the topology, in an order that declares cleanly."""
+        specs = [
+            ExchangeSpec(self.unroutable_exchange, "fanout", None),
+            ExchangeSpec(self.delivery_exchange, "topic", self.unroutable_exchange),
+            ExchangeSpec(self.parking_exchange, "topic", self.unroutable_exchange),
+        ]
+        specs += [
+            ExchangeSpec(self.level_name(level), "topic", self.unroutable_exchange)
+            for level in range(self.levels)
+        ]
+        return specs
+
+    def exchange_bindings(self) -> list[tuple[str, str, str]]:
+        """(destination, source, routing key): each level passes 0 digits one level down."""
+        out = []
+        for level in range(self.levels):
+            lower = self.level_name(level - 1) if level else self.delivery_exchange
+            key = encoding.level_binding_key(level, self.levels, 0)
+            out.append((lower, self.level_name(level), key))
+        return out
+
+    def queues(self) -> list[QueueSpec]:
+        """Every shared queue of the topology with its bindings."""
+        specs = []
+        for level in range(self.levels):
+            lower = self.level_name(level - 1) if level else self.delivery_exchange
+            specs.append(
+                QueueSpec(
+                    self.level_name(level),
+                    self._queue_arguments(lower, (1 << level) * self.unit_ms),
+                    ((self.level_name(level), encoding.level_binding_key(level, self.levels, 1)),),
+                )
+            )
+        specs.append(
+            QueueSpec(
+                self.unroutable_queue,
+                self._queue_arguments(None, None),
+                ((self.unroutable_exchange, ""),),
+            )
+        )
+        alerts: QueueArguments = {
+            "x_queue_type": "classic",
+            "x_max_length": 100_000,
+            "x_overflow": "drop-head",
+        }
+        specs.append(
+            QueueSpec(
+                self.alerts_queue,
+                alerts,
+                ((self.parking_exchange, "#"), (self.unroutable_exchange, "")),
+            )
+        )
+        return specs
+
+    def parking_queue_spec(self, queue: str, parking_queue: str | None = None) -> QueueSpec:
+        """The parking queue of ``queue``, bound to the parking exchange with key ``queue``."""
+        name = parking_queue or self.default_parking_queue(queue)
+        return QueueSpec(name, self._queue_arguments(None, None), ((self.parking_exchange, queue),))
+
+    def delivery_binding(self, queue: str) -> tuple[str, str]:
+        """(exchange, routing key) binding ``queue`` to the end of the chain."""
+        self.check_destination(queue)
+        return self.delivery_exchange, encoding.delivery_binding_key(self.levels, queue)
+
+
+DEFAULT_TOPOLOGY = DelayTopology()
+"""The topology used when none is given: prefix ``delayed-retry``, 36 levels of 1 ms, quorum."""
