@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple, TypedDict
 
 from delayed_retry import encoding
-from delayed_retry.durations import Duration, to_epoch_ms, to_seconds
+from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.errors import ConfigurationError, DelayOutOfRangeError
 
 __all__ = [
@@ -185,11 +185,13 @@ class DelayTopology:
 
     def units_until(self, due_at: datetime, *, now: datetime) -> int:
         """Units from ``now`` to ``due_at``, rounded up; raises when past the maximum."""
-        delay_ms = max(to_epoch_ms(due_at) - to_epoch_ms(now), 0)
-        units = encoding.units_for_ms(delay_ms, self.unit_ms)
+        # Round the exact gap up to units: rounding each end to milliseconds first
+        # can lose most of a millisecond and deliver early.
+        delay = max(due_at - now, timedelta(0))
+        units = -(-(delay // timedelta(microseconds=1)) // (self.unit_ms * 1000))
         if units > self.max_units:
             raise DelayOutOfRangeError(
-                f"a delay of {timedelta(milliseconds=delay_ms)} is longer than the maximum "
+                f"a delay of {delay} is longer than the maximum "
                 f"{self.max_delay} of DelayTopology(prefix={self.prefix!r}, "
                 f"levels={self.levels}); add levels or use a coarser unit"
             )
