@@ -41,6 +41,7 @@ __all__ = [
     "failure_headers",
     "parking_headers",
     "parse_retry_state",
+    "read_epoch_ms",
     "sanitize_headers",
     "scheduled_headers",
 ]
@@ -116,6 +117,11 @@ def _epoch_ms(value: object, name: str, problems: list[str]) -> datetime | None:
         return from_epoch_ms(value)
     problems.append(f"{name}={value!r:.60} is not milliseconds since the epoch; ignored")
     return None
+
+
+def read_epoch_ms(value: object) -> datetime | None:
+    """An epoch-milliseconds header value as an aware datetime, or ``None`` if it is not one."""
+    return _epoch_ms(value, "", [])
 
 
 def _text(value: object, name: str, problems: list[str]) -> str | None:

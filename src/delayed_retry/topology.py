@@ -10,7 +10,7 @@ Picture for ``prefix="delayed-retry"``::
          ▼                                                                                │
     delayed-retry.level.34 ◄──────────────────────────────────────────────────────────────┘
          …  down to level 00, whose queue dead-letters into
-    delayed-retry.delivery ──(binding *.*.….Q)──► Q
+    delayed-retry.delivery-36 ──(binding *.*.….Q)──► Q
          └─ alternate-exchange ─► delayed-retry.unroutable ─► queue delayed-retry.unroutable
     delayed-retry.parking ──(key Q)──► Q.parking
                           └──(#)────► delayed-retry.parking.alerts
@@ -144,8 +144,13 @@ class DelayTopology:
 
     @property
     def delivery_exchange(self) -> str:
-        """The exchange the chain ends in; each destination queue binds to it."""
-        return f"{self.prefix}.delivery"
+        """The exchange the chain ends in; each destination queue binds to it.
+
+        Its name carries the number of levels: level 0's queue dead-letters
+        into it, so two processes that disagree on ``levels`` (and would read
+        each other's routing keys wrongly) fail on that queue's arguments.
+        """
+        return f"{self.prefix}.delivery-{self.levels}"
 
     @property
     def unroutable_exchange(self) -> str:

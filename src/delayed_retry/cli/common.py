@@ -1,0 +1,37 @@
+"""Options and helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+
+from delayed_retry.topology import DelayTopology
+
+__all__ = ["add_topology_args", "topology_from_args"]
+
+
+def add_topology_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--prefix``, ``--levels``, ``--unit-ms`` and ``--queue-type`` to ``parser``."""
+    defaults = DelayTopology()
+    group = parser.add_argument_group("delay topology (must match the consumers')")
+    group.add_argument("--prefix", default=defaults.prefix, help="name prefix (%(default)s)")
+    group.add_argument("--levels", type=int, default=defaults.levels, help="levels (%(default)s)")
+    group.add_argument(
+        "--unit-ms", type=int, default=defaults.unit_ms, help="delay unit in ms (%(default)s)"
+    )
+    group.add_argument(
+        "--queue-type",
+        choices=("quorum", "classic"),
+        default=defaults.queue_type,
+        help="queue type of the chain (%(default)s)",
+    )
+
+
+def topology_from_args(args: argparse.Namespace) -> DelayTopology:
+    """The :class:`DelayTopology` the options describe."""
+    return DelayTopology(
+        prefix=args.prefix,
+        levels=args.levels,
+        unit=timedelta(milliseconds=args.unit_ms),
+        queue_type=args.queue_type,
+    )
