@@ -12,8 +12,10 @@ levels_st = st.integers(min_value=1, max_value=48)
 word_st = st.text(
     alphabet=st.characters(codec="utf-8", exclude_characters=".*#"), min_size=1, max_size=12
 )
-destination_st = st.lists(word_st, min_size=1, max_size=4).map(".".join).filter(
-    lambda d: not d.startswith("amq.")
+destination_st = (
+    st.lists(word_st, min_size=1, max_size=4)
+    .map(".".join)
+    .filter(lambda d: not d.startswith("amq."))
 )
 
 
@@ -42,7 +44,7 @@ def test_units_for_ms_rounds_up() -> None:
 
 @pytest.mark.parametrize(("delay_ms", "unit_ms"), [(-1, 1), (5, 0), (5, -3)])
 def test_units_for_ms_rejects_bad_input(delay_ms: int, unit_ms: int) -> None:
-    with pytest.raises(ValueError, match="negative|at least 1"):
+    with pytest.raises(ValueError, match=r"negative|at least 1"):
         encoding.units_for_ms(delay_ms, unit_ms)
 
 

@@ -32,13 +32,15 @@ def walk(topology: DelayTopology, units: int, destination: str) -> tuple[list[in
     exchange, waited = route.exchange, []
     for _ in range(topology.levels * 2 + 2):
         if exchange == topology.delivery_exchange:
-            exchange_name, key = topology.delivery_binding(destination)
+            _, key = topology.delivery_binding(destination)
             assert topic_matches(key, route.routing_key)
             return waited, destination
         into_queue = [
             name
             for name, spec in queue_bindings.items()
-            if any(ex == exchange and topic_matches(k, route.routing_key) for ex, k in spec.bindings)
+            if any(
+                ex == exchange and topic_matches(k, route.routing_key) for ex, k in spec.bindings
+            )
         ]
         onward = [
             dest
@@ -177,9 +179,11 @@ def test_destination_checks_raise_configuration_errors() -> None:
         t.delivery_binding("amq.gen-x")
 
 
-@given(st.integers(min_value=1, max_value=12).flatmap(
-    lambda n: st.tuples(st.just(n), st.integers(min_value=0, max_value=(1 << n) - 1))
-))
+@given(
+    st.integers(min_value=1, max_value=12).flatmap(
+        lambda n: st.tuples(st.just(n), st.integers(min_value=0, max_value=(1 << n) - 1))
+    )
+)
 def test_walking_the_bindings_waits_in_exactly_the_one_bits(levels_units: tuple[int, int]) -> None:
     levels, units = levels_units
     t = DelayTopology(prefix="p", levels=levels)

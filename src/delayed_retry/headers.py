@@ -15,7 +15,7 @@ import struct
 import traceback as tb
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -128,7 +128,7 @@ def _text(value: object, name: str, problems: list[str]) -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
-        return value[:MAX_HEADER_STRING_CHARS]
+        return _utf8(value[:MAX_HEADER_STRING_CHARS])
     if isinstance(value, bytes | bytearray):
         return bytes(value).decode("utf-8", "replace")[:MAX_HEADER_STRING_CHARS]
     problems.append(f"{name} has type {type(value).__name__}, not text; ignored")
@@ -211,10 +211,28 @@ def _float32_exact(value: float) -> bool:
         return False
 
 
+def _utf8(text: str) -> str:
+    """``text`` as UTF-8 can carry it: lone surrogates (from ``surrogateescape``) replaced."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode()
+    return text
+
+
+def _key(key: object) -> str:
+    return _utf8(str(key)[:128])
+
+
 def _sanitize_value(value: object, depth: int) -> Any:
     """A header value pamqp can encode, keeping its meaning where possible."""
-    if value is None or isinstance(value, bool | datetime | bytearray):
+    if value is None or isinstance(value, bool | bytearray):
         return value
+    if isinstance(value, datetime):
+        # AMQP timestamps are unsigned seconds since the epoch (pamqp reads a naive
+        # datetime as UTC): spell earlier moments out as text.
+        aware = value if value.utcoffset() is not None else value.replace(tzinfo=UTC)
+        return value if aware.timestamp() >= 0 else value.isoformat()
     if isinstance(value, int):
         return value if -(1 << 63) <= value < 1 << 63 else str(value)
     if isinstance(value, float):
@@ -234,15 +252,15 @@ def _sanitize_value(value: object, depth: int) -> Any:
         return bytearray(value)
     if isinstance(value, str):
         if len(value) > MAX_HEADER_STRING_CHARS:
-            return value[:MAX_HEADER_STRING_CHARS] + "…[truncated]"
-        return value
+            return _utf8(value[:MAX_HEADER_STRING_CHARS]) + "…[truncated]"
+        return _utf8(value)
     if depth >= MAX_HEADER_DEPTH:
-        return repr(value)[:1000]
+        return _utf8(repr(value)[:1000])
     if isinstance(value, Mapping):
-        return {str(k)[:128]: _sanitize_value(v, depth + 1) for k, v in value.items()}
+        return {_key(k): _sanitize_value(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_sanitize_value(v, depth + 1) for v in value]
-    return repr(value)[:1000]
+    return _utf8(repr(value)[:1000])
 
 
 def sanitize_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -256,13 +274,14 @@ def sanitize_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(headers, Mapping):
         return {}
     return {
-        str(k)[:128]: _sanitize_value(v, 0)
+        _key(k): _sanitize_value(v, 0)
         for k, v in headers.items()
         if not _is_broker_header(str(k))
     }
 
 
 def _bounded(text: str, limit: int, *, keep_end: bool = False) -> str:
+    text = _utf8(text)  # an OSError's message may carry lone surrogates from a file name
     if len(text) <= limit:
         return text
     marker = "…[truncated]"
