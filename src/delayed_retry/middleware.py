@@ -10,9 +10,12 @@ returned to its queue (``nack`` with requeue) and the consumer goes on.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import logging
+import struct
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -25,6 +28,7 @@ from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
+from delayed_retry.checks import warn_about_delivery_limit
 from delayed_retry.declare import declare_parking_queue, declarer_for, underlay_of
 from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
 from delayed_retry.errors import (
@@ -55,6 +59,11 @@ P = ParamSpec("P")
 _current_state: contextvars.ContextVar[RetryState | None] = contextvars.ContextVar(
     "delayed_retry_state", default=None
 )
+
+HANDOVER_RETRY_WINDOW = 30.0
+"""Seconds a failed hand-over is tried again, original unacked, before it is requeued."""
+HANDOVER_FIRST_PAUSE = 0.5
+HANDOVER_MAX_PAUSE = 8.0
 
 EARLY_TOLERANCE = timedelta(milliseconds=50)
 """A message arriving this much before its due time is sent back for the rest of the wait."""
@@ -212,20 +221,63 @@ class RetryingHandler(Generic[P]):
         decision: Decision,
         scope: AttemptScope,
     ) -> None:
+        # A hand-over the broker did not confirm (a nack, a timeout, a closed channel) is
+        # tried again while the channel is open, with the original kept unacked: requeueing
+        # it at once would spin, and every requeue counts toward a quorum queue's delivery
+        # limit. Once the channel is gone the broker redelivers the original by itself.
+        started = time.monotonic()
+        pause = HANDOVER_FIRST_PAUSE
+        while True:
+            try:
+                decision = await self._publish_copy(message, state, queue, exc, decision, scope)
+            except (PublishError, aiormq.exceptions.AMQPError, ConnectionError) as err:
+                elapsed = time.monotonic() - started
+                if _channel_open(message) and elapsed + pause <= HANDOVER_RETRY_WINDOW:
+                    log.warning(
+                        "hand-over of message %s from queue %r was not confirmed (%s); "
+                        "keeping it unacked and trying again in %.1f s",
+                        message.message_id,
+                        queue,
+                        err,
+                        pause,
+                    )
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, HANDOVER_MAX_PAUSE)
+                    continue
+                scope.finish("error", exc=err)
+                await _give_back(message, queue, err)
+                return
+            break
+        await _ack(message, queue)
+        if decision.action == "retry":
+            scope.finish("retry", delay=decision.delay, exc=exc)
+        else:
+            scope.finish("parked", exc=exc, reason=decision.reason)
+
+    async def _publish_copy(
+        self,
+        message: AbstractIncomingMessage,
+        state: RetryState,
+        queue: str,
+        exc: Exception,
+        decision: Decision,
+        scope: AttemptScope,
+    ) -> Decision:
+        """Publish the retry copy or the parking record; return the decision carried out."""
         opts = self.options
         now = utcnow()
-        try:
-            if decision.action == "retry":
+        if decision.action == "retry":
+            try:
+                due_at = now + timedelta(seconds=decision.delay)
+                route = opts.topology.route(opts.topology.units_until(due_at, now=now), queue)
+            except (DelayOutOfRangeError, OverflowError):
+                decision = Decision.park("delay-out-of-range")
+            else:
+                headers = failure_headers(
+                    message.headers, state, exc, now=now, retries=state.retries + 1
+                )
+                headers[X_DUE_AT] = to_epoch_ms(due_at)
                 try:
-                    due_at = now + timedelta(seconds=decision.delay)
-                    route = opts.topology.route(opts.topology.units_until(due_at, now=now), queue)
-                except (DelayOutOfRangeError, OverflowError):
-                    decision = Decision.park("delay-out-of-range")
-                else:
-                    headers = failure_headers(
-                        message.headers, state, exc, now=now, retries=state.retries + 1
-                    )
-                    headers[X_DUE_AT] = to_epoch_ms(due_at)
                     with scope.publishing(
                         headers,
                         kind="retry",
@@ -240,6 +292,19 @@ class RetryingHandler(Generic[P]):
                             properties=copy_properties(message.properties, headers),
                             timeout=opts.publish_timeout,
                         )
+                except PublishError as err:
+                    if not _unencodable(err):
+                        raise
+                    # No retry can ever carry these headers; parking keeps the record.
+                    log.error(
+                        "message %s on queue %r cannot be re-published for a retry (%s); "
+                        "parking it",
+                        message.message_id,
+                        queue,
+                        err,
+                    )
+                    decision = Decision.park("unencodable")
+                else:
                     log.info(
                         "message %s on queue %r failed (attempt %d, %s); retrying in %.3f s",
                         message.message_id,
@@ -248,18 +313,10 @@ class RetryingHandler(Generic[P]):
                         type(exc).__name__,
                         decision.delay,
                     )
-            if decision.action == "park":
-                assert decision.reason is not None
-                await self._park(message, state, queue, exc, decision.reason, scope, now)
-        except (PublishError, aiormq.exceptions.AMQPError, ConnectionError) as err:
-            scope.finish("error", exc=err)
-            await _give_back(message, queue, err)
-            return
-        await _ack(message, queue)
-        if decision.action == "retry":
-            scope.finish("retry", delay=decision.delay, exc=exc)
-        else:
-            scope.finish("parked", exc=exc, reason=decision.reason)
+        if decision.action == "park":
+            assert decision.reason is not None
+            await self._park(message, state, queue, exc, decision.reason, scope, now)
+        return decision
 
     async def _park(
         self,
@@ -290,7 +347,7 @@ class RetryingHandler(Generic[P]):
                     timeout=opts.publish_timeout,
                 )
         except PublishError as err:
-            if not isinstance(err.__cause__, TypeError | ValueError | OverflowError):
+            if not _unencodable(err):
                 raise
             # The original headers cannot be encoded: park with the record alone.
             record = parking_headers({}, state, exc, now=now, reason=reason)
@@ -311,6 +368,16 @@ class RetryingHandler(Generic[P]):
             state.attempt,
             exc,
         )
+
+
+def _unencodable(err: PublishError) -> bool:
+    """Whether a publish failed because the message cannot be encoded (not the broker)."""
+    return isinstance(err.__cause__, TypeError | ValueError | OverflowError | struct.error)
+
+
+def _channel_open(message: AbstractIncomingMessage) -> bool:
+    channel = message.channel
+    return not getattr(channel, "is_closed", True)
 
 
 async def _ack(message: AbstractIncomingMessage, queue: str) -> None:
@@ -432,7 +499,9 @@ async def consume(
     """Consume ``queue`` with ``handler``, telling it the queue so retries come back here.
 
     Declares the topology, the queue's binding and its parking queue first,
-    so a misconfiguration fails here and not at the first failure. Returns
+    so a misconfiguration fails here and not at the first failure, and warns
+    when the queue's delivery limit (as declared through ``queue``) could drop
+    messages before they are parked (:mod:`delayed_retry.checks`). Returns
     the consumer tag.
     """
     if not isinstance(handler, RetryingHandler):
@@ -446,4 +515,11 @@ async def consume(
         )
     bound = handler.for_queue(queue.name)
     await bound.declare(queue.channel)
+    underlay = await underlay_of(queue.channel)
+    warn_about_delivery_limit(
+        queue=queue.name,
+        arguments=getattr(queue, "arguments", None),
+        max_retries=handler.options.policy.max_retries,
+        server_properties=getattr(underlay.connection, "server_properties", None),
+    )
     return await queue.consume(bound, **consume_kwargs)

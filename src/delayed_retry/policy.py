@@ -32,7 +32,12 @@ DEFAULT_RETRY: retry_base = tenacity.retry_if_exception_type(Exception)
 """Retry every ``Exception``."""
 
 ParkReason = Literal[
-    "max-retries", "not-retryable", "park-requested", "stopped", "delay-out-of-range"
+    "max-retries",
+    "not-retryable",
+    "park-requested",
+    "stopped",
+    "delay-out-of-range",
+    "unencodable",
 ]
 
 

@@ -17,6 +17,8 @@ from typing import Any
 import aiormq
 import aiormq.abc
 from pamqp import commands as spec
+from pamqp import frame as amqp_frame
+from pamqp.header import ContentHeader
 
 from delayed_retry.errors import (
     ConfigurationError,
@@ -25,12 +27,36 @@ from delayed_retry.errors import (
     PublishTimeoutError,
 )
 
-__all__ = ["DEFAULT_PUBLISH_TIMEOUT", "copy_properties", "publish_confirmed"]
+__all__ = ["DEFAULT_PUBLISH_TIMEOUT", "check_header_size", "copy_properties", "publish_confirmed"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PUBLISH_TIMEOUT = 30.0
 """Seconds to wait for a publisher confirm before giving up on a publish."""
+
+DEFAULT_FRAME_MAX = 131072
+"""RabbitMQ's default ``frame_max``, used when the connection does not say."""
+
+
+def check_header_size(
+    channel: aiormq.abc.AbstractChannel, body: bytes, properties: spec.Basic.Properties
+) -> None:
+    """Raise ``ValueError`` when the properties do not fit in one frame of the connection.
+
+    AMQP 0-9-1 carries all properties and headers in a single content-header
+    frame; the broker closes the whole *connection* (``FRAME_ERROR``) on a
+    larger one. Checked before publishing so that a message whose headers grew
+    past the limit fails alone, instead of taking down the consumer's connection
+    at every redelivery.
+    """
+    tune = getattr(getattr(channel, "connection", None), "connection_tune", None)
+    frame_max = getattr(tune, "frame_max", None) or DEFAULT_FRAME_MAX
+    size = len(amqp_frame.marshal(ContentHeader(0, len(body), properties), 1))
+    if size > frame_max:
+        raise ValueError(
+            f"message properties and headers take {size} bytes, more than the connection's "
+            f"frame_max of {frame_max}; make the headers smaller"
+        )
 
 
 def copy_properties(
@@ -80,6 +106,7 @@ async def publish_confirmed(
             "message is safely handed over; open it with channel(publisher_confirms=True)"
         )
     try:
+        check_header_size(channel, body, properties)
         result = await channel.basic_publish(
             body,
             exchange=exchange,
