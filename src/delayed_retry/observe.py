@@ -95,6 +95,19 @@ class NoInstrumentation:
         yield
 
 
+_default: Instrumentation | None = None
+
+
 def default_instrumentation() -> Instrumentation:
-    """The instrumentation used when none is given."""
-    return NoInstrumentation()
+    """The instrumentation used when none is given: OpenTelemetry on the global providers.
+
+    Made once and cached. The API's global providers are proxies, so spans and
+    metrics start flowing when an SDK is configured, even later; until then
+    it costs only the API's no-op.
+    """
+    global _default
+    if _default is None:
+        from delayed_retry.telemetry import OpenTelemetryInstrumentation
+
+        _default = OpenTelemetryInstrumentation()
+    return _default

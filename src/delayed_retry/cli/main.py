@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 from delayed_retry.errors import DelayedRetryError
 
@@ -21,6 +22,7 @@ __all__ = ["SUBCOMMAND_MODULES", "build_parser", "main"]
 SUBCOMMAND_MODULES = (
     "delayed_retry.cli.topology_cmd",
     "delayed_retry.cli.parking_cmd",
+    "delayed_retry.cli.alerts_cmd",
 )
 
 
@@ -57,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (ConnectionError, OSError) as exc:
         print(
-            f"delayed-retry: error: cannot reach the broker at {args.url!r}: {exc}. "
+            f"delayed-retry: error: cannot reach the broker at {redact(args.url)!r}: {exc}. "
             "Check --url or $RABBITMQ_URL",
             file=sys.stderr,
         )
@@ -65,6 +67,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return code
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def run(coro: object) -> int:

@@ -1,0 +1,248 @@
+"""Storm control: parked-message arrivals grouped into one alert per window. Pure.
+
+When a dependency goes down, hundreds of messages may park within seconds;
+one alert with counts per queue and exception type, naming the first few
+message ids, is what a person on call can act on. The first arrival opens a
+window of ``window`` seconds; everything arriving until it closes (or until
+``max_batch`` arrivals) becomes one :class:`Alert`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from delayed_retry.durations import from_epoch_ms
+from delayed_retry.headers import (
+    X_EXCEPTION_MESSAGE,
+    X_EXCEPTION_TYPE,
+    X_PARKED_AT,
+    X_PARKED_REASON,
+    X_QUEUE,
+)
+
+__all__ = ["Alert", "AlertGroup", "AlertWindow", "ParkedArrival", "arrival_from", "group_arrivals"]
+
+T = TypeVar("T")
+
+UNROUTABLE = "unroutable"
+"""Reason and exception type of a message the chain could not deliver (its queue is gone)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParkedArrival:
+    """What an alert needs to know of one parked (or unroutable) message."""
+
+    message_id: str | None
+    queue: str
+    exception_type: str
+    reason: str
+    exception_message: str | None = None
+    parked_at: datetime | None = None
+
+
+def _text(value: object) -> str | None:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, str):
+        return value
+    return None
+
+
+def arrival_from(
+    headers: Mapping[str, Any] | None, *, message_id: str | None, routing_key: str
+) -> ParkedArrival:
+    """Read a message from the alert queue: a parking record, or an unroutable chain message."""
+    headers = headers or {}
+    reason = _text(headers.get(X_PARKED_REASON))
+    queue = _text(headers.get(X_QUEUE))
+    parked_ms = headers.get(X_PARKED_AT)
+    parked_at = (
+        from_epoch_ms(parked_ms)
+        if isinstance(parked_ms, int) and not isinstance(parked_ms, bool) and parked_ms >= 0
+        else None
+    )
+    if reason is None:
+        # Came through the unroutable exchange: the chain's routing key ends in the queue name.
+        return ParkedArrival(
+            message_id=message_id,
+            queue=queue or routing_key.rsplit(".", 1)[-1] or "?",
+            exception_type=UNROUTABLE,
+            reason=UNROUTABLE,
+        )
+    return ParkedArrival(
+        message_id=message_id,
+        queue=queue or routing_key or "?",
+        exception_type=_text(headers.get(X_EXCEPTION_TYPE)) or "unknown",
+        reason=reason,
+        exception_message=_text(headers.get(X_EXCEPTION_MESSAGE)),
+        parked_at=parked_at,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlertGroup:
+    """Arrivals of one queue with one exception type."""
+
+    queue: str
+    exception_type: str
+    count: int
+    example: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Alert:
+    """One alert for a window of arrivals: totals, groups and the first few message ids."""
+
+    total: int
+    groups: tuple[AlertGroup, ...]
+    message_ids: tuple[str, ...]
+    first_parked_at: datetime | None = None
+    last_parked_at: datetime | None = None
+
+    @property
+    def more(self) -> int:
+        """Arrivals not named in :attr:`message_ids`."""
+        return self.total - len(self.message_ids)
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """The queues concerned, most affected first."""
+        counts: Counter[str] = Counter()
+        for group in self.groups:
+            counts[group.queue] += group.count
+        return tuple(q for q, _ in counts.most_common())
+
+    def title(self) -> str:
+        """One line: how many messages, which queues."""
+        noun = "message" if self.total == 1 else "messages"
+        return f"{self.total} {noun} parked on {', '.join(self.queues)}"
+
+    def text(self) -> str:
+        """A few lines for a person: counts per queue and exception, ids, how to list the rest."""
+        lines = [self.title()]
+        for group in self.groups:
+            line = f"  {group.queue}: {group.count} × {group.exception_type}"
+            if group.example:
+                line += f" ({group.example[:200]})"
+            lines.append(line)
+        if self.message_ids:
+            lines.append("message ids: " + ", ".join(self.message_ids))
+        if self.more > 0:
+            lines.append(f"… and {self.more} more.")
+        listing = "; ".join(
+            f"delayed-retry parking list --queue {q}" for q in self.queues if q != UNROUTABLE
+        )
+        if listing:
+            lines.append(f"List them with: {listing}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """The webhook payload (JSON-serialisable)."""
+        return {
+            "title": self.title(),
+            "text": self.text(),
+            "total": self.total,
+            "groups": [
+                {
+                    "queue": g.queue,
+                    "exception_type": g.exception_type,
+                    "count": g.count,
+                    "example": g.example,
+                }
+                for g in self.groups
+            ],
+            "message_ids": list(self.message_ids),
+            "more": self.more,
+            "first_parked_at": self.first_parked_at.isoformat() if self.first_parked_at else None,
+            "last_parked_at": self.last_parked_at.isoformat() if self.last_parked_at else None,
+        }
+
+    def to_slack(self) -> dict[str, Any]:
+        """A Slack incoming-webhook payload (``text`` plus a section block)."""
+        return {
+            "text": self.title(),
+            "blocks": [
+                {"type": "section", "text": {"type": "mrkdwn", "text": f"```{self.text()}```"}}
+            ],
+        }
+
+
+def group_arrivals(arrivals: Iterable[ParkedArrival], *, max_ids: int = 5) -> Alert:
+    """One :class:`Alert` for ``arrivals``: groups by (queue, exception type), biggest first."""
+    items = list(arrivals)
+    counts: Counter[tuple[str, str]] = Counter((a.queue, a.exception_type) for a in items)
+    examples: dict[tuple[str, str], str] = {}
+    for a in items:
+        if a.exception_message:
+            examples.setdefault((a.queue, a.exception_type), a.exception_message)
+    groups = tuple(
+        AlertGroup(queue=q, exception_type=e, count=n, example=examples.get((q, e)))
+        for (q, e), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+    ids = tuple(a.message_id for a in items if a.message_id)[: max(max_ids, 0)]
+    times = [a.parked_at for a in items if a.parked_at is not None]
+    return Alert(
+        total=len(items),
+        groups=groups,
+        message_ids=ids,
+        first_parked_at=min(times) if times else None,
+        last_parked_at=max(times) if times else None,
+    )
+
+
+class AlertWindow(Generic[T]):
+    """Collects arrivals (each with a token, e.g. the message to ack) until the window closes.
+
+    ``now`` values come from the caller's clock (``time.monotonic`` in
+    :class:`~delayed_retry.alerts.ParkingAlerts`), so the logic is tested
+    with a controllable one. ``window=0`` alerts on each arrival batch as it
+    comes.
+    """
+
+    def __init__(self, *, window: float, max_ids: int = 5, max_batch: int = 1000) -> None:
+        if window < 0:
+            raise ValueError(f"AlertWindow window={window!r} must be at least 0 seconds")
+        if max_batch < 1:
+            raise ValueError(f"AlertWindow max_batch={max_batch!r} must be at least 1")
+        self.window = window
+        self.max_ids = max_ids
+        self.max_batch = max_batch
+        self._items: list[tuple[ParkedArrival, T]] = []
+        self._opened_at: float | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, arrival: ParkedArrival, token: T, *, now: float) -> None:
+        """Add one arrival; the first one opens the window."""
+        if self._opened_at is None:
+            self._opened_at = now
+        self._items.append((arrival, token))
+
+    def deadline(self) -> float | None:
+        """When the open window closes, or ``None`` when nothing waits."""
+        return None if self._opened_at is None else self._opened_at + self.window
+
+    def ready(self, *, now: float) -> bool:
+        """True when the window has closed or is full."""
+        deadline = self.deadline()
+        if deadline is None:
+            return False
+        return now >= deadline or len(self._items) >= self.max_batch
+
+    def take(self) -> tuple[Alert, list[T]] | None:
+        """Close the window: the alert for up to ``max_batch`` arrivals and their tokens.
+
+        Arrivals past ``max_batch`` stay and open the next window at once.
+        """
+        if not self._items:
+            return None
+        batch, self._items = self._items[: self.max_batch], self._items[self.max_batch :]
+        if not self._items:
+            self._opened_at = None
+        alert = group_arrivals((a for a, _ in batch), max_ids=self.max_ids)
+        return alert, [token for _, token in batch]

@@ -1,0 +1,103 @@
+"""``delayed-retry alerts``: run the parking alerts consumer until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+from typing import Any
+
+import aio_pika
+
+from delayed_retry.alerts import AlertSink, LoggingSink, ParkingAlerts, WebhookSink
+from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.cli.main import run
+from delayed_retry.errors import ConfigurationError
+
+__all__ = ["register", "run_alerts"]
+
+
+def register(sub: Any) -> None:
+    """Add the ``alerts`` command."""
+    parser = sub.add_parser(
+        "alerts",
+        help="send an alert when messages are parked (webhook, Slack, log)",
+        description="Consume the alert queue (a copy of every parked and unroutable message) "
+        "and deliver one alert per window of arrivals. Copies are acked only after every sink "
+        "delivered the alert; while a sink fails they stay in the alert queue.",
+    )
+    parser.add_argument("--webhook", metavar="URL", help="POST each alert as JSON to URL")
+    parser.add_argument(
+        "--slack", action="store_true", help="send a Slack-compatible payload to --webhook"
+    )
+    parser.add_argument("--log", action="store_true", help="also log each alert (WARNING)")
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="group arrivals within this many seconds into one alert (%(default)s)",
+    )
+    parser.add_argument(
+        "--retry-after",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="when a sink keeps failing, try the alert again after this long (%(default)s)",
+    )
+    parser.add_argument(
+        "--once", action="store_true", help="exit after the first alert is delivered"
+    )
+    add_topology_args(parser)
+    parser.set_defaults(func=lambda args: run(run_alerts(args)))
+
+
+def _sinks(args: argparse.Namespace) -> list[AlertSink]:
+    sinks: list[AlertSink] = []
+    if args.slack and not args.webhook:
+        raise ConfigurationError("--slack needs --webhook URL (the Slack incoming-webhook URL)")
+    if args.webhook:
+        sinks.append(WebhookSink(args.webhook, slack=args.slack))
+    if args.log or not sinks:
+        sinks.append(LoggingSink())
+    return sinks
+
+
+async def run_alerts(args: argparse.Namespace) -> int:
+    """The command: consume until SIGINT/SIGTERM (or the first alert with ``--once``)."""
+    sinks = _sinks(args)
+    topology = topology_from_args(args)
+    connection = await aio_pika.connect_robust(args.url)
+    async with connection:
+        alerts = ParkingAlerts(
+            connection,
+            sinks=sinks,
+            topology=topology,
+            window=args.window,
+            retry_after=args.retry_after,
+            declare=False,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        async with alerts:
+            print(
+                f"delayed-retry: alerting on {topology.alerts_queue!r} to "
+                f"{', '.join(map(repr, sinks))}; Ctrl-C to stop",
+                flush=True,
+            )
+            waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
+            if args.once:
+                waiters.append(asyncio.ensure_future(alerts.wait_delivered(1)))
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    with contextlib.suppress(NotImplementedError, RuntimeError):
+                        loop.remove_signal_handler(sig)
+    return 0

@@ -1,0 +1,155 @@
+"""OpenTelemetry metric instruments of delayed-retry, and what each attempt records.
+
+Names, units and attributes (the Prometheus exporter turns dots into
+underscores and adds ``_total`` to counters and the unit to the name):
+
+=====================================  =========  ========================================
+instrument                             unit       attributes
+=====================================  =========  ========================================
+``delayed_retry.attempts`` (counter)   {attempt}  ``messaging.destination.name``, outcome
+``delayed_retry.retries`` (counter)    {message}  destination, ``error.type``
+``delayed_retry.successes_after_retry``{message}  destination
+``delayed_retry.parked`` (counter)     {message}  destination, ``error.type``, reason
+``delayed_retry.delay`` (histogram)    s          destination, ``delayed_retry.publish.kind``
+``delayed_retry.resolution.duration``  s          destination, outcome (success/parked)
+=====================================  =========  ========================================
+
+The queue-depth gauges (messages delayed per level, parked per queue) are
+in :mod:`delayed_retry.monitor`, because they need a broker connection.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from opentelemetry import metrics
+from opentelemetry.metrics import Meter, MeterProvider
+
+from delayed_retry.durations import utcnow
+from delayed_retry.headers import RetryState
+from delayed_retry.tracing import (
+    ATTR_OUTCOME,
+    ATTR_PUBLISH_KIND,
+    ATTR_REASON,
+    ERROR_TYPE,
+    INSTRUMENTATION_NAME,
+    MESSAGING_DESTINATION_NAME,
+    exception_type,
+    instrumentation_version,
+)
+
+__all__ = [
+    "ATTEMPTS",
+    "DELAY",
+    "PARKED",
+    "RESOLUTION",
+    "RETRIES",
+    "SUCCESSES_AFTER_RETRY",
+    "RetryMetrics",
+    "meter_for",
+]
+
+ATTEMPTS = "delayed_retry.attempts"
+RETRIES = "delayed_retry.retries"
+SUCCESSES_AFTER_RETRY = "delayed_retry.successes_after_retry"
+PARKED = "delayed_retry.parked"
+DELAY = "delayed_retry.delay"
+RESOLUTION = "delayed_retry.resolution.duration"
+
+# Delays span milliseconds to days: explicit buckets from 10 ms to 7 days.
+DELAY_BUCKETS = (
+    0.01,
+    0.1,
+    0.5,
+    1.0,
+    5.0,
+    15.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+    4 * 3600.0,
+    86400.0,
+    7 * 86400.0,
+)
+
+
+def meter_for(provider: MeterProvider | None) -> Meter:
+    """The delayed-retry meter of ``provider``, or of the global provider when ``None``."""
+    return metrics.get_meter(INSTRUMENTATION_NAME, instrumentation_version(), provider)
+
+
+class RetryMetrics:
+    """The counters and histograms; one per instrumentation, cheap to record into."""
+
+    def __init__(self, meter: Meter) -> None:
+        self.attempts = meter.create_counter(
+            ATTEMPTS, unit="{attempt}", description="Handling attempts, by queue and outcome."
+        )
+        self.retries = meter.create_counter(
+            RETRIES,
+            unit="{message}",
+            description="Retries scheduled into the delay chain, by queue and exception type.",
+        )
+        self.successes_after_retry = meter.create_counter(
+            SUCCESSES_AFTER_RETRY,
+            unit="{message}",
+            description="Messages handled successfully after at least one failure.",
+        )
+        self.parked = meter.create_counter(
+            PARKED,
+            unit="{message}",
+            description="Messages parked, by queue, exception type and reason.",
+        )
+        self.delay = meter.create_histogram(
+            DELAY,
+            unit="s",
+            description="Delays chosen for retries and scheduled messages.",
+            explicit_bucket_boundaries_advisory=DELAY_BUCKETS,
+        )
+        self.resolution = meter.create_histogram(
+            RESOLUTION,
+            unit="s",
+            description="Time from a message's first failure to its success or parking.",
+            explicit_bucket_boundaries_advisory=DELAY_BUCKETS,
+        )
+
+    def record_attempt(
+        self,
+        state: RetryState,
+        *,
+        queue: str,
+        outcome: str,
+        delay: float | None,
+        exc: BaseException | None,
+        reason: str | None,
+        now: datetime | None = None,
+    ) -> None:
+        """Record how one attempt ended."""
+        base = {MESSAGING_DESTINATION_NAME: queue}
+        self.attempts.add(1, {**base, ATTR_OUTCOME: outcome})
+        if outcome == "retry":
+            self.retries.add(1, {**base, ERROR_TYPE: exception_type(exc)})
+            if delay is not None:
+                self.delay.record(delay, {**base, ATTR_PUBLISH_KIND: "retry"})
+        elif outcome == "success" and state.first_failure_at is not None:
+            self.successes_after_retry.add(1, base)
+            self._resolved(state, base, "success", now)
+        elif outcome == "parked":
+            self.parked.add(
+                1, {**base, ERROR_TYPE: exception_type(exc), ATTR_REASON: reason or "unknown"}
+            )
+            self._resolved(state, base, "parked", now)
+
+    def _resolved(
+        self, state: RetryState, base: dict[str, str], outcome: str, now: datetime | None
+    ) -> None:
+        start = state.first_failure_at
+        elapsed = 0.0 if start is None else ((now or utcnow()) - start).total_seconds()
+        self.resolution.record(max(elapsed, 0.0), {**base, ATTR_OUTCOME: outcome})
+
+    def record_schedule(self, *, queue: str, delay: float) -> None:
+        """Record a :func:`~delayed_retry.publish_delayed` delay."""
+        self.delay.record(
+            max(delay, 0.0), {MESSAGING_DESTINATION_NAME: queue, ATTR_PUBLISH_KIND: "schedule"}
+        )

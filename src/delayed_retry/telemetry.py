@@ -1,0 +1,159 @@
+"""OpenTelemetry implementation of :class:`~delayed_retry.observe.Instrumentation`.
+
+Pass an :class:`OpenTelemetryInstrumentation` with explicit providers to
+``@with_delayed_retry(instrumentation=...)`` and ``publish_delayed`` when the
+application does not use the global providers (tests do this with the SDK's
+in-memory exporter and reader). Without one, the middleware uses
+:func:`delayed_retry.observe.default_instrumentation`: this class on the
+global providers, a no-op until an SDK is configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from aio_pika.abc import AbstractIncomingMessage
+from opentelemetry import trace
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.trace import TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from delayed_retry.headers import RetryState
+from delayed_retry.metrics import RetryMetrics, meter_for
+from delayed_retry.observe import Outcome, PublishKind
+from delayed_retry.tracing import (
+    HEADER_GETTER,
+    HEADER_SETTER,
+    X_TRACE_ORIGIN,
+    AttemptSpan,
+    attempt_span,
+    global_propagator,
+    producer_span,
+    publish_attributes,
+    tracer_for,
+)
+
+__all__ = ["OpenTelemetryInstrumentation"]
+
+# The origin link is always stored as W3C trace context, whatever the propagator.
+_W3C = TraceContextTextMapPropagator()
+
+
+class _Scope:
+    """One attempt: its span, and the metrics recorded when it finishes."""
+
+    def __init__(
+        self,
+        owner: OpenTelemetryInstrumentation,
+        span: AttemptSpan,
+        message: AbstractIncomingMessage,
+        state: RetryState,
+    ) -> None:
+        self._owner = owner
+        self._span = span
+        self._message = message
+        self._state = state
+        self._finished = False
+
+    @contextmanager
+    def publishing(
+        self, headers: dict[str, Any], *, kind: PublishKind, exchange: str, routing_key: str
+    ) -> Iterator[None]:
+        if X_TRACE_ORIGIN not in headers:
+            origin = self._origin()
+            if origin is not None:
+                headers[X_TRACE_ORIGIN] = origin
+        attrs = publish_attributes(
+            exchange=exchange,
+            routing_key=routing_key,
+            kind=kind,
+            queue=self._span.queue,
+            message_id=self._message.message_id,
+            conversation_id=self._message.correlation_id,
+        )
+        with producer_span(
+            self._owner.tracer, self._owner.propagator, headers, attrs, exchange=exchange
+        ):
+            yield
+
+    def _origin(self) -> str | None:
+        """``traceparent`` of the first failing delivery: the one it arrived with, or its span."""
+        carrier: dict[str, Any] = {}
+        incoming = _W3C.extract(self._message.headers or {}, getter=HEADER_GETTER)
+        if trace.get_current_span(incoming).get_span_context().is_valid:
+            _W3C.inject(carrier, context=incoming, setter=HEADER_SETTER)
+        elif self._span.span.get_span_context().is_valid:
+            _W3C.inject(
+                carrier, context=trace.set_span_in_context(self._span.span), setter=HEADER_SETTER
+            )
+        value = carrier.get("traceparent")
+        return value if isinstance(value, str) else None
+
+    def finish(
+        self,
+        outcome: Outcome,
+        *,
+        delay: float | None = None,
+        exc: BaseException | None = None,
+        reason: str | None = None,
+    ) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self._span.finish(outcome, delay=delay, exc=exc, reason=reason)
+        self._owner.metrics.record_attempt(
+            self._state,
+            queue=self._span.queue,
+            outcome=outcome,
+            delay=delay,
+            exc=exc,
+            reason=reason,
+        )
+
+
+class OpenTelemetryInstrumentation:
+    """Spans and metrics for every handling attempt, retry, parking and scheduled publish.
+
+    Use it like opentelemetry-python-contrib's instrumentations: give
+    ``tracer_provider``, ``meter_provider`` and ``propagator`` explicitly, or
+    leave them out to use the global ones (looked up when the instrumentation
+    is made; the API's proxies follow an SDK configured later). No
+    monkeypatching: the middleware calls it.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        propagator: TextMapPropagator | None = None,
+    ) -> None:
+        self.tracer = tracer_for(tracer_provider)
+        self.metrics = RetryMetrics(meter_for(meter_provider))
+        self._propagator = propagator
+
+    @property
+    def propagator(self) -> TextMapPropagator:
+        """The propagator given, or the global one at the time of use."""
+        return self._propagator or global_propagator()
+
+    @contextmanager
+    def attempt(
+        self, message: AbstractIncomingMessage, state: RetryState, *, queue: str
+    ) -> Iterator[_Scope]:
+        with attempt_span(self.tracer, self.propagator, message, state, queue=queue) as span:
+            yield _Scope(self, span, message, state)
+
+    @contextmanager
+    def scheduling(
+        self, headers: dict[str, Any], *, queue: str, exchange: str, routing_key: str, delay: float
+    ) -> Iterator[None]:
+        attrs = publish_attributes(
+            exchange=exchange, routing_key=routing_key, kind="schedule", queue=queue, delay=delay
+        )
+        with producer_span(self.tracer, self.propagator, headers, attrs, exchange=exchange):
+            yield
+        self.metrics.record_schedule(queue=queue, delay=delay)
