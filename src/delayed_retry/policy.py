@@ -20,7 +20,7 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from delayed_retry.durations import to_seconds
-from delayed_retry.errors import ConfigurationError, DelayOutOfRangeError, ParkMessage, RetryAfter
+from delayed_retry.errors import ConfigurationError, ParkMessage, RetryAfter
 from delayed_retry.headers import RetryState
 
 __all__ = ["DEFAULT_WAIT", "Decision", "ParkReason", "RetryPolicy", "call_state"]
@@ -130,6 +130,8 @@ class RetryPolicy:
             return Decision.park("stopped")
         try:
             delay = to_seconds(exc.delay if isinstance(exc, RetryAfter) else self.wait(rcs))
-        except DelayOutOfRangeError:
+        except ConfigurationError:
+            # Negative, NaN, or not a duration at all (``RetryAfter("soon")``, a custom wait
+            # returning None): raising here would leave the message unacked, so park it.
             return Decision.park("delay-out-of-range")
         return Decision.retry_after(delay)
