@@ -1,0 +1,84 @@
+"""Durations as seconds or timedelta, due times as aware datetimes, epoch milliseconds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from delayed_retry import ConfigurationError, DelayOutOfRangeError
+from delayed_retry.durations import (
+    from_epoch_ms,
+    resolve_due_at,
+    to_epoch_ms,
+    to_seconds,
+    utcnow,
+)
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(0, 0.0), (1.5, 1.5), (7, 7.0), (timedelta(minutes=2), 120.0), (timedelta(0), 0.0)],
+)
+def test_to_seconds_accepts_numbers_and_timedeltas(value: float, seconds: float) -> None:
+    assert to_seconds(value) == seconds
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "match"),
+    [
+        (-1, DelayOutOfRangeError, "negative"),
+        (timedelta(seconds=-1), DelayOutOfRangeError, "negative"),
+        (float("nan"), DelayOutOfRangeError, "finite"),
+        (float("inf"), DelayOutOfRangeError, "finite"),
+        ("5", ConfigurationError, "not a duration"),
+        (None, ConfigurationError, "not a duration"),
+        (True, ConfigurationError, "not a duration"),
+    ],
+)
+def test_to_seconds_rejects_with_the_name(
+    value: object, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match) as info:
+        to_seconds(value, name="wait_for")  # type: ignore[arg-type]
+    assert "wait_for=" in str(info.value)
+
+
+def test_resolve_due_at() -> None:
+    assert resolve_due_at(5, now=NOW) == NOW + timedelta(seconds=5)
+    assert resolve_due_at(timedelta(hours=1), now=NOW) == NOW + timedelta(hours=1)
+    later = NOW + timedelta(days=3)
+    assert resolve_due_at(later, now=NOW) == later
+    assert resolve_due_at(NOW - timedelta(days=3), now=NOW) == NOW  # the past means now
+    other_zone = later.astimezone(timezone(timedelta(hours=-7)))
+    assert resolve_due_at(other_zone, now=NOW) == later
+
+
+def test_naive_due_time_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigurationError, match=r"no timezone.*tzinfo=UTC"):
+        resolve_due_at(datetime(2030, 1, 1), now=NOW)
+
+
+def test_utcnow_is_aware() -> None:
+    assert utcnow().tzinfo is not None
+
+
+def test_epoch_ms_rounds_up() -> None:
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    assert to_epoch_ms(epoch) == 0
+    assert to_epoch_ms(epoch + timedelta(microseconds=1)) == 1
+    assert to_epoch_ms(epoch + timedelta(microseconds=1000)) == 1
+    assert to_epoch_ms(epoch - timedelta(microseconds=1)) == 0
+    assert from_epoch_ms(1500) == epoch + timedelta(milliseconds=1500)
+
+
+@given(st.datetimes(min_value=datetime(1971, 1, 1), timezones=st.just(UTC)))
+def test_epoch_ms_never_moves_a_due_time_earlier(moment: datetime) -> None:
+    ms = to_epoch_ms(moment)
+    assert from_epoch_ms(ms) >= moment
+    assert from_epoch_ms(ms) - moment < timedelta(milliseconds=1)
+    assert to_epoch_ms(from_epoch_ms(ms)) == ms
