@@ -22,6 +22,7 @@ __all__ = ["SUBCOMMAND_MODULES", "build_parser", "main"]
 SUBCOMMAND_MODULES = (
     "delayed_retry.cli.topology_cmd",
     "delayed_retry.cli.parking_cmd",
+    "delayed_retry.cli.spark_cmd",
     "delayed_retry.cli.alerts_cmd",
 )
 
