@@ -376,7 +376,10 @@ def _unencodable(err: PublishError) -> bool:
 
 
 def _channel_open(message: AbstractIncomingMessage) -> bool:
-    channel = message.channel
+    try:
+        channel = message.channel  # aio-pika raises once the channel is closed
+    except Exception:
+        return False
     return not getattr(channel, "is_closed", True)
 
 
