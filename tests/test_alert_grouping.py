@@ -1,0 +1,168 @@
+"""Storm control and alert texts, as pure functions with a controllable clock."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from delayed_retry.alerts import Alert, AlertWindow, ParkedArrival, arrival_from, group_arrivals
+from delayed_retry.durations import to_epoch_ms
+from delayed_retry.headers import (
+    X_EXCEPTION_MESSAGE,
+    X_EXCEPTION_TYPE,
+    X_PARKED_AT,
+    X_PARKED_REASON,
+    X_QUEUE,
+)
+
+
+def arrival(i: int, queue: str = "orders", exc: str = "TimeoutError") -> ParkedArrival:
+    return ParkedArrival(
+        message_id=f"m{i}",
+        queue=queue,
+        exception_type=exc,
+        reason="max-retries",
+        parked_at=datetime(2026, 1, 1, 0, 0, i % 60, tzinfo=UTC),
+    )
+
+
+def test_window_opens_on_first_arrival_and_closes_after_window() -> None:
+    window: AlertWindow[int] = AlertWindow(window=10.0)
+    assert window.deadline() is None
+    assert not window.ready(now=0.0)
+    window.add(arrival(1), 1, now=100.0)
+    window.add(arrival(2), 2, now=105.0)
+    assert window.deadline() == 110.0
+    assert not window.ready(now=109.9)
+    assert window.ready(now=110.0)
+    taken = window.take()
+    assert taken is not None
+    alert, tokens = taken
+    assert tokens == [1, 2]
+    assert alert.total == 2
+    assert window.deadline() is None
+    assert window.take() is None
+
+
+def test_arrivals_after_a_take_open_a_new_window() -> None:
+    window: AlertWindow[int] = AlertWindow(window=5.0)
+    window.add(arrival(1), 1, now=0.0)
+    assert window.take() is not None
+    window.add(arrival(2), 2, now=50.0)
+    assert window.deadline() == 55.0
+
+
+def test_full_batch_is_ready_before_the_window_closes_and_the_rest_waits() -> None:
+    window: AlertWindow[int] = AlertWindow(window=60.0, max_batch=3)
+    for i in range(5):
+        window.add(arrival(i), i, now=float(i))
+    assert window.ready(now=4.0)
+    taken = window.take()
+    assert taken is not None
+    assert taken[1] == [0, 1, 2]
+    assert len(window) == 2
+    # The remainder keeps the open window's deadline: it is alerted on without a new wait.
+    assert window.deadline() == 60.0
+    assert not window.ready(now=59.0)
+    taken = window.take()
+    assert taken is not None
+    assert taken[1] == [3, 4]
+
+
+def test_zero_window_is_ready_at_once() -> None:
+    window: AlertWindow[str] = AlertWindow(window=0.0)
+    window.add(arrival(1), "a", now=7.0)
+    assert window.ready(now=7.0)
+
+
+@pytest.mark.parametrize(("window", "batch"), [(-1.0, 10), (1.0, 0)])
+def test_window_rejects_bad_settings(window: float, batch: int) -> None:
+    with pytest.raises(ValueError, match="AlertWindow"):
+        AlertWindow(window=window, max_batch=batch)
+
+
+def test_storm_groups_counts_by_queue_and_exception_and_names_first_ids() -> None:
+    arrivals = (
+        [arrival(i, "orders", "TimeoutError") for i in range(120)]
+        + [arrival(200 + i, "orders", "KeyError") for i in range(3)]
+        + [arrival(300 + i, "payments", "TimeoutError") for i in range(7)]
+    )
+    alert = group_arrivals(arrivals, max_ids=4)
+    assert alert.total == 130
+    assert [(g.queue, g.exception_type, g.count) for g in alert.groups] == [
+        ("orders", "TimeoutError", 120),
+        ("payments", "TimeoutError", 7),
+        ("orders", "KeyError", 3),
+    ]
+    assert alert.message_ids == ("m0", "m1", "m2", "m3")
+    assert alert.more == 126
+    assert alert.queues == ("orders", "payments")
+    text = alert.text()
+    assert text.splitlines()[0] == "130 messages parked on orders, payments"
+    assert "orders: 120 × TimeoutError" in text
+    assert "… and 126 more." in text
+    assert "delayed-retry parking list --queue orders" in text
+    assert "delayed-retry parking list --queue payments" in text
+    assert alert.first_parked_at == datetime(2026, 1, 1, 0, 0, 0, tzinfo=UTC)
+    assert alert.last_parked_at == datetime(2026, 1, 1, 0, 0, 59, tzinfo=UTC)
+
+
+def test_json_and_slack_payloads() -> None:
+    alert = group_arrivals([arrival(1)], max_ids=5)
+    payload = alert.to_json()
+    assert payload["total"] == 1
+    assert payload["message_ids"] == ["m1"]
+    assert payload["more"] == 0
+    assert payload["groups"] == [
+        {"queue": "orders", "exception_type": "TimeoutError", "count": 1, "example": None}
+    ]
+    assert payload["title"] == "1 message parked on orders"
+    slack = alert.to_slack()
+    assert slack["text"] == "1 message parked on orders"
+    assert slack["blocks"][0]["type"] == "section"
+    assert "orders: 1 × TimeoutError" in slack["blocks"][0]["text"]["text"]
+
+
+def test_arrival_from_parking_record() -> None:
+    when = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    headers = {
+        X_PARKED_REASON: "max-retries",
+        X_QUEUE: "orders",
+        X_EXCEPTION_TYPE: "myapp.GatewayDown",
+        X_EXCEPTION_MESSAGE: b"gateway down",
+        X_PARKED_AT: to_epoch_ms(when),
+    }
+    got = arrival_from(headers, message_id="abc", routing_key="orders")
+    assert got == ParkedArrival(
+        message_id="abc",
+        queue="orders",
+        exception_type="myapp.GatewayDown",
+        reason="max-retries",
+        exception_message="gateway down",
+        parked_at=when,
+    )
+
+
+def test_arrival_from_unroutable_chain_message_names_its_queue() -> None:
+    got = arrival_from({}, message_id=None, routing_key="0.1.0.1.orders")
+    assert got.queue == "orders"
+    assert got.exception_type == "unroutable"
+    assert got.reason == "unroutable"
+
+
+def test_arrival_from_malformed_headers_does_not_raise() -> None:
+    got = arrival_from(
+        {X_PARKED_REASON: "max-retries", X_PARKED_AT: "yesterday", X_EXCEPTION_TYPE: 5},
+        message_id="x",
+        routing_key="q",
+    )
+    assert got.parked_at is None
+    assert got.exception_type == "unknown"
+    assert got.queue == "q"
+
+
+def test_empty_alert_text_has_no_listing() -> None:
+    alert = Alert(total=0, groups=(), message_ids=())
+    assert alert.more == 0
+    assert "List them" not in alert.text()
