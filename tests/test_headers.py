@@ -79,7 +79,8 @@ def death(queue: str, reason: str, count: int) -> dict[str, Any]:
 
 
 def test_no_headers_is_a_first_attempt() -> None:
-    for headers in (None, {}, "not a mapping", 7):
+    odd: tuple[object, ...] = (None, {}, "not a mapping", 7)
+    for headers in odd:
         state = h.parse_retry_state(headers, exchange="ex", routing_key="rk", queue="q")  # type: ignore[arg-type]
         assert (state.attempt, state.retries, state.problems) == (1, 0, ())
         assert (state.original_exchange, state.original_routing_key, state.queue) == (

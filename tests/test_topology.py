@@ -29,7 +29,7 @@ def walk(topology: DelayTopology, units: int, destination: str) -> tuple[list[in
     route = topology.route(units, destination)
     queue_bindings = {q.name: q for q in topology.queues()}
     exchange_bindings = topology.exchange_bindings()
-    exchange, waited = route.exchange, []
+    exchange, waited = route.exchange, list[int]()
     for _ in range(topology.levels * 2 + 2):
         if exchange == topology.delivery_exchange:
             _, key = topology.delivery_binding(destination)
