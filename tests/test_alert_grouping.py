@@ -145,10 +145,17 @@ def test_arrival_from_parking_record() -> None:
 
 
 def test_arrival_from_unroutable_chain_message_names_its_queue() -> None:
-    got = arrival_from({}, message_id=None, routing_key="0.1.0.1.orders")
-    assert got.queue == "orders"
+    got = arrival_from({}, message_id=None, routing_key="0.1.0.1.shop.orders", levels=4)
+    assert got.queue == "shop.orders"
     assert got.exception_type == "unroutable"
     assert got.reason == "unroutable"
+
+
+def test_arrival_from_unroutable_with_a_foreign_routing_key_keeps_the_key() -> None:
+    assert arrival_from({}, message_id=None, routing_key="x.y", levels=4).queue == "x.y"
+    assert arrival_from({X_QUEUE: "orders"}, message_id=None, routing_key="", levels=4).queue == (
+        "orders"
+    )
 
 
 def test_arrival_from_malformed_headers_does_not_raise() -> None:

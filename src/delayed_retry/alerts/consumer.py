@@ -123,7 +123,10 @@ class ParkingAlerts:
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         arrival = arrival_from(
-            message.headers, message_id=message.message_id, routing_key=message.routing_key or ""
+            message.headers,
+            message_id=message.message_id,
+            routing_key=message.routing_key or "",
+            levels=self.topology.levels,
         )
         self._window.add(arrival, message, now=self._clock())
         self._wake.set()

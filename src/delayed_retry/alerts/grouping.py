@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from delayed_retry.durations import from_epoch_ms
+from delayed_retry.encoding import decode_routing_key
 from delayed_retry.headers import (
     X_EXCEPTION_MESSAGE,
     X_EXCEPTION_TYPE,
@@ -53,9 +54,17 @@ def _text(value: object) -> str | None:
 
 
 def arrival_from(
-    headers: Mapping[str, Any] | None, *, message_id: str | None, routing_key: str
+    headers: Mapping[str, Any] | None,
+    *,
+    message_id: str | None,
+    routing_key: str,
+    levels: int | None = None,
 ) -> ParkedArrival:
-    """Read a message from the alert queue: a parking record, or an unroutable chain message."""
+    """Read a message from the alert queue: a parking record, or an unroutable chain message.
+
+    ``levels`` (the topology's) lets an unroutable chain message's routing
+    key be read back into its destination queue.
+    """
     headers = headers or {}
     reason = _text(headers.get(X_PARKED_REASON))
     queue = _text(headers.get(X_QUEUE))
@@ -67,9 +76,14 @@ def arrival_from(
     )
     if reason is None:
         # Came through the unroutable exchange: the chain's routing key ends in the queue name.
+        if queue is None and levels is not None:
+            try:
+                queue = decode_routing_key(routing_key, levels).destination
+            except ValueError:
+                queue = None
         return ParkedArrival(
             message_id=message_id,
-            queue=queue or routing_key.rsplit(".", 1)[-1] or "?",
+            queue=queue or routing_key or "?",
             exception_type=UNROUTABLE,
             reason=UNROUTABLE,
         )
