@@ -1,5 +1,15 @@
 """delayed-retry: delayed retries, parking and scheduling for aio-pika consumers, in RabbitMQ."""
 
+from delayed_retry.alerts import (
+    Alert,
+    AlertSink,
+    AlertSinkError,
+    CallbackSink,
+    LoggingSink,
+    ParkingAlerts,
+    SinkRetry,
+    WebhookSink,
+)
 from delayed_retry.errors import (
     ConfigurationError,
     DelayedRetryError,
@@ -20,9 +30,11 @@ from delayed_retry.middleware import (
     retry_state,
     with_delayed_retry,
 )
+from delayed_retry.monitor import ChainMonitor
 from delayed_retry.observe import Instrumentation, NoInstrumentation
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
 from delayed_retry.scheduling import publish_delayed
+from delayed_retry.telemetry import OpenTelemetryInstrumentation
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
@@ -43,6 +55,16 @@ __all__ = [
     # telemetry
     "Instrumentation",
     "NoInstrumentation",
+    "OpenTelemetryInstrumentation",
+    "ChainMonitor",
+    # alerts on parked messages
+    "ParkingAlerts",
+    "Alert",
+    "AlertSink",
+    "CallbackSink",
+    "LoggingSink",
+    "WebhookSink",
+    "SinkRetry",
     # handler signals
     "HandlerSignal",
     "RetryAfter",
@@ -55,4 +77,5 @@ __all__ = [
     "PublishError",
     "PublishNotConfirmedError",
     "PublishTimeoutError",
+    "AlertSinkError",
 ]
