@@ -1,0 +1,214 @@
+"""``delayed-retry archive`` and ``delayed-retry spark {analyze,redrive,schedule}``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from datetime import timedelta
+from typing import Any
+
+from delayed_retry.errors import ConfigurationError
+from delayed_retry.topology import DelayTopology
+
+__all__ = ["register"]
+
+
+def _topology_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prefix", default="delayed-retry", help="delay topology prefix (default: delayed-retry)"
+    )
+    parser.add_argument("--levels", type=int, default=36, help="delay topology levels (default 36)")
+    parser.add_argument(
+        "--unit-ms", type=int, default=1, help="delay topology unit in milliseconds (default 1)"
+    )
+
+
+def _topology(args: argparse.Namespace) -> DelayTopology:
+    return DelayTopology(
+        prefix=args.prefix, levels=args.levels, unit=timedelta(milliseconds=args.unit_ms)
+    )
+
+
+def _spark(args: argparse.Namespace) -> Any:
+    from delayed_retry.spark.session import get_spark
+
+    return get_spark(master=args.master)
+
+
+def _rate(text: str) -> float:
+    value = text.removesuffix("/s")
+    try:
+        rate = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"rate {text!r} is not a number such as 100/s") from None
+    if not rate > 0:
+        raise argparse.ArgumentTypeError(f"rate {text!r} must be above zero")
+    return rate
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    """Drain a parking queue into Parquet files."""
+    from delayed_retry.spark.archive import archive
+
+    result = asyncio.run(
+        archive(
+            args.url,
+            queue=args.queue,
+            to=args.to,
+            batch_size=args.batch_size,
+            idle_timeout=args.idle_timeout,
+            max_messages=args.max,
+            topology=_topology(args),
+        )
+    )
+    print(f"archived {result.messages} messages of {result.queue!r} in {len(result.files)} files")
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    """Analyse archives: terminal tables plus an HTML report next to the archive."""
+    from delayed_retry.spark.analyze import (
+        analyze_archive,
+        default_report_path,
+        format_table,
+        write_html_report,
+    )
+    from delayed_retry.spark.session import progress
+
+    spark = _spark(args)
+    with progress(spark, "analyzing"):
+        analysis = analyze_archive(spark, args.paths, top=args.top)
+    print(format_table(analysis))
+    if analysis.distinct and not args.no_report:
+        report = write_html_report(analysis, args.report or default_report_path(args.paths[0]))
+        print(f"report: {report}")
+    return 0
+
+
+def cmd_redrive(args: argparse.Namespace) -> int:
+    """Send selected archived messages back to their queues through the delay chain."""
+    from delayed_retry.spark.redrive import redrive
+    from delayed_retry.spark.session import progress
+
+    spark = _spark(args)
+    with progress(spark, "redrive"):
+        result = redrive(
+            spark,
+            args.paths,
+            url=args.url,
+            where=args.where,
+            rate=args.rate,
+            dry_run=args.dry_run,
+            redrive_id=args.redrive_id,
+            ledger=args.ledger,
+            topology=_topology(args),
+        )
+    verb = "would send" if result.dry_run else "sent"
+    count = result.to_send if result.dry_run else result.sent
+    print(
+        f"redrive {result.redrive_id}: selected {result.selected}, already sent "
+        f"{result.already_sent}, without a queue {result.without_queue}; {verb} {count}"
+    )
+    for queue, n in sorted(result.by_queue.items()):
+        print(f"  {queue}: {n}")
+    if result.first_due_at and result.last_due_at:
+        print(f"  due from {result.first_due_at.isoformat()} to {result.last_due_at.isoformat()}")
+    return 0
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    """Schedule one message per row of a Parquet, CSV or JSON file."""
+    from delayed_retry.spark.bulk import schedule_dataframe
+    from delayed_retry.spark.session import progress
+
+    spark = _spark(args)
+    reader = spark.read
+    if args.format == "csv":
+        reader = reader.option("header", "true").option("inferSchema", "true")
+    try:
+        frame = reader.format(args.format).load(args.input)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot read {args.input!r} as {args.format}: {str(exc).splitlines()[0]}; "
+            "check the path and --format"
+        ) from exc
+    with progress(spark, "schedule"):
+        result = schedule_dataframe(
+            frame,
+            queue=args.queue,
+            due_at=args.due_at,
+            body=args.body,
+            key=args.key,
+            schedule_id=args.schedule_id,
+            ledger=args.ledger,
+            url=args.url,
+            topology=_topology(args),
+        )
+    print(
+        f"schedule {result.schedule_id}: {result.rows} rows, sent {result.sent}, "
+        f"skipped {result.already_sent} (already sent or duplicate keys)"
+    )
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``archive`` and ``spark`` to the command line."""
+    p = subparsers.add_parser(
+        "archive",
+        help="drain a parking queue into Parquet files (acked only once written)",
+        description="Drain a parking queue into Parquet files partitioned by date and queue.",
+    )
+    p.add_argument("--queue", required=True, help="the parking queue, e.g. orders.parking")
+    p.add_argument("--to", required=True, help="folder or URI (s3://…) of the archive")
+    p.add_argument("--batch-size", type=int, default=1000, help="messages per part file")
+    p.add_argument(
+        "--idle-timeout", type=float, default=1.0, help="stop after the queue is empty this long"
+    )
+    p.add_argument("--max", type=int, default=None, help="archive at most this many messages")
+    _topology_options(p)
+    p.set_defaults(func=cmd_archive)
+
+    spark = subparsers.add_parser("spark", help="analyse, redrive and schedule with PySpark")
+    commands = spark.add_subparsers(dest="spark_command", required=True, metavar="ACTION")
+
+    def with_master(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--master", default=None, help="Spark master (default local[*]; e.g. spark://host:7077)"
+        )
+
+    a = commands.add_parser("analyze", help="report on archived parked messages")
+    a.add_argument("paths", nargs="+", help="archive folder(s)")
+    a.add_argument("--report", default=None, help="HTML report path (default <archive>.report.html)")
+    a.add_argument("--no-report", action="store_true", help="print tables only")
+    a.add_argument("--top", type=int, default=10, help="how many distinct errors to list")
+    with_master(a)
+    a.set_defaults(func=cmd_analyze)
+
+    r = commands.add_parser("redrive", help="send archived messages back to their queues")
+    r.add_argument("paths", nargs="+", help="archive folder(s)")
+    r.add_argument("--where", default=None, help="Spark SQL predicate selecting rows to send")
+    r.add_argument("--rate", type=_rate, default=None, help="messages per second, e.g. 200/s")
+    r.add_argument("--dry-run", action="store_true", help="count and plan, send nothing")
+    r.add_argument("--redrive-id", default=None, help="id for the ledger (default: from the input)")
+    r.add_argument("--ledger", default=None, help="ledger folder (default <archive>/_ledger)")
+    with_master(r)
+    _topology_options(r)
+    r.set_defaults(func=cmd_redrive)
+
+    s = commands.add_parser("schedule", help="schedule one delayed message per row of a file")
+    s.add_argument("input", help="Parquet, CSV or JSON file or folder")
+    s.add_argument("--format", choices=("parquet", "csv", "json"), default="parquet")
+    s.add_argument("--queue", required=True, help="destination queue")
+    s.add_argument("--due-at", required=True, help="column holding the due time")
+    s.add_argument("--body", required=True, help="column holding the body")
+    s.add_argument("--key", default=None, help="column identifying a row (idempotency)")
+    s.add_argument("--schedule-id", required=True, help="name of this schedule, for the ledger")
+    s.add_argument("--ledger", required=True, help="ledger folder")
+    with_master(s)
+    _topology_options(s)
+    s.set_defaults(func=cmd_schedule)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("run it as: delayed-retry archive|spark …")

@@ -1,0 +1,82 @@
+"""Open one or several archives as one Spark DataFrame, with a clear error when one is missing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from delayed_retry.errors import DelayedRetryError
+from delayed_retry.spark.ledger import path_exists
+from delayed_retry.spark.schema import ARCHIVE_COLUMNS, PARTITION_COLUMNS, archive_spark_schema
+
+__all__ = ["ArchiveReadError", "archive_columns", "read_archive", "reading", "root_cause"]
+
+
+class ArchiveReadError(DelayedRetryError):
+    """An archive is missing, empty or unreadable."""
+
+
+def archive_columns() -> list[str]:
+    """Every column of an archive DataFrame, partitions last."""
+    return [name for name, *_ in ARCHIVE_COLUMNS] + list(PARTITION_COLUMNS)
+
+
+def read_archive(spark: Any, paths: str | Sequence[str]) -> Any:
+    """The archive(s) at ``paths`` as one DataFrame with the archive schema.
+
+    Raises :class:`ArchiveReadError` naming the path when one does not exist
+    or cannot be read as Parquet.
+    """
+    from pyspark.errors import PySparkException
+
+    wanted = [paths] if isinstance(paths, str) else list(paths)
+    if not wanted:
+        raise ArchiveReadError("no archive path given; pass the folder archive --to wrote")
+    for path in wanted:
+        try:
+            exists = path_exists(path)
+        except Exception as exc:
+            raise ArchiveReadError(f"cannot reach archive {path!r}: {exc}") from exc
+        if not exists:
+            raise ArchiveReadError(
+                f"archive {path!r} does not exist; pass the folder given to "
+                "'delayed-retry archive --to'"
+            )
+    try:
+        frame = spark.read.schema(archive_spark_schema()).parquet(*wanted)
+        return frame.select(*archive_columns())
+    except PySparkException as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise ArchiveReadError(
+            f"cannot read archive {', '.join(map(repr, wanted))} as Parquet: {first}; "
+            "is it a folder written by 'delayed-retry archive'?"
+        ) from exc
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost cause of a Spark (JVM) error, on one line."""
+    text = str(exc).strip()
+    causes = [line for line in text.splitlines() if line.startswith("Caused by:")]
+    if causes:
+        return causes[-1].removeprefix("Caused by:").strip()
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("An error occurred while calling"):
+            return line.strip().lstrip(": ")
+    return repr(exc)
+
+
+@contextmanager
+def reading(paths: str | Sequence[str]) -> Iterator[None]:
+    """Turn a Spark failure while reading ``paths`` into a one-line :class:`ArchiveReadError`."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    try:
+        yield
+    except (PySparkException, Py4JJavaError) as exc:
+        wanted = [paths] if isinstance(paths, str) else list(paths)
+        raise ArchiveReadError(
+            f"cannot read archive {', '.join(map(repr, wanted))}: {root_cause(exc)}; "
+            "is it a folder written by 'delayed-retry archive'?"
+        ) from exc

@@ -1,0 +1,65 @@
+"""Build archive rows and folders the way the archiver does, for tests that need known input."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from delayed_retry.headers import parse_retry_state, parking_headers
+from delayed_retry.spark.archive import archive_row
+from delayed_retry.spark.schema import archive_arrow_schema, escape_partition_value
+from delayed_retry.spark.sinks import LocalSink
+from delayed_retry.topology import DelayTopology
+
+
+def parked_headers(
+    queue: str, exc: BaseException, *, parked_at: datetime, first_failure_at: datetime, retries: int
+) -> dict[str, Any]:
+    """Headers of a message the library parked after ``retries`` retries."""
+    state = parse_retry_state(
+        {"x-retry": retries, "x-retry-first-failure-at": int(first_failure_at.timestamp() * 1000)},
+        exchange="",
+        routing_key=queue,
+        queue=queue,
+    )
+    return parking_headers({}, state, exc, now=parked_at, reason="max-retries")
+
+
+def parked_row(
+    topology: DelayTopology,
+    queue: str,
+    body: bytes,
+    exc: BaseException,
+    *,
+    parked_at: datetime,
+    retries: int = 3,
+    park_after: timedelta = timedelta(seconds=60),
+) -> dict[str, Any]:
+    headers = parked_headers(
+        queue, exc, parked_at=parked_at, first_failure_at=parked_at - park_after, retries=retries
+    )
+    return archive_row(
+        body=body,
+        headers=headers,
+        exchange=topology.parking_exchange,
+        routing_key=queue,
+        properties={"content_type": "application/json"},
+        redelivered=False,
+        archived_at=parked_at + timedelta(minutes=5),
+        topology=topology,
+    )
+
+
+def write_archive(root: Path, parking_queue: str, rows: Sequence[dict[str, Any]]) -> None:
+    """Write ``rows`` as one part file per day under ``root`` (as the archiver would)."""
+    sink = LocalSink(str(root))
+    by_day: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_day.setdefault(row["parked_at"].strftime("%Y-%m-%d"), []).append(row)
+    for day, day_rows in by_day.items():
+        table = pa.Table.from_pylist(day_rows, schema=archive_arrow_schema())
+        sink.write(table, f"date={day}/queue={escape_partition_value(parking_queue)}")
