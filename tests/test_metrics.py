@@ -235,3 +235,51 @@ async def test_chain_monitor_gauges_read_depths_per_level_and_parking_queue(
 def test_chain_monitor_rejects_a_non_positive_interval() -> None:
     with pytest.raises(ValueError, match="interval"):
         ChainMonitor(url="amqp://localhost/", interval=0)
+
+
+def test_prometheus_exporter_names() -> None:
+    """The names docs/observability.md promises, through the standard Prometheus exporter."""
+    from datetime import timedelta
+
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import REGISTRY, generate_latest
+
+    from delayed_retry.durations import utcnow
+    from delayed_retry.headers import RetryState
+    from delayed_retry.metrics import RetryMetrics, meter_for
+
+    reader = PrometheusMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    try:
+        recorder = RetryMetrics(meter_for(provider))
+        state = RetryState(
+            attempt=2,
+            retries=1,
+            queue="orders",
+            original_exchange="",
+            original_routing_key="orders",
+            first_failure_at=utcnow() - timedelta(seconds=3),
+        )
+        recorder.record_attempt(
+            state, queue="orders", outcome="retry", delay=2.0, exc=TimeoutError(), reason=None
+        )
+        recorder.record_attempt(
+            state,
+            queue="orders",
+            outcome="parked",
+            delay=None,
+            exc=KeyError(),
+            reason="max-retries",
+        )
+        text = generate_latest(REGISTRY).decode()
+    finally:
+        provider.shutdown()
+    for name in (
+        'delayed_retry_attempts_total{delayed_retry_outcome="retry"',
+        'delayed_retry_retries_total{error_type="TimeoutError"',
+        "delayed_retry_delay_seconds_bucket{",
+        'delayed_retry_resolution_duration_seconds_count{delayed_retry_outcome="parked"',
+        'delayed_retry_parked_total{delayed_retry_reason="max-retries",error_type="KeyError"',
+    ):
+        assert name in text, name
