@@ -467,12 +467,17 @@ def with_delayed_retry(
       instrumentation: telemetry (default: OpenTelemetry through the global
         providers, a no-op until an SDK is configured).
     """
+    if not isinstance(topology, DelayTopology):
+        raise ConfigurationError(f"topology={topology!r} must be a DelayTopology")
     if queue is not None:
         topology.check_destination(queue)
     if parking_queue is not None and (not parking_queue or parking_queue.startswith("amq.")):
         raise ConfigurationError(f"parking_queue={parking_queue!r} is not a usable queue name")
-    if not isinstance(topology, DelayTopology):
-        raise ConfigurationError(f"topology={topology!r} must be a DelayTopology")
+    if instrumentation is not None and not callable(getattr(instrumentation, "attempt", None)):
+        raise ConfigurationError(
+            f"instrumentation={instrumentation!r} is not an Instrumentation; pass "
+            "delayed_retry.NoInstrumentation() or an object with attempt() and scheduling()"
+        )
     policy_kwargs: dict[str, Any] = {"max_retries": max_retries, "wait": wait, "stop": stop}
     if retry is not None:
         policy_kwargs["retry"] = retry
