@@ -62,7 +62,7 @@ def print_trace(spans: Sequence[ReadableSpan]) -> None:
     def show(span: ReadableSpan, depth: int) -> None:
         attrs = span.attributes or {}
         notes = [
-            f"{key.split('.')[-1]}={attrs[key]}"
+            f"{key.split('.')[-1]}={attrs[key]!s}"
             for key in (
                 "delayed_retry.attempt",
                 "delayed_retry.outcome",
@@ -92,7 +92,9 @@ def print_metrics(reader: InMemoryMetricReader) -> None:
                 if not metric.name.startswith("delayed_retry."):
                     continue
                 for point in metric.data.data_points:
-                    attrs = ", ".join(f"{k}={v}" for k, v in sorted(point.attributes.items()))
+                    attrs = ", ".join(
+                        f"{k}={v!s}" for k, v in sorted((point.attributes or {}).items())
+                    )
                     value: Any = getattr(point, "value", None)
                     if value is None:
                         value = f"count={point.count} sum={point.sum:.3f}"  # type: ignore[union-attr]
@@ -128,8 +130,8 @@ async def run(url: str) -> int:
             max_retries=2, wait=wait_fixed(0.3), topology=topology, instrumentation=telemetry
         )
         async def pay(message: AbstractIncomingMessage) -> None:
-            retries = int(message.headers.get("x-retry", 0))  # type: ignore[call-overload]
-            if message.message_id == "pay-doomed" or retries < 2:
+            retries = message.headers.get("x-retry", 0)
+            if message.message_id == "pay-doomed" or not isinstance(retries, int) or retries < 2:
                 raise GatewayDown(f"gateway timeout for {message.message_id}")
             healed.set()
 

@@ -96,7 +96,7 @@ async def test_counters_and_histograms_of_retries_successes_and_parking(
     await wait_until(all_resolved, what="2 successes and 2 parked messages")
 
     async def attempts_recorded() -> bool:
-        return value(telemetry, "delayed_retry.attempts") == 8
+        return bool(value(telemetry, "delayed_retry.attempts") == 8)
 
     await wait_until(attempts_recorded, what="8 attempts recorded")
     q = {"messaging.destination.name": queue.name}
