@@ -1,0 +1,89 @@
+"""The broker restarted, or killed, while thousands of messages sit in the delay chain.
+
+Quorum queues with at-least-once dead-lettering keep every confirmed message
+through a restart; each comes due afterwards, and none before its due time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime, timedelta
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractIncomingMessage
+
+from delayed_retry import DelayTopology, publish_delayed
+from delayed_retry.testing import RabbitMQNode
+
+from ._support import QUORUM, Ledger, depth, wait_until
+
+MESSAGES = 2000
+
+
+@pytest.mark.parametrize("fault", ["restart", "kill"])
+async def test_messages_in_the_chain_survive_a_broker_restart(
+    running_node: RabbitMQNode, unique: str, fault: str
+) -> None:
+    node = running_node
+    queue = f"{unique}.due"
+    topology = DelayTopology(prefix=unique, levels=16)
+    ledger = Ledger(sent=set(range(MESSAGES)))
+    due: dict[int, datetime] = {}
+
+    connection = await aio_pika.connect(node.url)
+    channel = await connection.channel()
+    await channel.declare_queue(queue, durable=True, arguments=QUORUM)
+
+    async def schedule(i: int) -> None:
+        # Delays of 3 to 9 s: every message is inside the chain while the broker is down.
+        delay = timedelta(seconds=3 + (i % 61) / 10)
+        message = aio_pika.Message(json.dumps({"id": i}).encode(), message_id=str(i))
+        due[i] = await publish_delayed(
+            channel, message, queue=queue, delay=delay, topology=topology
+        )
+
+    for start in range(0, MESSAGES, 250):
+        await asyncio.gather(*(schedule(i) for i in range(start, min(start + 250, MESSAGES))))
+    arrived_before = await depth(channel, queue)
+    await connection.close()
+    # The fault must hit messages that are still travelling through the chain.
+    assert arrived_before < MESSAGES // 2, f"{arrived_before} already arrived before the {fault}"
+
+    began = time.monotonic()
+    if fault == "restart":
+        node.restart()
+    else:
+        node.kill()
+        node.start()
+    print(f"broker {fault} took {time.monotonic() - began:.1f} s")
+
+    early: list[tuple[int, float]] = []
+    connection = await aio_pika.connect(node.url)
+    try:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=500)
+        q = await channel.declare_queue(queue, passive=True)
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            arrived = datetime.now(UTC)
+            i = json.loads(message.body)["id"]
+            if arrived < due[i] - timedelta(milliseconds=2):
+                early.append((i, (due[i] - arrived).total_seconds()))
+            ledger.handled[i] += 1
+            await message.ack()
+
+        await q.consume(on_message)
+        await wait_until(
+            lambda: set(ledger.handled) >= ledger.sent,
+            timeout=90,
+            what=f"all {MESSAGES} delayed messages after the broker {fault}",
+        )
+        counts = ledger.report(f"broker-{fault}-with-{MESSAGES}-in-chain")
+        assert counts["lost"] == 0
+        assert early == [], f"{len(early)} message(s) arrived early, e.g. {early[:5]}"
+        await channel.queue_delete(queue, if_unused=False, if_empty=False)
+    finally:
+        await connection.close()
