@@ -1,0 +1,224 @@
+"""Declaring the topology on a real broker: idempotent, once under concurrency, clear mismatches."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+
+from chain_support import Inbox, Scenario, eventually, publish
+from delayed_retry import (
+    DelayTopology,
+    TopologyMismatchError,
+    consume,
+    publish_delayed,
+    with_delayed_retry,
+)
+from delayed_retry import declare as declare_module
+from delayed_retry.headers import X_DUE_AT
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture(params=["quorum", "classic"])
+async def s(
+    request: pytest.FixtureRequest,
+    connection: AbstractRobustConnection,
+    unique: str,
+    rabbitmq_url: str,
+) -> AsyncIterator[Scenario]:
+    scenario = Scenario(
+        connection, unique, DelayTopology(prefix=unique, levels=16, queue_type=request.param)
+    )
+    await scenario.open()
+    try:
+        yield scenario
+    finally:
+        await scenario.close(rabbitmq_url)
+
+
+@pytest.fixture
+async def quorum(
+    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
+) -> AsyncIterator[Scenario]:
+    scenario = Scenario(
+        connection, unique, DelayTopology(prefix=unique, levels=16, queue_type="quorum")
+    )
+    await scenario.open()
+    try:
+        yield scenario
+    finally:
+        await scenario.close(rabbitmq_url)
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[object]:
+    """Wrap ``delayed_retry.declare.<name>`` to record its calls; the broker still does the work."""
+    calls: list[object] = []
+    real = getattr(declare_module, name)
+
+    async def counting(*args: Any, **kwargs: Any) -> None:
+        calls.append(args)
+        await real(*args, **kwargs)
+
+    monkeypatch.setattr(declare_module, name, counting)
+    return calls
+
+
+async def test_declaring_twice_and_from_another_connection_is_harmless(
+    s: Scenario, rabbitmq_url: str
+) -> None:
+    queue = await s.queue()
+    await s.topology.declare(s.ch, queues=[queue.name])
+    await s.topology.declare(s.ch, queues=[queue.name])
+    other = await aio_pika.connect(rabbitmq_url)
+    try:
+        await s.topology.declare(await other.channel(), queues=[queue.name])
+    finally:
+        await other.close()
+    inbox = Inbox()
+    await queue.consume(inbox)
+    await publish_delayed(
+        s.ch, aio_pika.Message(b"once"), queue=queue.name, delay=0.05, topology=s.topology
+    )
+    assert (await inbox.get()).message.body == b"once"
+    # Bindings are a set: declaring three times delivers one copy, not three.
+    await publish(s.ch, queue.name, b"marker")
+    assert (await inbox.get()).message.body == b"marker"
+
+
+async def test_a_new_connection_declares_again(quorum: Scenario, rabbitmq_url: str) -> None:
+    await quorum.topology.declare(quorum.ch)
+    level = quorum.topology.level_name(2)
+    await quorum.ch.queue_delete(level)
+    other = await aio_pika.connect(rabbitmq_url)  # as after a reconnect: a new cache
+    try:
+        await quorum.topology.declare(await other.channel())
+    finally:
+        await other.close()
+    assert await quorum.depth(level) == 0  # passive declare finds it again
+
+
+async def test_concurrent_first_use_declares_once(
+    quorum: Scenario, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topology_calls = count_calls(monkeypatch, "_declare_topology")
+    queue = await quorum.queue()
+    inbox = Inbox()
+    await queue.consume(inbox)
+    fresh = await aio_pika.connect(rabbitmq_url)
+    try:
+        channel = await fresh.channel()
+        await asyncio.gather(
+            *(
+                publish_delayed(
+                    channel,
+                    aio_pika.Message(str(i).encode()),
+                    queue=queue.name,
+                    delay=0.05,
+                    topology=quorum.topology,
+                )
+                for i in range(8)
+            ),
+            quorum.topology.declare(channel, queues=[queue.name]),
+            quorum.topology.declare(channel),
+        )
+    finally:
+        await fresh.close()
+    assert len(topology_calls) == 1
+    assert sorted(int(a.message.body) for a in await inbox.take(8)) == list(range(8))
+
+
+async def test_concurrent_first_messages_declare_the_destination_once(
+    quorum: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue_calls = count_calls(monkeypatch, "_declare_queue")
+    topology_calls = count_calls(monkeypatch, "_declare_topology")
+    done: asyncio.Queue[bytes] = asyncio.Queue()
+
+    @with_delayed_retry(topology=quorum.topology)
+    async def handler(message: AbstractIncomingMessage) -> None:
+        done.put_nowait(message.body)
+
+    queue = await quorum.queue()
+    for i in range(6):
+        await publish(quorum.ch, queue.name, str(i).encode())
+    await queue.consume(handler.for_queue(queue.name))  # no declare before the first message
+    got = [await asyncio.wait_for(done.get(), 15) for _ in range(6)]
+    assert sorted(got) == [str(i).encode() for i in range(6)]
+    assert len(topology_calls) == 1
+    parking = quorum.topology.default_parking_queue(queue.name)
+    assert [args[1].name for args in queue_calls].count(parking) == 1  # type: ignore[index]
+    await consume(queue, handler)  # later declarations on this connection are cached
+    assert len(topology_calls) == 1
+
+
+async def test_existing_queue_with_other_arguments_is_a_clear_mismatch(quorum: Scenario) -> None:
+    level = quorum.topology.level_name(3)
+    quorum.track_queue(level)
+    await quorum.ch.declare_queue(
+        level, durable=True, arguments={"x-queue-type": "quorum", "x-message-ttl": 5}
+    )
+    with pytest.raises(
+        TopologyMismatchError, match=rf"(?s)queue '{level}'.*another DelayTopology prefix"
+    ) as info:
+        await quorum.topology.declare(quorum.ch)
+    assert "x-message-ttl" in str(info.value)
+    # The caller's channel survives: the declarations ran on a channel of their own.
+    assert not quorum.ch.is_closed
+    queue = await quorum.queue()
+    await publish(quorum.ch, queue.name, b"still usable")
+    await eventually(lambda: _has(quorum, queue.name, 1))
+    # publish_delayed on the same channel fails the same way, and the channel still lives.
+    with pytest.raises(TopologyMismatchError, match=level):
+        await publish_delayed(
+            quorum.ch, aio_pika.Message(b"x"), queue=queue.name, delay=1, topology=quorum.topology
+        )
+    assert not quorum.ch.is_closed
+
+    @with_delayed_retry(topology=quorum.topology)
+    async def handler(message: AbstractIncomingMessage) -> None:
+        return None
+
+    with pytest.raises(TopologyMismatchError, match=level):
+        await consume(queue, handler)
+    assert not quorum.ch.is_closed
+
+
+async def test_existing_exchange_of_another_type_is_a_clear_mismatch(quorum: Scenario) -> None:
+    delivery = quorum.topology.delivery_exchange
+    await quorum.ch.declare_exchange(delivery, aio_pika.ExchangeType.DIRECT, durable=True)
+    with pytest.raises(TopologyMismatchError, match=rf"exchange '{delivery}'"):
+        await quorum.topology.declare(quorum.ch)
+    assert not quorum.ch.is_closed
+
+
+async def test_deleted_destination_while_delayed_lands_in_unroutable(s: Scenario) -> None:
+    queue = await s.queue()
+    await s.topology.declare(s.ch, queues=[queue.name])
+    alerts = Inbox()
+    await (await s.ch.get_queue(s.topology.alerts_queue)).consume(alerts)
+    due = await publish_delayed(
+        s.ch,
+        aio_pika.Message(b"orphan", message_id="orphan-1"),
+        queue=queue.name,
+        delay=0.5,
+        topology=s.topology,
+    )
+    await queue.delete(if_unused=False, if_empty=False)
+    unroutable = await s.ch.get_queue(s.topology.unroutable_queue)
+    kept = Inbox()
+    await unroutable.consume(kept)
+    arrival = await kept.get()
+    assert arrival.message.body == b"orphan"
+    assert arrival.message.message_id == "orphan-1"
+    assert arrival.at >= due.timestamp()
+    assert arrival.headers[X_DUE_AT]
+    assert (await alerts.get()).message.message_id == "orphan-1"
+
+
+async def _has(s: Scenario, queue: str, n: int) -> bool:
+    return await s.depth(queue) == n
