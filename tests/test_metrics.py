@@ -232,6 +232,38 @@ async def test_chain_monitor_gauges_read_depths_per_level_and_parking_queue(
     assert monitor.reading() is None
 
 
+async def test_chain_monitor_polls_in_the_background(
+    connection: AbstractRobustConnection,
+    rabbitmq_url: str,
+    unique: str,
+    topology: DelayTopology,
+    telemetry: Telemetry,
+) -> None:
+    channel = await connection.channel()
+    await channel.declare_queue(f"{unique}.q", durable=True)
+    await topology.declare(channel, queues=[f"{unique}.q"])
+    parking_name = topology.default_parking_queue(f"{unique}.q")
+    async with ChainMonitor(
+        url=rabbitmq_url,
+        topology=topology,
+        parking_queues=[parking_name],
+        interval=0.2,
+        meter_provider=telemetry.meter_provider,
+    ):
+        assert {p.value for p in points(telemetry, PARKED_MESSAGES)} == {0}
+        await channel.default_exchange.publish(aio_pika.Message(b"p"), routing_key=parking_name)
+
+        async def seen() -> bool:
+            found = {
+                p.attributes["messaging.destination.name"]: p.value
+                for p in points(telemetry, PARKED_MESSAGES)
+            }
+            return found.get(parking_name) == 1
+
+        await wait_until(seen, what="a later poll to see the parked message")
+    assert not points(telemetry, PARKED_MESSAGES)
+
+
 def test_chain_monitor_rejects_a_non_positive_interval() -> None:
     with pytest.raises(ValueError, match="interval"):
         ChainMonitor(url="amqp://localhost/", interval=0)

@@ -19,7 +19,6 @@ from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import TracerProvider
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from delayed_retry.headers import RetryState
 from delayed_retry.metrics import RetryMetrics, meter_for
@@ -27,6 +26,7 @@ from delayed_retry.observe import Outcome, PublishKind
 from delayed_retry.tracing import (
     HEADER_GETTER,
     HEADER_SETTER,
+    W3C,
     X_TRACE_ORIGIN,
     AttemptSpan,
     attempt_span,
@@ -37,9 +37,6 @@ from delayed_retry.tracing import (
 )
 
 __all__ = ["OpenTelemetryInstrumentation"]
-
-# The origin link is always stored as W3C trace context, whatever the propagator.
-_W3C = TraceContextTextMapPropagator()
 
 
 class _Scope:
@@ -82,11 +79,11 @@ class _Scope:
     def _origin(self) -> str | None:
         """``traceparent`` of the first failing delivery: the one it arrived with, or its span."""
         carrier: dict[str, Any] = {}
-        incoming = _W3C.extract(self._message.headers or {}, getter=HEADER_GETTER)
+        incoming = W3C.extract(self._message.headers or {}, getter=HEADER_GETTER)
         if trace.get_current_span(incoming).get_span_context().is_valid:
-            _W3C.inject(carrier, context=incoming, setter=HEADER_SETTER)
+            W3C.inject(carrier, context=incoming, setter=HEADER_SETTER)
         elif self._span.span.get_span_context().is_valid:
-            _W3C.inject(
+            W3C.inject(
                 carrier, context=trace.set_span_in_context(self._span.span), setter=HEADER_SETTER
             )
         value = carrier.get("traceparent")

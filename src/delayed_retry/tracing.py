@@ -28,6 +28,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import get_global_textmap
 from opentelemetry.propagators.textmap import Getter, Setter, TextMapPropagator
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
 from delayed_retry.headers import RetryState
@@ -128,6 +129,9 @@ class HeaderSetter(Setter[MutableMapping[str, Any]]):
 HEADER_GETTER = HeaderGetter()
 HEADER_SETTER = HeaderSetter()
 
+W3C = TraceContextTextMapPropagator()
+"""The origin link header is always W3C trace context, whatever the configured propagator."""
+
 
 def _server(message: AbstractIncomingMessage) -> dict[str, AttributeValue]:
     try:
@@ -209,13 +213,11 @@ def active_consumer_span() -> Span | None:
     return None
 
 
-def _origin_link(
-    headers: Mapping[str, Any], propagator: TextMapPropagator, current: trace.SpanContext
-) -> Link | None:
+def _origin_link(headers: Mapping[str, Any], current: trace.SpanContext) -> Link | None:
     origin = headers.get(X_TRACE_ORIGIN)
     if origin is None:
         return None
-    ctx = propagator.extract({"traceparent": origin}, getter=HEADER_GETTER)
+    ctx = W3C.extract({"traceparent": origin}, getter=HEADER_GETTER)
     span_context = trace.get_current_span(ctx).get_span_context()
     if not span_context.is_valid or span_context == current:
         return None
@@ -286,18 +288,25 @@ def attempt_span(
     headers: Mapping[str, Any] = message.headers or {}
     parent = propagator.extract(headers, getter=HEADER_GETTER)
     parent_context = trace.get_current_span(parent).get_span_context()
-    link = _origin_link(headers, propagator, parent_context)
-    attrs = message_attributes(message, queue=queue)
-    attrs[ATTR_ATTEMPT] = state.attempt
+    link = _origin_link(headers, parent_context)
+    # What a sampler may look at is given at the start; the rest only to a recording
+    # span, so that without an SDK an attempt costs no more than the API's no-op.
     span = tracer.start_span(
         f"process {queue}",
         context=parent,
         kind=SpanKind.CONSUMER,
-        attributes=attrs,
+        attributes={
+            MESSAGING_SYSTEM: "rabbitmq",
+            MESSAGING_OPERATION_TYPE: "process",
+            MESSAGING_DESTINATION_NAME: queue,
+            ATTR_ATTEMPT: state.attempt,
+        },
         links=[link] if link is not None else None,
         record_exception=False,
         set_status_on_exception=False,
     )
+    if span.is_recording():
+        span.set_attributes(message_attributes(message, queue=queue))
     token = otel_context.attach(trace.set_span_in_context(span, parent))
     scope = AttemptSpan(span, owned=True, queue=queue, message_id=message.message_id)
     try:
