@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import (
+    Getter,
+    Setter,
+    TextMapPropagator,
+    default_getter,
+    default_setter,
+)
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -371,3 +380,83 @@ async def test_next_to_the_aio_pika_instrumentation_there_is_one_consumer_span_p
         s for s in spans if (s.attributes or {}).get("delayed_retry.publish.kind") == "retry"
     ]
     assert len(retry_publishes) == 1
+
+
+class PlainPropagator(TextMapPropagator):
+    """A non-W3C propagator: ``x-plain-trace: <trace id hex>:<span id hex>``."""
+
+    def extract(
+        self,
+        carrier: Any,
+        context: Context | None = None,
+        getter: Getter[Any] = default_getter,
+    ) -> Context:
+        values = getter.get(carrier, "x-plain-trace")
+        if not values:
+            return context or Context()
+        trace_id, span_id = values[0].split(":")
+        span_context = trace.SpanContext(
+            int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=trace.TraceFlags(1)
+        )
+        return trace.set_span_in_context(trace.NonRecordingSpan(span_context), context)
+
+    def inject(
+        self,
+        carrier: Any,
+        context: Context | None = None,
+        setter: Setter[Any] = default_setter,
+    ) -> None:
+        span_context = trace.get_current_span(context).get_span_context()
+        if span_context.is_valid:
+            setter.set(
+                carrier,
+                "x-plain-trace",
+                f"{span_context.trace_id:032x}:{span_context.span_id:016x}",
+            )
+
+    @property
+    def fields(self) -> set[str]:
+        return {"x-plain-trace"}
+
+
+async def test_a_non_w3c_propagator_carries_the_trace_and_the_origin_link_still_works(
+    connection: AbstractRobustConnection, unique: str, topology: DelayTopology, telemetry: Telemetry
+) -> None:
+    inst = OpenTelemetryInstrumentation(
+        tracer_provider=telemetry.tracer_provider,
+        meter_provider=telemetry.meter_provider,
+        propagator=PlainPropagator(),
+    )
+    channel = await connection.channel()
+    queue = await channel.declare_queue(f"{unique}.q", durable=True)
+    seen: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+
+    @with_delayed_retry(
+        max_retries=2, wait=wait_fixed(0.02), topology=topology, instrumentation=inst
+    )
+    async def handle(message: AbstractIncomingMessage) -> None:
+        await seen.put(message)
+        if message.headers.get("x-retry") is None:
+            raise Flaky("once")
+
+    await consume(queue, handle)
+    origin = "0af7651916cd43dd8448eb211c80319c:b7ad6b7169203331"
+    await channel.default_exchange.publish(
+        aio_pika.Message(b"x", headers={"x-plain-trace": origin}), routing_key=queue.name
+    )
+    await asyncio.wait_for(seen.get(), 10)
+    retried = await asyncio.wait_for(seen.get(), 10)
+    assert "traceparent" not in retried.headers
+    assert (
+        retried.headers[X_TRACE_ORIGIN] == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    )
+
+    async def two() -> list[ReadableSpan]:
+        while len(spans := consumer_spans(telemetry.spans())) < 2:
+            await asyncio.sleep(0.02)
+        return spans
+
+    first, second = await asyncio.wait_for(two(), 10)
+    assert {first.context.trace_id, second.context.trace_id} == {0x0AF7651916CD43DD8448EB211C80319C}
+    assert first.parent is not None and first.parent.span_id == 0xB7AD6B7169203331
+    assert [link.context.span_id for link in second.links] == [0xB7AD6B7169203331]

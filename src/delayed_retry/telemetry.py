@@ -79,7 +79,7 @@ class _Scope:
     def _origin(self) -> str | None:
         """``traceparent`` of the first failing delivery: the one it arrived with, or its span."""
         carrier: dict[str, Any] = {}
-        incoming = W3C.extract(self._message.headers or {}, getter=HEADER_GETTER)
+        incoming = self._owner.propagator.extract(self._message.headers or {}, getter=HEADER_GETTER)
         if trace.get_current_span(incoming).get_span_context().is_valid:
             W3C.inject(carrier, context=incoming, setter=HEADER_SETTER)
         elif self._span.span.get_span_context().is_valid:
