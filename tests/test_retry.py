@@ -13,6 +13,7 @@ import aio_pika
 import pytest
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
+from pamqp.common import FieldTable
 
 from chain_support import WAIT, Inbox, Scenario, publish
 from delayed_retry import (
@@ -27,6 +28,9 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry import headers as h
+from delayed_retry.durations import to_epoch_ms
+from delayed_retry.middleware import EARLY_TOLERANCE
+from delayed_retry.topology import QueueType
 
 pytestmark = pytest.mark.broker
 
@@ -35,10 +39,15 @@ FAST = tenacity.wait_fixed(0.2)
 
 @pytest.fixture
 async def s(
-    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
+    request: pytest.FixtureRequest,
+    connection: AbstractRobustConnection,
+    unique: str,
+    rabbitmq_url: str,
 ) -> AsyncIterator[Scenario]:
+    """A quorum chain of 16 levels; ``indirect`` parametrization may ask for ``classic``."""
+    queue_type: QueueType = getattr(request, "param", "quorum")
     scenario = Scenario(
-        connection, unique, DelayTopology(prefix=unique, levels=16, queue_type="quorum")
+        connection, unique, DelayTopology(prefix=unique, levels=16, queue_type=queue_type)
     )
     await scenario.open()
     try:
@@ -75,6 +84,7 @@ async def start(
     return queue, parked
 
 
+@pytest.mark.parametrize("s", ["quorum", "classic"], indirect=True)
 async def test_retries_back_off_with_the_tenacity_wait_and_then_succeed(s: Scenario) -> None:
     calls = Calls()
     waits = [0.2, 0.3, 0.4]
@@ -330,12 +340,16 @@ async def test_retries_return_only_to_the_failing_queue(s: Scenario) -> None:
     exchange = await s.ch.declare_exchange(fanout, aio_pika.ExchangeType.FANOUT, durable=True)
     await failing.bind(exchange)
     await other.bind(exchange)
-    await exchange.publish(aio_pika.Message(b"event"), "")
+    # The headers claim the message belongs to `other`: nothing from a message decides where
+    # the consumer's credentials send it.
+    claims: FieldTable = {h.X_QUEUE: other.name, h.X_ORIGINAL_EXCHANGE: fanout, h.X_RETRY: 0}
+    await exchange.publish(aio_pika.Message(b"event", headers=claims), "")
 
     assert (await bystander.get()).message.body == b"event"
     await calls.get()
-    _, state, _, _ = await calls.get()
+    _, state, headers, _ = await calls.get()
     assert state.attempt == 2
+    assert headers[h.X_QUEUE] == failing.name
     # Anything routed with the retry would be in `other` by now: a marker published after
     # the retry arrived queues behind it.
     await publish(s.ch, other.name, b"marker")
@@ -446,3 +460,25 @@ async def _get(queue: AbstractQueue) -> AbstractIncomingMessage:
         assert time.monotonic() < deadline, f"nothing arrived in {queue.name}"
         await asyncio.sleep(0.05)
     return message
+
+
+async def test_a_message_arriving_before_its_due_time_waits_again(s: Scenario) -> None:
+    calls = Calls()
+
+    @with_delayed_retry(topology=s.topology)
+    async def handler(message: AbstractIncomingMessage) -> None:
+        calls.record(message)
+
+    queue, _ = await start(s, handler)
+    due_ms = to_epoch_ms(datetime.now(UTC)) + 600
+    # Straight onto the end of the chain, as if a level had let it go too soon.
+    delivery = await s.ch.get_exchange(s.topology.delivery_exchange)
+    await delivery.publish(
+        aio_pika.Message(b"early", headers={h.X_DUE_AT: due_ms}),
+        s.topology.route(0, queue.name).routing_key,
+    )
+    handled_at, state, _, body = await calls.get()
+    assert body == b"early"
+    assert handled_at * 1000 >= due_ms - EARLY_TOLERANCE.total_seconds() * 1000
+    assert state.attempt == 1  # waiting again is not a retry
+    assert current_retry_state() is None  # only set inside a wrapped handler
