@@ -482,3 +482,26 @@ async def test_a_message_arriving_before_its_due_time_waits_again(s: Scenario) -
     assert handled_at * 1000 >= due_ms - EARLY_TOLERANCE.total_seconds() * 1000
     assert state.attempt == 1  # waiting again is not a retry
     assert current_retry_state() is None  # only set inside a wrapped handler
+
+
+async def test_headers_that_would_overflow_a_frame_park_with_the_record_alone(
+    s: Scenario,
+) -> None:
+    calls = Calls()
+
+    @with_delayed_retry(max_retries=1, wait=tenacity.wait_fixed(0.1), topology=s.topology)
+    async def handler(message: AbstractIncomingMessage) -> None:
+        calls.record(message)
+        raise ValueError("z" * 5_000)
+
+    queue, parked = await start(s, handler)
+    # About 126 KB of headers: the original fits a 128 KB frame, the copy with the failure
+    # record does not. Sent as is, the broker would close the consumer's connection.
+    bulky: FieldTable = {f"h{i}": "y" * 21_000 for i in range(6)}
+    await publish(s.ch, queue.name, b"bulky", headers=bulky, message_id="bulky")
+    record = (await parked.get()).headers
+    assert record[h.X_PARKED_REASON] in ("max-retries", "unencodable")
+    assert record[h.X_EXCEPTION_TYPE] == "ValueError"
+    assert "h0" not in record
+    assert not s.ch.is_closed
+    await s.wait_for_depth(queue.name, 0)
