@@ -126,7 +126,7 @@ async def test_webhook_gets_one_grouped_alert_and_the_copies_are_acked(
         connection,
         sinks=[WebhookSink(webhook.url)],
         topology=topology,
-        window=1.0,
+        window=2.0,
         max_ids=2,
         sink_retry=FAST_RETRY,
     )
