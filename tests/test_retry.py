@@ -505,3 +505,29 @@ async def test_headers_that_would_overflow_a_frame_park_with_the_record_alone(
     assert "h0" not in record
     assert not s.ch.is_closed
     await s.wait_for_depth(queue.name, 0)
+
+
+async def test_a_channel_without_publisher_confirms_is_refused_at_start_up(s: Scenario) -> None:
+    @with_delayed_retry(topology=s.topology)
+    async def handler(message: AbstractIncomingMessage) -> None:
+        raise ConnectionError("down")
+
+    unconfirmed = await s.connection.channel(publisher_confirms=False)
+    queue = await s.queue(channel=unconfirmed)
+    with pytest.raises(ConfigurationError, match="publisher_confirms=True"):
+        await consume(queue, handler)
+
+
+async def test_a_method_can_be_the_handler(s: Scenario) -> None:
+    calls = Calls()
+
+    class Orders:
+        @with_delayed_retry(topology=s.topology, max_retries=1, wait=FAST)
+        async def handle(self, message: AbstractIncomingMessage) -> None:
+            assert isinstance(self, Orders)
+            if calls.record(message).attempt == 1:
+                raise ConnectionError("down")
+
+    queue, _ = await start(s, Orders().handle)
+    await publish(s.ch, queue.name, b"x")
+    assert [(await calls.get())[1].attempt for _ in range(2)] == [1, 2]

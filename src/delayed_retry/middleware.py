@@ -522,6 +522,14 @@ async def consume(
             f"{queue.name!r}; drop queue= from the decorator or consume the queue it names"
         )
     bound = handler.for_queue(queue.name)
+    underlay = await underlay_of(queue.channel)
+    if not getattr(underlay, "publisher_confirms", False):
+        # Every hand-over would fail on its first failure and leave the message unacked.
+        raise ConfigurationError(
+            f"queue {queue.name!r} is consumed on a channel without publisher confirms, so "
+            f"{handler!r} could never know a retry was handed over; open the channel with "
+            "connection.channel(publisher_confirms=True), aio-pika's default"
+        )
     await bound.declare(queue.channel)
     underlay = await underlay_of(queue.channel)
     warn_about_delivery_limit(
