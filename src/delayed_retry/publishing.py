@@ -123,6 +123,11 @@ async def publish_confirmed(
         raise PublishNotConfirmedError(
             f"exchange {exchange!r} returned the message as unroutable (key {routing_key!r})"
         ) from exc
+    except aiormq.exceptions.DeliveryError as exc:
+        raise PublishNotConfirmedError(
+            f"the broker nacked a publish to exchange {exchange!r} (a full queue with "
+            "reject-publish overflow, or an internal error)"
+        ) from exc
     except (
         aiormq.exceptions.AMQPError,
         asyncio.CancelledError,
