@@ -222,3 +222,19 @@ async def test_deleted_destination_while_delayed_lands_in_unroutable(s: Scenario
 
 async def _has(s: Scenario, queue: str, n: int) -> bool:
     return await s.depth(queue) == n
+
+
+async def test_the_longest_chain_allowed_is_accepted_by_the_broker(
+    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
+) -> None:
+    # 39 levels of 1 ms: level 38 holds 2**38 ms, just under the broker's ten-year TTL cap.
+    # One level more is refused when the topology is built (see test_topology).
+    longest = Scenario(
+        connection, unique, DelayTopology(prefix=unique, levels=39, queue_type="classic")
+    )
+    channel = await longest.open()
+    try:
+        await longest.topology.declare(channel)
+        assert await longest.depth(longest.topology.level_name(38)) == 0
+    finally:
+        await longest.close(rabbitmq_url)

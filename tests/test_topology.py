@@ -135,6 +135,9 @@ def test_alerts_queue_gets_parked_and_unroutable_copies() -> None:
         ({"unit": -1}, "negative"),
         ({"unit": "1s"}, "not a duration"),
         ({"queue_type": "stream"}, "queue_type"),
+        ({"levels": 40}, r"TTL of 549755813888 ms.*at most 39 levels"),
+        ({"levels": 30, "unit": 1}, "at most 29 levels"),
+        ({"prefix": "p" * 241}, "at most 240"),
     ],
 )
 def test_bad_settings_fail_at_construction(kwargs: dict[str, object], match: str) -> None:
@@ -142,9 +145,15 @@ def test_bad_settings_fail_at_construction(kwargs: dict[str, object], match: str
         DelayTopology(**kwargs)  # type: ignore[arg-type]
 
 
+def test_the_longest_chains_rabbitmq_accepts_are_allowed() -> None:
+    assert DelayTopology(levels=39).max_delay > timedelta(days=365 * 17)
+    assert DelayTopology(levels=29, unit=timedelta(seconds=1)).levels == 29
+    assert DelayTopology(prefix="p" * 240).alerts_queue.endswith(".parking.alerts")
+
+
 def test_unit_in_seconds_or_timedelta() -> None:
-    assert DelayTopology(unit=0.01).unit_ms == 10
-    assert DelayTopology(unit=timedelta(seconds=1)).unit_ms == 1000
+    assert DelayTopology(levels=35, unit=0.01).unit_ms == 10
+    assert DelayTopology(levels=29, unit=timedelta(seconds=1)).unit_ms == 1000
     assert DelayTopology(levels=4, unit=0.01).max_delay == timedelta(milliseconds=150)
 
 
@@ -163,7 +172,7 @@ def test_units_until_rounds_up_and_refuses_too_long_delays() -> None:
     st.sampled_from([1, 3, 10, 1000]),
 )
 def test_units_until_is_never_early(delay_us: int, now_us: int, unit_ms: int) -> None:
-    t = DelayTopology(prefix="p", levels=48, unit=timedelta(milliseconds=unit_ms))
+    t = DelayTopology(prefix="p", levels=29, unit=timedelta(milliseconds=unit_ms))
     now = NOW + timedelta(microseconds=now_us)
     due = now + timedelta(microseconds=delay_us)
     units = t.units_until(due, now=now)

@@ -40,6 +40,14 @@ __all__ = [
 
 QueueType = Literal["quorum", "classic"]
 
+MAX_QUEUE_TTL_MS = 315_360_000_000
+"""The largest ``x-message-ttl`` RabbitMQ accepts: ten years (measured on 3.10.8)."""
+
+MAX_NAME_BYTES = 255
+"""AMQP 0-9-1 exchange and queue names are short strings."""
+
+_LONGEST_SUFFIX = ".parking.alerts"
+
 
 class QueueArguments(TypedDict, total=False):
     """The ``x-*`` arguments delayed-retry sets on the queues it declares."""
@@ -123,6 +131,21 @@ class DelayTopology:
         if self.queue_type not in ("quorum", "classic"):
             raise ConfigurationError(
                 f"DelayTopology queue_type={self.queue_type!r} must be 'quorum' or 'classic'"
+            )
+        if len(self.prefix.encode()) + len(_LONGEST_SUFFIX) > MAX_NAME_BYTES:
+            raise ConfigurationError(
+                f"DelayTopology prefix={self.prefix[:40]!r}… is {len(self.prefix.encode())} "
+                f"bytes; names are at most {MAX_NAME_BYTES} bytes, so the prefix may have at "
+                f"most {MAX_NAME_BYTES - len(_LONGEST_SUFFIX)}"
+            )
+        top_ttl = (1 << (self.levels - 1)) * round(unit_ms)
+        if top_ttl > MAX_QUEUE_TTL_MS:
+            # The broker refuses the queue, and only when the chain is first declared.
+            raise ConfigurationError(
+                f"DelayTopology levels={self.levels} with unit={self.unit!r} gives level "
+                f"{self.levels - 1} a TTL of {top_ttl} ms, but RabbitMQ accepts at most "
+                f"{MAX_QUEUE_TTL_MS} ms (ten years); use at most "
+                f"{(MAX_QUEUE_TTL_MS // round(unit_ms)).bit_length()} levels with this unit"
             )
         object.__setattr__(self, "unit_ms", round(unit_ms))
 
