@@ -238,3 +238,21 @@ async def test_the_longest_chain_allowed_is_accepted_by_the_broker(
         assert await longest.depth(longest.topology.level_name(38)) == 0
     finally:
         await longest.close(rabbitmq_url)
+
+
+async def test_scheduling_first_does_not_stop_consume_declaring_parking(quorum: Scenario) -> None:
+    queue = await quorum.queue()
+    # Scheduling binds the queue to the chain but, rightly, declares no parking queue…
+    await publish_delayed(
+        quorum.ch, aio_pika.Message(b"x"), queue=queue.name, delay=0, topology=quorum.topology
+    )
+    handled: asyncio.Queue[bytes] = asyncio.Queue()
+
+    @with_delayed_retry(topology=quorum.topology)
+    async def handler(message: AbstractIncomingMessage) -> None:
+        handled.put_nowait(message.body)
+
+    # …and a consumer of the same queue on the same connection must still get its parking.
+    await consume(queue, handler)
+    assert await quorum.depth(quorum.topology.default_parking_queue(queue.name)) == 0
+    assert await asyncio.wait_for(handled.get(), 15) == b"x"

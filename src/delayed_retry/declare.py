@@ -156,7 +156,9 @@ class TopologyDeclarer:
                 await _declare_queue(channel, topology.parking_queue_spec(queue, parking_queue))
 
         await self._once(
-            ("destination", topology, queue, parking_queue if with_parking else None),
+            # with_parking in the key: a binding made for scheduling (no parking) must not
+            # stand in for a consumer's, which also needs its parking queue.
+            ("destination", topology, queue, parking_queue, with_parking),
             connection,
             action,
         )
