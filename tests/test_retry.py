@@ -25,6 +25,7 @@ from delayed_retry import (
     RetryState,
     consume,
     current_retry_state,
+    publish_delayed,
     with_delayed_retry,
 )
 from delayed_retry import headers as h
@@ -531,3 +532,18 @@ async def test_a_method_can_be_the_handler(s: Scenario) -> None:
     queue, _ = await start(s, Orders().handle)
     await publish(s.ch, queue.name, b"x")
     assert [(await calls.get())[1].attempt for _ in range(2)] == [1, 2]
+
+
+async def test_a_scheduled_message_that_fails_records_no_chain_internals(s: Scenario) -> None:
+    @with_delayed_retry(max_retries=0, topology=s.topology)
+    async def handler(message: AbstractIncomingMessage) -> None:
+        raise ValueError("bad")
+
+    queue, parked = await start(s, handler)
+    await publish_delayed(
+        s.ch, aio_pika.Message(b"later"), queue=queue.name, delay=0.05, topology=s.topology
+    )
+    record = (await parked.get()).headers
+    # It came off a level exchange with a chain routing key; neither is where it came from.
+    assert not record[h.X_ORIGINAL_EXCHANGE].startswith(s.topology.prefix)
+    assert record[h.X_ORIGINAL_ROUTING_KEY] == queue.name

@@ -11,7 +11,7 @@ from aio_pika.abc import AbstractChannel
 from delayed_retry.declare import declarer_for
 from delayed_retry.durations import Duration, resolve_due_at, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.headers import scheduled_headers
+from delayed_retry.headers import X_ORIGINAL_EXCHANGE, X_ORIGINAL_ROUTING_KEY, scheduled_headers
 from delayed_retry.observe import Instrumentation, default_instrumentation
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
@@ -52,6 +52,10 @@ async def publish_delayed(
         underlay.connection, topology, queue, with_parking=False
     )
     headers: dict[str, Any] = scheduled_headers(message.headers, due_at=due_at)
+    # It arrives from a level exchange with a chain routing key; should it fail, its
+    # record names the queue itself (default exchange, key = queue) as where it came from.
+    headers.setdefault(X_ORIGINAL_EXCHANGE, "")
+    headers.setdefault(X_ORIGINAL_ROUTING_KEY, queue)
     inst = instrumentation or default_instrumentation()
     with inst.scheduling(
         headers,
