@@ -1,0 +1,629 @@
+"""Real RabbitMQ brokers for tests: a given URL, a container, or a private node.
+
+Use :func:`broker_url` in test fixtures: it picks whatever broker this machine
+can offer. Use :class:`RabbitMQNode` directly when a test must kill, stop or
+restart the broker, or needs TLS; those tests must never touch a shared broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+from urllib.parse import urlsplit
+
+import aio_pika
+
+from delayed_retry.errors import DelayedRetryError
+
+log = logging.getLogger(__name__)
+
+RABBITMQ_BIN_DIR = Path("/usr/lib/rabbitmq/bin")
+"""Where Debian's ``rabbitmq-server`` package keeps the scripts that run as the caller.
+
+``/usr/sbin/rabbitmq-server`` would switch to the ``rabbitmq`` user, which cannot
+write the caller's temporary folder.
+"""
+
+NODE_HOST = "localhost"
+"""Host part of the node names; the short name the system broker uses too."""
+
+DEFAULT_IMAGE = "rabbitmq:3.10"
+"""Container image for :func:`broker_url`; the same series as Debian bookworm's broker."""
+
+# Ports no private node may take: epmd, the usual AMQP and dist ports, and the
+# range rabbitmqctl itself listens on while it runs.
+_RESERVED_PORTS = frozenset({4369, 5671, 5672, 15672, 25672, *range(35672, 35683)})
+_claimed_ports: set[int] = set()
+_claimed_lock = threading.Lock()
+
+
+class BrokerHarnessError(DelayedRetryError, RuntimeError):
+    """A test broker could not be found, started or reached; the message says what to do."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TLSFiles:
+    """PEM files for a node's TLS listener (``trustme`` can make them for a test).
+
+    ``cacertfile`` is the CA that signed ``certfile``; :attr:`RabbitMQNode.tls_url`
+    passes it to the client so the server certificate verifies. Set
+    ``verify_peer`` to make the node ask clients for a certificate too.
+    """
+
+    certfile: Path
+    keyfile: Path
+    cacertfile: Path
+    verify_peer: bool = False
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """Return a free TCP port on 127.0.0.1 that no other node of this process has taken.
+
+    Ports come from below the kernel's ephemeral range, so an outgoing
+    connection cannot grab a node's port between a kill and a restart.
+    """
+    low, _ = _ephemeral_range()
+    top = min(low - 1, 32000)
+    with _claimed_lock:
+        if top > 10000:
+            for _ in range(500):
+                port = random.randint(10000, top)
+                if port in _RESERVED_PORTS or port in _claimed_ports:
+                    continue
+                if _port_is_free(port):
+                    _claimed_ports.add(port)
+                    return port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        _claimed_ports.add(port)
+        return port
+
+
+def _port_open(url: str, timeout: float) -> bool:
+    parts = urlsplit(url)
+    port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+    try:
+        with socket.create_connection((parts.hostname or "localhost", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _check_connect(url: str, timeout: float) -> None:
+    """Log in at ``url`` and close again; raise if that fails."""
+
+    async def attempt() -> None:
+        connection = await aio_pika.connect(url, timeout=timeout)
+        await connection.close()
+
+    # Probing the port first keeps the client from logging an error per refused attempt.
+    if not _port_open(url, timeout):
+        raise ConnectionRefusedError(f"nothing listens at {_redact(url)}")
+    # A private event loop in a worker thread: callers may already run one.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="broker-probe") as pool:
+        pool.submit(asyncio.run, attempt()).result()
+
+
+def wait_for_broker(url: str, timeout: float = 60.0) -> None:
+    """Block until an AMQP client can log in at ``url``, or raise after ``timeout`` seconds.
+
+    Use it after starting a broker you do not manage through this module (a
+    CI service container, a restarted cluster node reached through a proxy).
+    """
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            _check_connect(url, timeout=max(0.5, min(5.0, remaining)))
+            return
+        except Exception as exc:  # any failure means "not yet"
+            last_error = exc
+        if time.monotonic() >= deadline:
+            raise BrokerHarnessError(
+                f"no AMQP broker answered at {_redact(url)} within {timeout:.0f} s "
+                f"(last error: {last_error!r}); start one there or point RABBITMQ_URL elsewhere"
+            ) from last_error
+        time.sleep(0.2)
+
+
+def _redact(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}{sep}{user}:***@{host}"
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, read from /proc (Linux only)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses; fields follow the last ')'.
+        fields = stat.rpartition(")")[2].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"({path} is missing)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class RabbitMQNode:
+    """A private RabbitMQ node run from the system's scripts in a temporary folder.
+
+    Use it when a test needs a broker it may break: kill, stop, restart,
+    fill up, or configure (TLS, extra ``rabbitmq.conf`` lines). For a broker
+    that tests merely share, use :func:`broker_url`, which may not start
+    anything. The node listens on 127.0.0.1 on free ports, with only the
+    ``guest`` user, no plugins unless ``plugins`` names some, and its own
+    Erlang cookie (pass ``home`` to share one, as a cluster must). Processes
+    and folder are removed on :meth:`close`, on leaving the ``with`` block, or
+    at interpreter exit.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        base_dir: Path | None = None,
+        home: Path | None = None,
+        amqp_port: int | None = None,
+        dist_port: int | None = None,
+        tls: TLSFiles | None = None,
+        plugins: Sequence[str] = (),
+        config: Mapping[str, str] | None = None,
+        start_timeout: float = 120.0,
+        bin_dir: Path = RABBITMQ_BIN_DIR,
+    ) -> None:
+        self.name = name or f"drtest-{secrets_hex()}@{NODE_HOST}"
+        self._owns_dir = base_dir is None
+        self.base_dir = (
+            Path(tempfile.mkdtemp(prefix="drtest-rmq-")) if base_dir is None else base_dir
+        )
+        self.home = home or self.base_dir / "home"
+        self._ports_given = amqp_port is not None and dist_port is not None
+        self.amqp_port = amqp_port or free_port()
+        self.dist_port = dist_port or free_port()
+        self.tls = tls
+        self.tls_port = free_port() if tls is not None else None
+        self.plugins = tuple(plugins)
+        self.config = dict(config or {})
+        self.start_timeout = start_timeout
+        self.bin_dir = bin_dir
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._beam_pid: int | None = None
+        self._started_once = False
+        self.last_start_seconds: float | None = None
+
+    # --- addresses -------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """AMQP URL of this node for the ``guest`` user and the default vhost."""
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/"
+
+    @property
+    def tls_url(self) -> str:
+        """AMQPS URL (host ``localhost``, CA passed as ``cafile``); needs ``tls``."""
+        if self.tls is None or self.tls_port is None:
+            raise BrokerHarnessError(
+                f"node {self.name} has no TLS listener; pass tls=TLSFiles(...)"
+            )
+        return f"amqps://guest:guest@localhost:{self.tls_port}/?cafile={self.tls.cacertfile}"
+
+    @property
+    def pid(self) -> int | None:
+        """Pid of the ``rabbitmq-server`` script (leader of the node's process group)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def beam_pid(self) -> int | None:
+        """Pid of the Erlang VM running the node, once started."""
+        return self._beam_pid
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def log_file(self) -> Path:
+        return self.base_dir / "log" / f"{self.name}.log"
+
+    @property
+    def console_file(self) -> Path:
+        return self.base_dir / "console.log"
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the node's console output and log file, for error messages."""
+        return (
+            f"--- {self.console_file} ---\n{_tail(self.console_file, lines)}\n"
+            f"--- {self.log_file} ---\n{_tail(self.log_file, lines)}"
+        )
+
+    # --- environment -----------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        """Environment for this node's server and CLI tools."""
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("RABBITMQ_", "ERL_")) and key != "NODENAME"
+        }
+        env.update(
+            RABBITMQ_NODENAME=self.name,
+            RABBITMQ_MNESIA_BASE=str(self.base_dir / "mnesia"),
+            RABBITMQ_LOG_BASE=str(self.base_dir / "log"),
+            RABBITMQ_CONFIG_FILE=str(self.base_dir / "rabbitmq.conf"),
+            RABBITMQ_ADVANCED_CONFIG_FILE=str(self.base_dir / "advanced.config"),
+            # An empty env file: /etc/rabbitmq/rabbitmq-env.conf would rename the node.
+            RABBITMQ_CONF_ENV_FILE=str(self.base_dir / "rabbitmq-env.conf"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.base_dir / "enabled_plugins"),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            ERL_EPMD_ADDRESS="127.0.0.1",
+            HOME=str(self.home),
+        )
+        return env
+
+    def _write_files(self) -> None:
+        for folder in ("mnesia", "log"):
+            (self.base_dir / folder).mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        cookie = self.home / ".erlang.cookie"
+        if not cookie.exists():
+            write_cookie(self.home)
+        lines = {
+            "listeners.tcp.default": f"127.0.0.1:{self.amqp_port}",
+            "loopback_users": "none",
+        }
+        if self.tls is not None:
+            lines |= {
+                "listeners.ssl.default": f"127.0.0.1:{self.tls_port}",
+                "ssl_options.cacertfile": str(self.tls.cacertfile),
+                "ssl_options.certfile": str(self.tls.certfile),
+                "ssl_options.keyfile": str(self.tls.keyfile),
+                "ssl_options.verify": "verify_peer" if self.tls.verify_peer else "verify_none",
+                "ssl_options.fail_if_no_peer_cert": "true" if self.tls.verify_peer else "false",
+            }
+        lines |= self.config
+        conf = "".join(f"{key} = {value}\n" for key, value in lines.items())
+        (self.base_dir / "rabbitmq.conf").write_text(conf)
+        (self.base_dir / "rabbitmq-env.conf").write_text("")
+        (self.base_dir / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
+
+    # --- lifecycle -------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the node and return once a client can log in over AMQP.
+
+        Raises :class:`BrokerHarnessError` with the tail of the node's log when
+        it exits or is not ready within ``start_timeout`` seconds.
+        """
+        if self.running:
+            return
+        server = self.bin_dir / "rabbitmq-server"
+        if not server.exists():
+            raise BrokerHarnessError(
+                f"{server} is missing, so no test broker can be started; install it with "
+                "`apt-get install rabbitmq-server` (scripts/bootstrap does), or set RABBITMQ_URL "
+                "to a running broker"
+            )
+        for attempt in range(3):
+            self._write_files()
+            try:
+                self._start_once(server)
+                return
+            except _PortTaken:
+                # Another process took a port between choosing and binding it;
+                # only a node that never ran may move to other ports.
+                if self._started_once or self._ports_given or attempt == 2:
+                    raise
+                log.warning("port taken while starting %s; retrying on other ports", self.name)
+                self.amqp_port, self.dist_port = free_port(), free_port()
+                if self.tls is not None:
+                    self.tls_port = free_port()
+
+    def _start_once(self, server: Path) -> None:
+        began = time.monotonic()
+        with self.console_file.open("ab") as console:
+            self._proc = subprocess.Popen(
+                [str(server)],
+                env=self.env(),
+                cwd=self.base_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: kill() reaches all of it
+            )
+        _live_nodes.add(self)
+        log.info(
+            "starting RabbitMQ node %s (pid %d) in %s", self.name, self._proc.pid, self.base_dir
+        )
+        try:
+            self._wait_ready(began + self.start_timeout)
+        except BaseException:
+            self.kill()
+            raise
+        self._beam_pid = next(iter(_descendants(self._proc.pid)), None)
+        self._started_once = True
+        self.last_start_seconds = time.monotonic() - began
+        log.info(
+            "RabbitMQ node %s ready at %s in %.1f s", self.name, self.url, self.last_start_seconds
+        )
+
+    def _wait_ready(self, deadline: float) -> None:
+        assert self._proc is not None
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                tail = self.log_tail()
+                if "eaddrinuse" in tail:
+                    raise _PortTaken(tail)
+                raise BrokerHarnessError(
+                    f"RabbitMQ node {self.name} exited with code {code} while starting "
+                    f"(AMQP port {self.amqp_port}, dist port {self.dist_port}); "
+                    f"its log ends:\n{tail}"
+                )
+            try:
+                _check_connect(self.url, timeout=5.0)
+                return
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    raise BrokerHarnessError(
+                        f"RabbitMQ node {self.name} did not accept AMQP connections on port "
+                        f"{self.amqp_port} within {self.start_timeout:.0f} s "
+                        f"(last error: {exc!r}); its log ends:\n{self.log_tail()}"
+                    ) from exc
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop the node gracefully (SIGTERM to its start script), killing it after ``timeout``.
+
+        Data stays, so :meth:`start` brings back durable queues and messages.
+        """
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            log.info("stopping RabbitMQ node %s", self.name)
+            with contextlib.suppress(ProcessLookupError):
+                # The script traps TERM and forwards it to the VM, which shuts down cleanly.
+                os.kill(self._proc.pid, signal.SIGTERM)
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("node %s ignored SIGTERM for %.0f s; killing it", self.name, timeout)
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the node's whole process tree at once, as a crash would.
+
+        Quorum queues declared just before may not survive; see :meth:`flush_metadata`.
+        The VM's helpers (``erl_child_setup`` and its children) live in their
+        own sessions, so they are found through /proc and killed by pid. epmd
+        is shared by every node on the machine and is left running.
+        """
+        proc = self._proc
+        if proc is None:
+            return
+        pids = [proc.pid, *_descendants(proc.pid)]
+        if proc.poll() is None:
+            log.info("killing RabbitMQ node %s (pids %s)", self.name, pids)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for pid in pids[1:]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        # Orphans are reaped by init; wait until they no longer hold the ports.
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in pids[1:]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._proc = None
+        self._beam_pid = None
+
+    def flush_metadata(self) -> None:
+        """Write the node's lazily saved metadata (Erlang dets tables) to disk now.
+
+        Call it before :meth:`kill` when quorum queues were declared in the
+        last few seconds. RabbitMQ 3.10 saves the quorum queue registry only
+        0.5 s and Raft terms 5 s after a change; a node killed sooner brings
+        such a queue back empty and without a leader, and it never elects one.
+        """
+        self.rabbitmqctl("eval", "[dets:sync(Table) || Table <- dets:all()], ok.")
+
+    def restart(self) -> None:
+        """Stop the node if it runs, then start it with the same data folder and ports."""
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        """Kill the node and delete its folder; safe to call twice."""
+        self.kill()
+        _live_nodes.discard(self)
+        if self._owns_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<RabbitMQNode {self.name} {state} amqp={self.amqp_port} dist={self.dist_port}>"
+
+    # --- CLI -------------------------------------------------------------
+
+    def cli(self, tool: str, *args: str, timeout: float = 120.0) -> str:
+        """Run a RabbitMQ CLI tool (``rabbitmq-queues``, ``rabbitmq-diagnostics``...) on this node.
+
+        Returns its standard output; raises :class:`BrokerHarnessError` when it fails.
+        """
+        command = [str(self.bin_dir / tool), "-n", self.name, *args]
+        result = subprocess.run(
+            command, env=self.env(), capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if result.returncode != 0:
+            raise BrokerHarnessError(
+                f"`{' '.join(command)}` failed with code {result.returncode}:\n"
+                f"{result.stdout}{result.stderr}"
+            )
+        return result.stdout
+
+    def rabbitmqctl(self, *args: str, timeout: float = 120.0) -> str:
+        """Run ``rabbitmqctl -n NODE ARGS`` with this node's cookie; return its output."""
+        return self.cli("rabbitmqctl", *args, timeout=timeout)
+
+
+class _PortTaken(BrokerHarnessError):
+    pass
+
+
+def secrets_hex(nbytes: int = 4) -> str:
+    """A short random hex string for node, queue and folder names."""
+    return os.urandom(nbytes).hex()
+
+
+def write_cookie(home: Path) -> None:
+    """Write a fresh Erlang cookie into ``home``; nodes sharing ``home`` can cluster."""
+    home.mkdir(parents=True, exist_ok=True)
+    cookie = home / ".erlang.cookie"
+    cookie.write_text(secrets_hex(16).upper())
+    cookie.chmod(0o400)
+
+
+_live_nodes: set[RabbitMQNode] = set()
+
+
+@atexit.register
+def _close_live_nodes() -> None:
+    for node in list(_live_nodes):
+        with contextlib.suppress(Exception):
+            node.close()
+
+
+def _docker_reachable(timeout: float = 2.0) -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]  # optional, comes with testcontainers
+    except ImportError:
+        return False
+    try:
+        client = docker.from_env(timeout=timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def _container_url(image: str) -> Iterator[str]:
+    from testcontainers.core.container import DockerContainer
+
+    container = DockerContainer(image).with_exposed_ports(5672)
+    container.start()
+    try:
+        host = container.get_container_host_ip()
+        url = f"amqp://guest:guest@{host}:{container.get_exposed_port(5672)}/"
+        wait_for_broker(url, timeout=120)
+        yield url
+    finally:
+        container.stop()
+
+
+@contextlib.contextmanager
+def broker_url(*, image: str = DEFAULT_IMAGE, timeout: float = 60.0) -> Iterator[str]:
+    """Yield the AMQP URL of a broker for tests, starting one if needed.
+
+    In order: ``RABBITMQ_URL`` when set (checked, never changed); a
+    ``testcontainers`` container of ``image`` when a Docker engine answers;
+    else a private :class:`RabbitMQNode`. Whatever it started is stopped on
+    exit. Use it for a session-wide broker that tests share with unique
+    names; tests that break the broker want their own :class:`RabbitMQNode`.
+    """
+    given = os.environ.get("RABBITMQ_URL")
+    if given:
+        log.info("using the broker at RABBITMQ_URL=%s", _redact(given))
+        wait_for_broker(given, timeout=timeout)
+        yield given
+        return
+    if _docker_reachable():
+        log.info("Docker engine found; starting a %s container", image)
+        with _container_url(image) as url:
+            yield url
+        return
+    with RabbitMQNode() as node:
+        yield node.url

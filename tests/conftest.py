@@ -1,0 +1,73 @@
+"""Shared fixtures: a real broker (`rabbitmq_url`, `connection`), names, a local cluster.
+
+A missing broker fails the tests that need one, with the reason; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+
+from delayed_retry.testing import BrokerHarnessError, RabbitMQCluster, broker_url
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Mark by fixture use, so `-m "not cluster"` works without remembering markers.
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "cluster" in fixtures:
+            item.add_marker(pytest.mark.cluster)
+        if "rabbitmq_url" in fixtures:
+            item.add_marker(pytest.mark.broker)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> Iterator[str]:
+    """URL of the broker the whole session shares: RABBITMQ_URL, a container or a private node."""
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(broker_url())
+        except BrokerHarnessError as exc:
+            pytest.fail(f"no RabbitMQ broker for this test: {exc}", pytrace=False)
+        yield url
+
+
+@pytest.fixture
+async def connection(rabbitmq_url: str) -> AsyncIterator[AbstractRobustConnection]:
+    """A robust connection to the shared broker, closed after the test."""
+    conn = await aio_pika.connect_robust(rabbitmq_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def unique(request: pytest.FixtureRequest) -> str:
+    """A name prefix no other test uses, like ``t-test-retry-once-3fa9c1``, for queues."""
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:60]
+    return f"t-{slug}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture(scope="session")
+def _cluster_session() -> Iterator[RabbitMQCluster]:
+    cluster = RabbitMQCluster(size=3)
+    with contextlib.closing(cluster):
+        try:
+            cluster.start()
+        except BrokerHarnessError as exc:
+            pytest.fail(f"could not start a 3-node RabbitMQ cluster: {exc}", pytrace=False)
+        yield cluster
+
+
+@pytest.fixture
+def cluster(_cluster_session: RabbitMQCluster) -> Iterator[RabbitMQCluster]:
+    """A 3-node cluster shared by the session; nodes a test stopped or killed are started again."""
+    yield _cluster_session
+    _cluster_session.ensure_all_running()
