@@ -21,6 +21,7 @@ from delayed_retry.declare import declarer_for, underlay_of
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers import (
+    X_DUE_AT,
     X_EXCEPTION_MESSAGE,
     X_EXCEPTION_TYPE,
     X_PARKED_AT,
@@ -82,7 +83,11 @@ def parse_parked(
     state = parse_retry_state(h, exchange=exchange, routing_key=routing_key, queue=None)
     reason = h.get(X_PARKED_REASON)
     if not isinstance(reason, str):
-        reason = "unroutable" if exchange and exchange.endswith(".unroutable") else "unknown"
+        # Caught by the chain's alternate exchange (its destination queue is gone): the
+        # delivery names the last level it passed, not the unroutable exchange, but the
+        # due time it carried through the chain tells where it came from.
+        from_chain = X_DUE_AT in h or (exchange or "").endswith(".unroutable")
+        reason = "unroutable" if from_chain else "unknown"
     parked_at = read_epoch_ms(h.get(X_PARKED_AT))
     exc_type = h.get(X_EXCEPTION_TYPE)
     exc_msg = h.get(X_EXCEPTION_MESSAGE)
