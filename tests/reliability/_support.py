@@ -111,9 +111,14 @@ async def drain_ids(channel: AbstractChannel, queue: str) -> list[int]:
 
 
 async def depth(channel: AbstractChannel, queue: str) -> int:
-    """Messages ready in ``queue`` (a passive declare)."""
-    q = await channel.declare_queue(queue, passive=True)
-    return int(q.declaration_result.message_count or 0)
+    """Messages ready in ``queue``, from a passive declare on the underlying channel.
+
+    (aio-pika's robust channel may answer a repeated ``declare_queue`` from its
+    cache, with the count of the first declaration.)
+    """
+    underlay = await channel.get_underlay_channel()
+    result = await underlay.queue_declare(queue, passive=True)
+    return int(result.message_count or 0)
 
 
 async def delete_queues(channel: AbstractChannel, *names: str) -> None:
