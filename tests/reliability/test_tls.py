@@ -1,0 +1,111 @@
+"""``amqps://``: retries and scheduling over TLS, with a certificate made for the test."""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import aio_pika
+import aiormq
+import pytest
+import tenacity
+import trustme
+from aio_pika.abc import AbstractIncomingMessage
+
+from delayed_retry import (
+    DelayTopology,
+    consume,
+    current_retry_state,
+    publish_delayed,
+    with_delayed_retry,
+)
+from delayed_retry.testing import BrokerHarnessError, RabbitMQNode, TLSFiles
+
+from ._support import QUORUM, Ledger, wait_until
+
+
+def write_ca(folder: Path, name: str) -> trustme.CA:
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(folder / f"{name}-ca.pem"))
+    return ca
+
+
+@pytest.fixture(scope="module")
+def tls_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMQNode]:
+    certs = tmp_path_factory.mktemp("tls")
+    ca = write_ca(certs, "good")
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    server.cert_chain_pems[0].write_to_path(str(certs / "cert.pem"))
+    server.private_key_pem.write_to_path(str(certs / "key.pem"))
+    write_ca(certs, "other")
+    node = RabbitMQNode(
+        tls=TLSFiles(
+            certfile=certs / "cert.pem", keyfile=certs / "key.pem", cacertfile=certs / "good-ca.pem"
+        )
+    )
+    try:
+        node.start()
+    except BrokerHarnessError as exc:
+        node.close()
+        pytest.fail(f"could not start a TLS RabbitMQ node: {exc}", pytrace=False)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+async def test_retry_and_schedule_over_amqps(tls_node: RabbitMQNode, unique: str) -> None:
+    url = tls_node.tls_url
+    assert url.startswith("amqps://")
+    queue = f"{unique}.work"
+    topology = DelayTopology(prefix=unique, levels=12)
+    ledger = Ledger(sent={1, 2})
+    attempts: Counter[int] = Counter()
+
+    @with_delayed_retry(max_retries=2, wait=tenacity.wait_fixed(0.1), topology=topology)
+    async def handle(message: AbstractIncomingMessage) -> None:
+        i = json.loads(message.body)["id"]
+        attempts[i] += 1
+        state = current_retry_state()
+        assert state is not None
+        if state.attempt == 1 and i == 1:
+            raise RuntimeError("fails once, retried through the chain over TLS")
+        ledger.handled[i] += 1
+
+    connection = await aio_pika.connect_robust(url)
+    try:
+        channel = await connection.channel()
+        q = await channel.declare_queue(queue, durable=True, arguments=QUORUM)
+        await consume(q, handle)
+        await channel.default_exchange.publish(
+            aio_pika.Message(b'{"id": 1}', message_id="1"), routing_key=queue
+        )
+        await publish_delayed(
+            channel,
+            aio_pika.Message(b'{"id": 2}', message_id="2"),
+            queue=queue,
+            delay=0.2,
+            topology=topology,
+        )
+        await wait_until(
+            lambda: set(ledger.handled) >= ledger.sent, timeout=30, what="both messages handled"
+        )
+        assert attempts == {1: 2, 2: 1}
+        assert ledger.report("tls")["lost"] == 0
+        # The broker saw a TLS connection.
+        out = tls_node.rabbitmqctl("list_connections", "ssl", "ssl_protocol")
+        assert "true" in out
+    finally:
+        await connection.close()
+
+
+async def test_a_server_certificate_from_another_ca_is_refused(tls_node: RabbitMQNode) -> None:
+    other_ca = Path(tls_node.tls_url.split("cafile=")[1]).with_name("other-ca.pem")
+    url = tls_node.tls_url.split("?")[0] + f"?cafile={other_ca}"
+    with pytest.raises(aiormq.exceptions.AMQPConnectionError) as failure:
+        await aio_pika.connect(url, timeout=10)
+    assert "CERTIFICATE_VERIFY_FAILED" in str(failure.value)
+    assert isinstance(failure.value.__cause__, ssl.SSLCertVerificationError)
