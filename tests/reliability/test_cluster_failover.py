@@ -1,0 +1,118 @@
+"""A 3-node cluster: the node leading the delay chain's quorum queues is killed mid-flight.
+
+Every message is inside the chain (waiting 3 s) when the leader node gets
+SIGKILL. The quorum queues elect new leaders on the surviving nodes and keep
+every message; consumers on the other nodes go on; the consumer connected to
+the killed node reconnects (aio-pika robust connection) once it is back, and
+handles messages again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import aio_pika
+import pytest
+import tenacity
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+
+from delayed_retry import DelayTopology, consume, current_retry_state, with_delayed_retry
+from delayed_retry.testing import RabbitMQCluster
+
+from ._support import QUORUM, Ledger, delete_queues, publish_ids, wait_until
+
+pytestmark = pytest.mark.cluster
+
+MESSAGES = 300
+DELAY_LEVEL = 11  # a 3 s wait enters the chain at level 11 (2048 ms)
+
+
+async def test_killing_the_chain_leader_loses_no_message(
+    cluster: RabbitMQCluster, unique: str
+) -> None:
+    queue = f"{unique}.work"
+    topology = DelayTopology(prefix=unique, levels=14)
+    ledger = Ledger(sent=set(range(MESSAGES)))
+    failed_once: set[int] = set()
+    by_consumer: Counter[int] = Counter()
+    connections: list[AbstractRobustConnection] = []
+
+    # Declared through node 0, so node 0 leads the chain's queues (client-local leaders).
+    admin = await aio_pika.connect_robust(cluster.urls[0])
+    connections.append(admin)
+    channel = await admin.channel()
+    await channel.declare_queue(queue, durable=True, arguments=QUORUM)
+    await topology.declare(channel, queues=[queue])
+    leader = cluster.leader_of(topology.level_name(DELAY_LEVEL))
+    assert cluster.members_of(topology.level_name(DELAY_LEVEL)) == [0, 1, 2]
+
+    def handler_for(index: int) -> object:
+        @with_delayed_retry(max_retries=3, wait=tenacity.wait_fixed(3), topology=topology)
+        async def handle(message: AbstractIncomingMessage) -> None:
+            i = json.loads(message.body)["id"]
+            state = current_retry_state()
+            assert state is not None
+            if state.attempt == 1:
+                failed_once.add(i)
+                raise RuntimeError("fails once: waits 3 s in the chain")
+            ledger.handled[i] += 1
+            by_consumer[index] += 1
+
+        return handle
+
+    reconnected = asyncio.Event()
+    for index in range(3):
+        conn = await aio_pika.connect_robust(cluster.urls[index], reconnect_interval=1)
+        connections.append(conn)
+        if index == leader:
+            conn.reconnect_callbacks.add(lambda *_: reconnected.set())
+        consumer_channel = await conn.channel()
+        await consumer_channel.set_qos(prefetch_count=50)
+        q = await consumer_channel.declare_queue(queue, passive=True)
+        await consume(q, handler_for(index))  # type: ignore[arg-type]
+
+    publisher = await aio_pika.connect_robust(cluster.urls[(leader + 1) % 3])
+    connections.append(publisher)
+    try:
+        await publish_ids(await publisher.channel(), queue, sorted(ledger.sent))
+        await wait_until(
+            lambda: failed_once >= ledger.sent, timeout=60, what="every message in the chain"
+        )
+        assert not ledger.handled, "the kill must come while every message is in the chain"
+        await asyncio.to_thread(cluster.kill_node, leader)
+        await wait_until(
+            lambda: set(ledger.handled) >= ledger.sent,
+            timeout=120,
+            what="every message back from the chain after the leader was killed",
+        )
+        new_leader = cluster.leader_of(topology.level_name(DELAY_LEVEL))
+        assert new_leader != leader
+        counts = ledger.report("cluster-leader-killed")
+        assert counts["lost"] == 0
+
+        # The killed node comes back; its consumer reconnects and takes work again.
+        await asyncio.to_thread(cluster.start_node, leader)
+        await asyncio.wait_for(reconnected.wait(), 60)
+        before = by_consumer[leader]
+        more = set(range(MESSAGES, MESSAGES + 60))
+        ledger.sent |= more
+        await publish_ids(await publisher.channel(), queue, sorted(more))
+        await wait_until(
+            lambda: set(ledger.handled) >= ledger.sent, timeout=60, what="the second batch"
+        )
+        assert by_consumer[leader] > before, "the reconnected consumer took no work"
+        assert ledger.report("cluster-after-rejoin")["lost"] == 0
+    finally:
+        await asyncio.to_thread(cluster.ensure_all_running)
+        cleanup = await aio_pika.connect(cluster.urls[0])
+        await delete_queues(
+            await cleanup.channel(),
+            queue,
+            topology.default_parking_queue(queue),
+            *(spec.name for spec in topology.queues()),
+        )
+        await cleanup.close()
+        for conn in connections:
+            await conn.close()
