@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from pamqp.common import FieldTable
 
-QUORUM = {"x-queue-type": "quorum"}
+QUORUM: FieldTable = {"x-queue-type": "quorum"}
 
 
 @dataclass
@@ -73,7 +74,7 @@ async def publish_ids(
     ids: Iterable[int],
     *,
     extra: Callable[[int], dict[str, object]] | None = None,
-    headers: dict[str, object] | None = None,
+    headers: FieldTable | None = None,
 ) -> None:
     """Publish ``{"id": i, ...}`` bodies to ``queue`` with confirms, concurrently in batches."""
     batch: list[Awaitable[object]] = []

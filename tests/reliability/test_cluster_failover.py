@@ -114,5 +114,5 @@ async def test_killing_the_chain_leader_loses_no_message(
             *(spec.name for spec in topology.queues()),
         )
         await cleanup.close()
-        for conn in connections:
-            await conn.close()
+        for opened in connections:
+            await opened.close()

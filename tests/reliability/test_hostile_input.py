@@ -16,6 +16,7 @@ import pamqp.encode
 import pytest
 import tenacity
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+from pamqp.common import FieldTable
 
 from delayed_retry import (
     ConfigurationError,
@@ -141,7 +142,7 @@ async def test_forged_routing_headers_do_not_route_anywhere_else(
     await (await channel.declare_queue(victim, passive=True)).bind(ex)
     consumer = await start_consumer(always_fail)
     try:
-        forged = {
+        forged: FieldTable = {
             X_QUEUE: victim,
             X_ORIGINAL_EXCHANGE: victim_exchange,
             X_ORIGINAL_ROUTING_KEY: victim,
