@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import importlib
+import importlib.util
 import logging
 import os
 import random
@@ -220,6 +222,9 @@ class RabbitMQNode:
     Erlang cookie (pass ``home`` to share one, as a cluster must). Processes
     and folder are removed on :meth:`close`, on leaving the ``with`` block, or
     at interpreter exit.
+
+    The methods block for seconds; from async code call them through
+    ``asyncio.to_thread`` so the clients under test keep running meanwhile.
     """
 
     def __init__(
@@ -255,6 +260,7 @@ class RabbitMQNode:
         self._beam_pid: int | None = None
         self._started_once = False
         self.last_start_seconds: float | None = None
+        _live_nodes.add(self)
 
     # --- addresses -------------------------------------------------------
 
@@ -575,11 +581,12 @@ def _close_live_nodes() -> None:
 
 
 def _docker_reachable(timeout: float = 2.0) -> bool:
-    try:
-        import docker  # type: ignore[import-untyped]  # optional, comes with testcontainers
-    except ImportError:
+    """Whether testcontainers is installed and a Docker engine answers a ping."""
+    if importlib.util.find_spec("testcontainers") is None:
         return False
     try:
+        # Both are optional (the `testcontainers` extra); imported here, untyped.
+        docker = importlib.import_module("docker")
         client = docker.from_env(timeout=timeout)
         try:
             return bool(client.ping())
