@@ -4,8 +4,11 @@ Order of operations on a failure, which is what makes it at-least-once: the
 copy is published (into the chain, or to parking) on the consumer's channel
 with publisher confirms; only after the confirm is the original acked. If the
 process dies in between, the original is redelivered and the copy also
-arrives: a duplicate, never a loss. If the hand-over fails, the original is
-returned to its queue (``nack`` with requeue) and the consumer goes on.
+arrives: a duplicate, never a loss. If the hand-over is not confirmed (a nack,
+a timeout, a channel error), the original stays unacked while the publish is
+tried again with backoff for up to :data:`HANDOVER_RETRY_WINDOW` seconds, and
+only then is it returned to its queue (``nack`` with requeue); the consumer
+goes on with other messages meanwhile. See ``docs/reliability.md``.
 """
 
 from __future__ import annotations
