@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from delayed_retry.headers import parse_retry_state, parking_headers
+from delayed_retry.headers import parking_headers, parse_retry_state
 from delayed_retry.spark.archive import archive_row
 from delayed_retry.spark.schema import archive_arrow_schema, escape_partition_value
 from delayed_retry.spark.sinks import LocalSink

@@ -12,6 +12,7 @@ import aio_pika
 import pyarrow.dataset as pads
 import pytest
 from aio_pika.abc import AbstractRobustConnection
+from archive_rows import parked_headers
 
 from delayed_retry.headers import X_PARKED_AT
 from delayed_retry.spark import (
@@ -23,8 +24,6 @@ from delayed_retry.spark import (
 )
 from delayed_retry.spark.codec import headers_from_json
 from delayed_retry.topology import DelayTopology
-
-from archive_rows import parked_headers
 
 pytestmark = pytest.mark.spark
 

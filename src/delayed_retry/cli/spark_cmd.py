@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from delayed_retry.errors import ConfigurationError
+from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.topology import DelayTopology
 
 __all__ = ["register"]
@@ -47,6 +49,25 @@ def _rate(text: str) -> float:
     return rate
 
 
+def _one_line_spark_errors(func: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
+    """Report a Spark failure as the one line saying what went wrong, not a JVM stack."""
+
+    @functools.wraps(func)
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except DelayedRetryError:
+            raise
+        except Exception as exc:
+            if type(exc).__module__.startswith(("pyspark", "py4j")):
+                from delayed_retry.spark.dataset import root_cause
+
+                raise DelayedRetryError(f"Spark failed: {root_cause(exc)}") from exc
+            raise
+
+    return wrapper
+
+
 def cmd_archive(args: argparse.Namespace) -> int:
     """Drain a parking queue into Parquet files."""
     from delayed_retry.spark.archive import archive
@@ -66,6 +87,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     return 0
 
 
+@_one_line_spark_errors
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Analyse archives: terminal tables plus an HTML report next to the archive."""
     from delayed_retry.spark.analyze import (
@@ -86,6 +108,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+@_one_line_spark_errors
 def cmd_redrive(args: argparse.Namespace) -> int:
     """Send selected archived messages back to their queues through the delay chain."""
     from delayed_retry.spark.redrive import redrive
@@ -117,6 +140,7 @@ def cmd_redrive(args: argparse.Namespace) -> int:
     return 0
 
 
+@_one_line_spark_errors
 def cmd_schedule(args: argparse.Namespace) -> int:
     """Schedule one message per row of a Parquet, CSV or JSON file."""
     from delayed_retry.spark.bulk import schedule_dataframe
@@ -179,7 +203,9 @@ def register(subparsers: Any) -> None:
 
     a = commands.add_parser("analyze", help="report on archived parked messages")
     a.add_argument("paths", nargs="+", help="archive folder(s)")
-    a.add_argument("--report", default=None, help="HTML report path (default <archive>.report.html)")
+    a.add_argument(
+        "--report", default=None, help="HTML report path (default <archive>.report.html)"
+    )
     a.add_argument("--no-report", action="store_true", help="print tables only")
     a.add_argument("--top", type=int, default=10, help="how many distinct errors to list")
     with_master(a)

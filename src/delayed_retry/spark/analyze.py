@@ -99,9 +99,9 @@ def _classified(frame: Any) -> Any:
             F.date_trunc("hour", F.coalesce(F.col("parked_at"), F.col("archived_at")))
         ).alias("hour_ms"),
         F.col("retries"),
-        (
-            F.unix_millis(F.col("parked_at")) - F.unix_millis(F.col("first_failure_at"))
-        ).alias("park_ms"),
+        (F.unix_millis(F.col("parked_at")) - F.unix_millis(F.col("first_failure_at"))).alias(
+            "park_ms"
+        ),
         F.col("body"),
     )
 
@@ -153,8 +153,7 @@ def _analyze(raw: Any, frame: Any, top: int) -> Analysis:
         {k: float(stats[k]) / 1000 for k in ("min", "p50", "p90", "max")} if stats["n"] else {}
     )
     sample = tuple(
-        float(r["park_ms"]) / 1000
-        for r in parked.select("park_ms").limit(20_000).collect()
+        float(r["park_ms"]) / 1000 for r in parked.select("park_ms").limit(20_000).collect()
     )
     groups = (
         frame.groupBy("exception_type", "message", "kind")
@@ -212,13 +211,13 @@ def format_table(analysis: Analysis) -> str:
     lines = [f"Parked messages: {a.distinct} distinct ({a.total} archived rows)", ""]
     lines += _section("By queue", [(q, str(n)) for q, n in a.by_queue.items()])
     lines += _section("By exception type", [(t, str(n)) for t, n in a.by_exception.items()])
-    lines += _section(
-        "Likely transient vs permanent", [(k, str(n)) for k, n in a.by_kind.items()]
-    )
+    lines += _section("Likely transient vs permanent", [(k, str(n)) for k, n in a.by_kind.items()])
     lines += _section(
         "By hour (UTC)", [(h.strftime("%Y-%m-%d %H:00"), str(n)) for h, n in a.by_hour.items()]
     )
-    lines += _section("By retries before parking", [(str(r), str(n)) for r, n in a.by_retries.items()])
+    lines += _section(
+        "By retries before parking", [(str(r), str(n)) for r, n in a.by_retries.items()]
+    )
     lines += _section(
         "First failure to parking (seconds)",
         [(k, f"{v:.1f}") for k, v in a.park_seconds.items()],
@@ -279,7 +278,9 @@ def _charts(a: Analysis) -> list[tuple[str, str]]:
         charts.append(
             (
                 "Retries before parking",
-                _png(lambda ax: ax.bar([str(k) for k in a.by_retries], list(a.by_retries.values()))),
+                _png(
+                    lambda ax: ax.bar([str(k) for k in a.by_retries], list(a.by_retries.values()))
+                ),
             )
         )
     if a.park_seconds_sample:
@@ -318,15 +319,24 @@ def write_html_report(analysis: Analysis, path: str, *, title: str = "Parked mes
         _html_table(["statistic", "seconds"], [(k, f"{v:.1f}") for k, v in a.park_seconds.items()]),
     ]
     for caption, png in _charts(a):
-        parts += [f"<h2>{html.escape(caption)}</h2>", f"<img alt='{html.escape(caption)}' "
-                  f"src='data:image/png;base64,{png}'>"]
+        parts += [
+            f"<h2>{html.escape(caption)}</h2>",
+            f"<img alt='{html.escape(caption)}' src='data:image/png;base64,{png}'>",
+        ]
     parts += [
         "<h2>Top errors</h2>",
         _html_table(
             ["count", "kind", "exception", "message", "queues", "example key", "example body"],
             [
-                (e.count, e.kind, e.exception_type, e.message, ", ".join(e.queues),
-                 e.example_key[:16], e.example_body)
+                (
+                    e.count,
+                    e.kind,
+                    e.exception_type,
+                    e.message,
+                    ", ".join(e.queues),
+                    e.example_key[:16],
+                    e.example_body,
+                )
                 for e in a.top_errors
             ],
         ),

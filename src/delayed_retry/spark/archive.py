@@ -147,9 +147,7 @@ def _row_of(
     )
 
 
-def _write_batch(
-    sink: ArchiveSink, queue: str, rows: list[dict[str, Any]]
-) -> list[str]:
+def _write_batch(sink: ArchiveSink, queue: str, rows: list[dict[str, Any]]) -> list[str]:
     import pyarrow as pa
 
     by_day: dict[str, list[dict[str, Any]]] = {}
@@ -242,11 +240,9 @@ async def archive_queue(
     return ArchiveResult(queue=queue, messages=archived, files=tuple(files))
 
 
-async def archive(
-    url: str, *, queue: str, to: str | ArchiveSink, **options: Any
-) -> ArchiveResult:
+async def archive(url: str, *, queue: str, to: str | ArchiveSink, **options: Any) -> ArchiveResult:
     """:func:`archive_queue` on a connection of its own to ``url``."""
-    connection = await aio_pika.connect(url)
+    connection = await aio_pika.connect(url, timeout=60)
     try:
         return await archive_queue(connection, queue=queue, to=to, **options)
     finally:

@@ -168,8 +168,9 @@ def schedule_dataframe(
     )
     pending = pending.select(*PUBLISH_COLUMNS)
     asyncio.run(declare_destinations(url, topology, [queue]))
-    job = PublishJob(url=url, topology=topology, run_id=schedule_id, run_header=X_SCHEDULE_ID,
-                     window=window)
+    job = PublishJob(
+        url=url, topology=topology, run_id=schedule_id, run_header=X_SCHEDULE_ID, window=window
+    )
     outcome = run_publish(pending.rdd.map(tuple), job)
     append_ledger(ledger, schedule_id, outcome.sent)
     sent = len(outcome.sent)
@@ -179,6 +180,4 @@ def schedule_dataframe(
             f"the ledger {ledger!r} records them, so call it again with the same schedule_id "
             "to send the rest"
         )
-    return ScheduleResult(
-        schedule_id=schedule_id, rows=total, already_sent=total - sent, sent=sent
-    )
+    return ScheduleResult(schedule_id=schedule_id, rows=total, already_sent=total - sent, sent=sent)

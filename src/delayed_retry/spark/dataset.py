@@ -69,7 +69,7 @@ def root_cause(exc: BaseException) -> str:
 @contextmanager
 def reading(paths: str | Sequence[str]) -> Iterator[None]:
     """Turn a Spark failure while reading ``paths`` into a one-line :class:`ArchiveReadError`."""
-    from py4j.protocol import Py4JJavaError
+    from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
     from pyspark.errors import PySparkException
 
     try:

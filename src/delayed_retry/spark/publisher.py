@@ -68,7 +68,7 @@ class PublishJob:
 
 @dataclass(frozen=True, kw_only=True)
 class PublishOutcome:
-    """What a run sent: confirmed (key, time) pairs, rows attempted, and the errors seen."""
+    """What a run sent: the confirmed (key, time) pairs, and the first error of each partition."""
 
     sent: tuple[tuple[str, datetime], ...]
     errors: tuple[str, ...]
@@ -157,7 +157,9 @@ async def _publish_partition(
     return sent, errors
 
 
-def publish_rows(job: PublishJob, rows: Iterator[Any]) -> Iterator[tuple[list[tuple[str, int]], list[str]]]:
+def publish_rows(
+    job: PublishJob, rows: Iterator[Any]
+) -> Iterator[tuple[list[tuple[str, int]], list[str]]]:
     """The ``mapPartitions`` function: publish one partition, yield one (sent, errors) pair."""
     yield asyncio.run(_publish_partition(job, (tuple(r) for r in rows)))
 
@@ -175,13 +177,24 @@ def run_publish(rdd: Any, job: PublishJob) -> PublishOutcome:
     return PublishOutcome(sent=tuple(sent), errors=tuple(errors))
 
 
-async def declare_destinations(url: str, topology: DelayTopology, queues: Sequence[str]) -> None:
-    """Declare the topology and bind ``queues`` to it, once, on the driver."""
+async def declare_destinations(
+    url: str, topology: DelayTopology, queues: Sequence[str], *, timeout: float = 60.0
+) -> None:
+    """Declare the topology and bind ``queues`` to it, once, on the driver, before sending."""
     import aio_pika
 
-    connection = await aio_pika.connect(url)
+    async def declare() -> None:
+        connection = await aio_pika.connect(url, timeout=timeout)
+        try:
+            channel = await connection.channel()
+            await topology.declare(channel, queues=queues)
+        finally:
+            await connection.close()
+
     try:
-        channel = await connection.channel()
-        await topology.declare(channel, queues=queues)
-    finally:
-        await connection.close()
+        await asyncio.wait_for(declare(), timeout)
+    except TimeoutError as exc:
+        raise PublishRunError(
+            f"the broker did not answer within {timeout:.0f} s while declaring the delay "
+            f"topology {topology.prefix!r}; nothing was sent. Check --url and the broker"
+        ) from exc

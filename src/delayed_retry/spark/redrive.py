@@ -24,10 +24,9 @@ from typing import Any
 from delayed_retry.durations import from_epoch_ms, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import X_RETRY
-from delayed_retry.spark.dataset import read_archive
+from delayed_retry.spark.dataset import read_archive, reading
 from delayed_retry.spark.ledger import append_ledger, ledger_keys
 from delayed_retry.spark.publisher import (
-    PUBLISH_COLUMNS,
     PublishJob,
     PublishRunError,
     declare_destinations,
@@ -128,21 +127,24 @@ def redrive(
     ledger_path = ledger or _default_ledger(path_list[0])
     frame = _select(spark, read_archive(spark, path_list), where)
     frame = frame.dropDuplicates(["message_key"])
-    frame = frame.join(ledger_keys(spark, ledger_path, run_id), on="message_key", how="left_anti")
-    counts = {
-        (r["has_queue"]): r["n"]
-        for r in frame.groupBy(F.col("origin_queue").isNotNull().alias("has_queue"))
-        .agg(F.count(F.lit(1)).alias("n"))
-        .collect()
-    }
-    sendable = frame.where(F.col("origin_queue").isNotNull())
-    by_queue = {
-        r["origin_queue"]: r["n"]
-        for r in sendable.groupBy("origin_queue").agg(F.count(F.lit(1)).alias("n")).collect()
-    }
-    to_send = counts.get(True, 0)
-    without_queue = counts.get(False, 0)
-    selected_total = _count_selected(spark, path_list, where)
+    sent_before = ledger_keys(spark, ledger_path, run_id).withColumn("_sent", F.lit(True))
+    marked = frame.join(sent_before, on="message_key", how="left")
+    # One small aggregation gives every count the result reports.
+    with reading(path_list):
+        groups = (
+            marked.groupBy("origin_queue", F.col("_sent").isNotNull().alias("sent"))
+            .agg(F.count(F.lit(1)).alias("n"))
+            .collect()
+        )
+    selected_total = sum(int(g["n"]) for g in groups)
+    already = sum(int(g["n"]) for g in groups if g["sent"])
+    without_queue = sum(int(g["n"]) for g in groups if not g["sent"] and g["origin_queue"] is None)
+    by_queue: dict[str, int] = {}
+    for g in groups:
+        if not g["sent"] and g["origin_queue"] is not None:
+            by_queue[g["origin_queue"]] = by_queue.get(g["origin_queue"], 0) + int(g["n"])
+    to_send = sum(by_queue.values())
+    sendable = marked.where(F.col("_sent").isNull() & F.col("origin_queue").isNotNull())
     start = now or utcnow()
     start_ms = to_epoch_ms(start)
 
@@ -152,7 +154,7 @@ def redrive(
     result = RedriveResult(
         redrive_id=run_id,
         selected=selected_total,
-        already_sent=selected_total - to_send - without_queue,
+        already_sent=already,
         without_queue=without_queue,
         to_send=to_send,
         sent=0,
@@ -171,7 +173,10 @@ def redrive(
         return result
     assert url is not None
     asyncio.run(declare_destinations(url, topology, sorted(by_queue)))
-    ordered = sendable.orderBy(F.col("parked_at").asc_nulls_first(), "message_key").select(
+    if rate:
+        # Oldest parked first; message i is due at start + i / rate.
+        sendable = sendable.orderBy(F.col("parked_at").asc_nulls_first(), "message_key")
+    columns = sendable.select(
         "message_key",
         F.col("origin_queue").alias("destination"),
         "body",
@@ -181,20 +186,8 @@ def redrive(
         "message_id",
         "correlation_id",
     )
-    rows = ordered.rdd.zipWithIndex().map(
-        lambda pair: (
-            pair[0][0],
-            pair[0][1],
-            due_ms(pair[1]),
-            pair[0][2],
-            pair[0][3],
-            pair[0][4],
-            pair[0][5],
-            pair[0][6],
-            pair[0][7],
-        )
-    )
-    assert len(PUBLISH_COLUMNS) == 9
+    indexed = columns.rdd.zipWithIndex() if rate else columns.rdd.map(lambda row: (row, 0))
+    rows = indexed.map(lambda pair: (pair[0][0], pair[0][1], due_ms(pair[1]), *tuple(pair[0])[2:]))
     job = PublishJob(
         url=url,
         topology=topology,
@@ -203,7 +196,8 @@ def redrive(
         window=window,
         drop_headers=(X_RETRY,),
     )
-    outcome = run_publish(rows, job)
+    with reading(path_list):
+        outcome = run_publish(rows, job)
     append_ledger(ledger_path, run_id, outcome.sent)
     sent = len(outcome.sent)
     if outcome.errors:
@@ -213,11 +207,6 @@ def redrive(
             "same command again once the broker is back to send the rest"
         )
     return RedriveResult(**{**result.__dict__, "sent": sent})
-
-
-def _count_selected(spark: Any, paths: list[str], where: str | None) -> int:
-    frame = _select(spark, read_archive(spark, paths), where)
-    return int(frame.select("message_key").distinct().count())
 
 
 def _default_ledger(archive: str) -> str:

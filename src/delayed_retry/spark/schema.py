@@ -122,7 +122,7 @@ def ledger_spark_schema() -> Any:
 
 
 # Characters Spark escapes in partition values (ExternalCatalogUtils.escapePathName).
-_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^') | {chr(c) for c in range(0x20)}
+_ESCAPED = set("\"#%'*/:=?\\\x7f{[]^") | {chr(c) for c in range(0x20)}
 
 
 def escape_partition_value(value: str) -> str:

@@ -81,7 +81,9 @@ def get_spark(
 
 
 @contextmanager
-def progress(spark: Any, label: str, *, stream: Any = None, interval: float = 1.0) -> Iterator[None]:
+def progress(
+    spark: Any, label: str, *, stream: Any = None, interval: float = 1.0
+) -> Iterator[None]:
     """Print a one-line progress indication (tasks done of total) while the block runs."""
     out = stream or sys.stderr
     tracker = spark.sparkContext.statusTracker()
