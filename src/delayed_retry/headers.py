@@ -274,9 +274,7 @@ def sanitize_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(headers, Mapping):
         return {}
     return {
-        _key(k): _sanitize_value(v, 0)
-        for k, v in headers.items()
-        if not _is_broker_header(str(k))
+        _key(k): _sanitize_value(v, 0) for k, v in headers.items() if not _is_broker_header(str(k))
     }
 
 
