@@ -58,6 +58,12 @@ def test_resolve_due_at() -> None:
     assert resolve_due_at(other_zone, now=NOW) == later
 
 
+@pytest.mark.parametrize("seconds", [1e12, 1e15, 1e300])
+def test_a_delay_past_datetime_range_is_out_of_range_not_an_overflow(seconds: float) -> None:
+    with pytest.raises(DelayOutOfRangeError, match="beyond any due time"):
+        resolve_due_at(seconds, now=NOW)
+
+
 def test_naive_due_time_is_refused_with_the_fix() -> None:
     with pytest.raises(ConfigurationError, match=r"no timezone.*tzinfo=UTC"):
         resolve_due_at(datetime(2030, 1, 1), now=NOW)

@@ -51,7 +51,15 @@ def resolve_due_at(delay: Duration | datetime, *, now: datetime) -> datetime:
                 "for example datetime(..., tzinfo=UTC)"
             )
         return max(delay, now)
-    return now + timedelta(seconds=to_seconds(delay))
+    seconds = to_seconds(delay)
+    try:
+        return now + timedelta(seconds=seconds)
+    except OverflowError:
+        # Past datetime's range (year 9999): far beyond any delay chain's maximum.
+        raise DelayOutOfRangeError(
+            f"delay={delay!r} seconds is beyond any due time a datetime can hold; pass a "
+            "delay the delay chain can hold"
+        ) from None
 
 
 def to_epoch_ms(moment: datetime) -> int:
