@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from delayed_retry.testing import (
     TLSFiles,
     broker_url,
     free_port,
+    release_port,
     wait_for_broker,
 )
 
@@ -164,10 +166,15 @@ def test_wait_for_broker_gives_up_with_the_address() -> None:
         wait_for_broker(url, timeout=1)
 
 
-def test_free_ports_differ_and_avoid_rabbitmq_defaults() -> None:
+def test_free_ports_differ_avoid_rabbitmq_defaults_and_are_claimed() -> None:
     ports = {free_port() for _ in range(20)}
     assert len(ports) == 20
     assert not ports & {4369, 5672, 25672}
+    claims = Path(tempfile.gettempdir()) / "delayed-retry-ports"
+    assert all((claims / str(port)).read_text() == str(os.getpid()) for port in ports)
+    for port in ports:
+        release_port(port)
+    assert not any((claims / str(port)).exists() for port in ports)
 
 
 async def test_shared_fixtures(

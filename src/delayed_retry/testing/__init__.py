@@ -6,6 +6,7 @@ from .broker import (
     TLSFiles,
     broker_url,
     free_port,
+    release_port,
     wait_for_broker,
 )
 from .cluster import RabbitMQCluster
@@ -18,6 +19,7 @@ __all__ = [
     "broker_url",
     # helpers
     "free_port",
+    "release_port",
     "wait_for_broker",
     # errors
     "BrokerHarnessError",

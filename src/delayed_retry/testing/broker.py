@@ -54,6 +54,7 @@ DEFAULT_IMAGE = "rabbitmq:3.10"
 _RESERVED_PORTS = frozenset({4369, 5671, 5672, 15672, 25672, *range(35672, 35683)})
 _claimed_ports: set[int] = set()
 _claimed_lock = threading.Lock()
+_CLAIMS_DIR = Path(tempfile.gettempdir()) / "delayed-retry-ports"
 
 
 class BrokerHarnessError(DelayedRetryError, RuntimeError):
@@ -93,10 +94,12 @@ def _port_is_free(port: int) -> bool:
 
 
 def free_port() -> int:
-    """Return a free TCP port on 127.0.0.1 that no other node of this process has taken.
+    """Return a free TCP port on 127.0.0.1 that no other node on this machine has claimed.
 
     Ports come from below the kernel's ephemeral range, so an outgoing
-    connection cannot grab a node's port between a kill and a restart.
+    connection cannot grab a node's port between a kill and a restart; a
+    claim file per port keeps other test processes off it meanwhile too.
+    Give a port back with :func:`release_port`.
     """
     low, _ = _ephemeral_range()
     top = min(low - 1, 32000)
@@ -106,7 +109,7 @@ def free_port() -> int:
                 port = random.randint(10000, top)
                 if port in _RESERVED_PORTS or port in _claimed_ports:
                     continue
-                if _port_is_free(port):
+                if _port_is_free(port) and _claim(port):
                     _claimed_ports.add(port)
                     return port
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -114,6 +117,62 @@ def free_port() -> int:
             port = int(sock.getsockname()[1])
         _claimed_ports.add(port)
         return port
+
+
+def release_port(port: int) -> None:
+    """Give back a port from :func:`free_port` once nothing will listen on it again."""
+    with _claimed_lock:
+        _claimed_ports.discard(port)
+        path = _CLAIMS_DIR / str(port)
+        with contextlib.suppress(OSError, ValueError):
+            if int(path.read_text()) == os.getpid():
+                path.unlink()
+
+
+def _claim(port: int) -> bool:
+    """Claim ``port`` machine-wide with an exclusive file; claims of dead pids are taken over."""
+    path = _CLAIMS_DIR / str(port)
+    for _ in range(2):
+        try:
+            _CLAIMS_DIR.mkdir(mode=0o777, exist_ok=True)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if not _claim_is_stale(path):
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            continue
+        except OSError:
+            return True  # no shared folder to claim in: rely on the bind check alone
+        with os.fdopen(fd, "w") as claim:
+            claim.write(str(os.getpid()))
+        return True
+    return False
+
+
+def _claim_is_stale(path: Path) -> bool:
+    try:
+        owner = int(path.read_text())
+    except ValueError:
+        # Being written right now, or left empty by a crash long ago.
+        with contextlib.suppress(OSError):
+            return time.time() - path.stat().st_mtime > 10
+        return True
+    except OSError:
+        return True
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _port_open(url: str, timeout: float) -> bool:
@@ -248,10 +307,11 @@ class RabbitMQNode:
         )
         self.home = home or self.base_dir / "home"
         self._ports_given = amqp_port is not None and dist_port is not None
-        self.amqp_port = amqp_port or free_port()
-        self.dist_port = dist_port or free_port()
+        self._claimed: list[int] = []
+        self.amqp_port = amqp_port or self._new_port()
+        self.dist_port = dist_port or self._new_port()
         self.tls = tls
-        self.tls_port = free_port() if tls is not None else None
+        self.tls_port = self._new_port() if tls is not None else None
         self.plugins = tuple(plugins)
         self.config = dict(config or {})
         self.start_timeout = start_timeout
@@ -261,6 +321,11 @@ class RabbitMQNode:
         self._started_once = False
         self.last_start_seconds: float | None = None
         _live_nodes.add(self)
+
+    def _new_port(self) -> int:
+        port = free_port()
+        self._claimed.append(port)
+        return port
 
     # --- addresses -------------------------------------------------------
 
@@ -386,9 +451,9 @@ class RabbitMQNode:
                 if self._started_once or self._ports_given or attempt == 2:
                     raise
                 log.warning("port taken while starting %s; retrying on other ports", self.name)
-                self.amqp_port, self.dist_port = free_port(), free_port()
+                self.amqp_port, self.dist_port = self._new_port(), self._new_port()
                 if self.tls is not None:
-                    self.tls_port = free_port()
+                    self.tls_port = self._new_port()
 
     def _start_once(self, server: Path) -> None:
         began = time.monotonic()
@@ -481,12 +546,19 @@ class RabbitMQNode:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
-        # Orphans are reaped by init; wait until they no longer hold the ports.
-        deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in pids[1:]) and time.monotonic() < deadline:
-            time.sleep(0.05)
         self._proc = None
         self._beam_pid = None
+        # A killed process can show as exited while its sockets still accept
+        # for some milliseconds; wait for the ports too, so a restart can bind them.
+        ports = [port for port in (self.amqp_port, self.dist_port, self.tls_port) if port]
+        deadline = time.monotonic() + 20
+        while any(_alive(pid) for pid in pids[1:]) or any(_listening(port) for port in ports):
+            if time.monotonic() > deadline:
+                raise BrokerHarnessError(
+                    f"RabbitMQ node {self.name} still runs or listens on {ports} 20 s after "
+                    f"SIGKILL (pids {pids}); check for stuck processes with ps"
+                )
+            time.sleep(0.02)
 
     def flush_metadata(self) -> None:
         """Write the node's lazily saved metadata (Erlang dets tables) to disk now.
@@ -505,8 +577,14 @@ class RabbitMQNode:
 
     def close(self) -> None:
         """Kill the node and delete its folder; safe to call twice."""
-        self.kill()
+        try:
+            self.kill()
+        except BrokerHarnessError as exc:
+            log.warning("closing %s: %s", self.name, exc)
         _live_nodes.discard(self)
+        for port in self._claimed:
+            release_port(port)
+        self._claimed = []
         if self._owns_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
@@ -578,6 +656,8 @@ def _close_live_nodes() -> None:
     for node in list(_live_nodes):
         with contextlib.suppress(Exception):
             node.close()
+    for port in list(_claimed_ports):
+        release_port(port)
 
 
 def _docker_reachable(timeout: float = 2.0) -> bool:
