@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from archive_rows import parked_row, write_archive
 
 from delayed_retry.spark import ArchiveReadError, analyze_archive, format_table, write_html_report
+from delayed_retry.spark.synthetic import parked_row, write_archive
 from delayed_retry.topology import DelayTopology
 
 pytestmark = pytest.mark.spark

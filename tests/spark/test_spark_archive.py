@@ -11,8 +11,7 @@ from typing import Any
 import aio_pika
 import pyarrow.dataset as pads
 import pytest
-from aio_pika.abc import AbstractRobustConnection
-from archive_rows import parked_headers
+from aio_pika.abc import AbstractRobustConnection, FieldValue
 
 from delayed_retry.headers import X_PARKED_AT
 from delayed_retry.spark import (
@@ -23,6 +22,7 @@ from delayed_retry.spark import (
     read_archive,
 )
 from delayed_retry.spark.codec import headers_from_json
+from delayed_retry.spark.synthetic import parked_headers
 from delayed_retry.topology import DelayTopology
 
 pytestmark = pytest.mark.spark
@@ -92,7 +92,7 @@ async def test_archive_round_trip_keeps_parked_and_foreign_messages(
     try:
         await _park(connection, topology, unique, 3)
         channel = await connection.channel()
-        odd = {
+        odd: dict[str, FieldValue] = {
             "float": 1.5,
             "bytes": bytearray(b"\x00\x01\xff"),
             "when": datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC),

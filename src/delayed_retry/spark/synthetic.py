@@ -1,4 +1,9 @@
-"""Build archive rows and folders the way the archiver does, for tests that need known input."""
+"""Synthetic archives with known content, for tests, demos and benchmarks.
+
+The rows are built by the archiver's own :func:`~delayed_retry.spark.archive.archive_row`
+from headers the library's parking writes, so they look exactly like archived
+parked messages; only the broker round trip is skipped.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +12,19 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 from delayed_retry.headers import parking_headers, parse_retry_state
 from delayed_retry.spark.archive import archive_row
 from delayed_retry.spark.schema import archive_arrow_schema, escape_partition_value
 from delayed_retry.spark.sinks import LocalSink
 from delayed_retry.topology import DelayTopology
 
+__all__ = ["parked_headers", "parked_row", "write_archive"]
+
 
 def parked_headers(
     queue: str, exc: BaseException, *, parked_at: datetime, first_failure_at: datetime, retries: int
 ) -> dict[str, Any]:
-    """Headers of a message the library parked after ``retries`` retries."""
+    """Headers of a message the library parked after ``retries`` retries, failing with ``exc``."""
     state = parse_retry_state(
         {"x-retry": retries, "x-retry-first-failure-at": int(first_failure_at.timestamp() * 1000)},
         exchange="",
@@ -39,6 +44,7 @@ def parked_row(
     retries: int = 3,
     park_after: timedelta = timedelta(seconds=60),
 ) -> dict[str, Any]:
+    """An archive row of ``body`` parked from ``queue`` at ``parked_at``, first failing earlier."""
     headers = parked_headers(
         queue, exc, parked_at=parked_at, first_failure_at=parked_at - park_after, retries=retries
     )
@@ -54,8 +60,10 @@ def parked_row(
     )
 
 
-def write_archive(root: Path, parking_queue: str, rows: Sequence[dict[str, Any]]) -> None:
+def write_archive(root: str | Path, parking_queue: str, rows: Sequence[dict[str, Any]]) -> None:
     """Write ``rows`` as one part file per day under ``root`` (as the archiver would)."""
+    import pyarrow as pa
+
     sink = LocalSink(str(root))
     by_day: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
