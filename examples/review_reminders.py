@@ -27,7 +27,7 @@ from delayed_retry.headers import X_DUE_AT
 from delayed_retry.spark import get_spark, schedule_dataframe
 from delayed_retry.testing import broker_url
 
-REVIEW_AFTER_DAYS = 3
+REVIEW_AFTER_DAYS = 14
 SECONDS_PER_DAY = 1.0  # scaled down so the example runs in seconds
 
 
@@ -47,6 +47,7 @@ def main() -> None:
 
     with broker_url() as url:
         spark = get_spark(master="local[2]", config={"spark.sql.shuffle.partitions": "2"})
+        spark.range(1).count()  # start the executors before taking "now"
         topology = DelayTopology(prefix="review-reminders", levels=24)
         queue_name = f"review-reminders-{secrets.token_hex(3)}"
         now = datetime.now(UTC)
@@ -73,7 +74,7 @@ def main() -> None:
                 await received.put((message, time.time()))
                 await message.ack()
 
-            await queue.consume(on_reminder)
+            tag = await queue.consume(on_reminder)
             with tempfile.TemporaryDirectory() as ledger:
                 # Spark publishes from its executors while the consumer keeps running.
                 result = await asyncio.to_thread(
@@ -97,6 +98,7 @@ def main() -> None:
                     f"  {reminder['order_id']} for {reminder['customer_id']}: review "
                     f"{reminder['item']!r} (arrived {late_ms:.0f} ms after its due time)"
                 )
+            await queue.cancel(tag)
             await queue.delete(if_unused=False, if_empty=False)
             parking = await channel.declare_queue(f"{queue_name}.parking", passive=True)
             await parking.delete(if_unused=False, if_empty=False)
