@@ -35,7 +35,8 @@ X_SCHEDULE_ID = "x-schedule-id"
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleResult:
-    """How many rows a bulk schedule had, skipped as already sent, and sent now."""
+    """How many rows a bulk schedule had, sent now, and skipped (already in the ledger, or
+    a duplicate key)."""
 
     schedule_id: str
     rows: int
@@ -160,8 +161,11 @@ def schedule_dataframe(
         F.lit(None).cast("string").alias("message_id"),
         F.lit(None).cast("string").alias("correlation_id"),
     )
-    if rows.where(F.col("due_at_ms").isNull()).limit(1).count():
-        raise ConfigurationError("due_at is null in some rows; filter them out or fill them in")
+    missing = rows.where(F.col("due_at_ms").isNull() | F.col("message_key").isNull())
+    if missing.limit(1).count():
+        raise ConfigurationError(
+            "due_at or key is null in some rows; filter them out or fill them in"
+        )
     total = rows.count()
     pending = rows.dropDuplicates(["message_key"]).join(
         ledger_keys(df.sparkSession, ledger, schedule_id), on="message_key", how="left_anti"
