@@ -2,7 +2,7 @@
 
     python at_least_once_consumer.py URL QUEUE PREFIX LEVELS MAX_RETRIES
 
-Wraps ``delayed_retry.middleware.publish_confirmed`` so the process calls
+Wraps ``delayed_retry.handover.publish_confirmed`` so the process calls
 ``os._exit(1)`` as soon as the broker has confirmed the retry copy (or the
 parking record): the window in which the original is not yet acked. Its
 handler always fails. Exits 1 after that confirm; any other exit is a failure
@@ -20,7 +20,7 @@ import aio_pika
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
-import delayed_retry.middleware as middleware
+import delayed_retry.handover as handover
 from delayed_retry import DelayTopology, consume, with_delayed_retry
 from delayed_retry.publishing import publish_confirmed as confirmed
 
@@ -34,7 +34,7 @@ async def main() -> None:
         await confirmed(*args, **kwargs)
         os._exit(CRASHED_AFTER_CONFIRM)
 
-    middleware.publish_confirmed = confirm_then_die  # type: ignore[attr-defined]
+    handover.publish_confirmed = confirm_then_die  # type: ignore[attr-defined]
     topology = DelayTopology(prefix=prefix, levels=int(levels), queue_type="quorum")
 
     @with_delayed_retry(

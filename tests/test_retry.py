@@ -547,3 +547,11 @@ async def test_a_scheduled_message_that_fails_records_no_chain_internals(s: Scen
     # It came off a level exchange with a chain routing key; neither is where it came from.
     assert not record[h.X_ORIGINAL_EXCHANGE].startswith(s.topology.prefix)
     assert record[h.X_ORIGINAL_ROUTING_KEY] == queue.name
+
+
+def test_a_sync_handler_is_refused_when_decorating() -> None:
+    def handler(message: object) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match=r"needs an async function \(async def\)"):
+        with_delayed_retry(handler)  # type: ignore[arg-type]

@@ -1,27 +1,19 @@
 """``@with_delayed_retry``: retries for aio-pika consumers, through the delay chain.
 
-Order of operations on a failure, which is what makes it at-least-once: the
-copy is published (into the chain, or to parking) on the consumer's channel
-with publisher confirms; only after the confirm is the original acked. If the
-process dies in between, the original is redelivered and the copy also
-arrives: a duplicate, never a loss. If the hand-over is not confirmed (a nack,
-a timeout, a channel error), the original stays unacked while the publish is
-tried again with backoff for up to :data:`HANDOVER_RETRY_WINDOW` seconds, and
-only then is it returned to its queue (``nack`` with requeue); the consumer
-goes on with other messages meanwhile. See ``docs/reliability.md``.
+The decorator and the handler it makes: read the retry state, run the
+handler, ack on success, and on failure let :mod:`delayed_retry.handover`
+carry out the policy's decision (publish the copy with confirms, then ack).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import functools
+import inspect
 import logging
-import struct
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Generic, ParamSpec, overload
 
 import aiormq
@@ -32,25 +24,19 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from delayed_retry.checks import warn_about_delivery_limit
-from delayed_retry.declare import declare_parking_queue, declarer_for, underlay_of
-from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
+from delayed_retry.declare import declarer_for, underlay_of
+from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import (
     ConfigurationError,
-    DelayOutOfRangeError,
-    PublishError,
 )
+from delayed_retry.handover import HandOver
 from delayed_retry.headers import (
-    X_DUE_AT,
-    X_PARKED_REASON,
     RetryState,
-    failure_headers,
-    parking_headers,
     parse_retry_state,
-    sanitize_headers,
 )
-from delayed_retry.observe import AttemptScope, Instrumentation, default_instrumentation
-from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
-from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
+from delayed_retry.observe import Instrumentation, default_instrumentation
+from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
+from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = ["RetryingHandler", "consume", "current_retry_state", "retry_state", "with_delayed_retry"]
@@ -62,11 +48,6 @@ P = ParamSpec("P")
 _current_state: contextvars.ContextVar[RetryState | None] = contextvars.ContextVar(
     "delayed_retry_state", default=None
 )
-
-HANDOVER_RETRY_WINDOW = 30.0
-"""Seconds a failed hand-over is tried again, original unacked, before it is requeued."""
-HANDOVER_FIRST_PAUSE = 0.5
-HANDOVER_MAX_PAUSE = 8.0
 
 EARLY_TOLERANCE = timedelta(milliseconds=50)
 """A message arriving this much before its due time is sent back for the rest of the wait."""
@@ -131,6 +112,15 @@ class RetryingHandler(Generic[P]):
             underlay.connection, self.options.topology, queue, self.options.parking_queue
         )
 
+    def _hand_over(self, queue: str) -> HandOver:
+        opts = self.options
+        return HandOver(
+            queue=queue,
+            topology=opts.topology,
+            parking_queue=opts.parking_queue,
+            publish_timeout=opts.publish_timeout,
+        )
+
     def _queue(self) -> str:
         if self.options.queue is None:
             raise ConfigurationError(
@@ -163,11 +153,11 @@ class RetryingHandler(Generic[P]):
         now = utcnow()
         if (
             state.due_at is not None
-            and message.exchange == opts.topology.delivery_exchange
+            and opts.topology.is_chain_exchange(message.exchange)
             and state.due_at - now > EARLY_TOLERANCE
             and state.due_at - now <= opts.topology.max_delay
         ):
-            await self._redelay(message, state, queue, now)
+            await self._hand_over(queue).redelay(message, state.due_at)
             return
         with opts.instrumentation.attempt(message, state, queue=queue) as scope:
             token = _current_state.set(state)
@@ -185,235 +175,13 @@ class RetryingHandler(Generic[P]):
                     scope.finish("error", exc=exc, reason="settled-by-handler")
                     return
                 decision = opts.policy.decide(state, exc, now=utcnow())
-                await self._hand_over(message, state, queue, exc, decision, scope)
+                await self._hand_over(queue).failed(message, state, exc, decision, scope)
                 return
             finally:
                 _current_state.reset(token)
             if not message.processed:
                 await message.ack()
             scope.finish("success")
-
-    async def _redelay(
-        self, message: AbstractIncomingMessage, state: RetryState, queue: str, now: datetime
-    ) -> None:
-        """Send a message that arrived before its due time back for the rest of its wait."""
-        assert state.due_at is not None
-        topology = self.options.topology
-        route = topology.route(topology.units_until(state.due_at, now=now), queue)
-        headers = sanitize_headers(message.headers)
-        try:
-            await publish_confirmed(
-                message.channel,
-                exchange=route.exchange,
-                routing_key=route.routing_key,
-                body=message.body,
-                properties=copy_properties(message.properties, headers),
-                timeout=self.options.publish_timeout,
-            )
-        except PublishError as err:
-            await _give_back(message, queue, err)
-            return
-        await _ack(message, queue)
-
-    async def _hand_over(
-        self,
-        message: AbstractIncomingMessage,
-        state: RetryState,
-        queue: str,
-        exc: Exception,
-        decision: Decision,
-        scope: AttemptScope,
-    ) -> None:
-        # A hand-over the broker did not confirm (a nack, a timeout, a closed channel) is
-        # tried again while the channel is open, with the original kept unacked: requeueing
-        # it at once would spin, and every requeue counts toward a quorum queue's delivery
-        # limit. Once the channel is gone the broker redelivers the original by itself.
-        started = time.monotonic()
-        pause = HANDOVER_FIRST_PAUSE
-        while True:
-            try:
-                decision = await self._publish_copy(message, state, queue, exc, decision, scope)
-            except (PublishError, aiormq.exceptions.AMQPError, ConnectionError) as err:
-                elapsed = time.monotonic() - started
-                if _channel_open(message) and elapsed + pause <= HANDOVER_RETRY_WINDOW:
-                    log.warning(
-                        "hand-over of message %s from queue %r was not confirmed (%s); "
-                        "keeping it unacked and trying again in %.1f s",
-                        message.message_id,
-                        queue,
-                        err,
-                        pause,
-                    )
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, HANDOVER_MAX_PAUSE)
-                    continue
-                scope.finish("error", exc=err)
-                await _give_back(message, queue, err)
-                return
-            break
-        await _ack(message, queue)
-        if decision.action == "retry":
-            scope.finish("retry", delay=decision.delay, exc=exc)
-        else:
-            scope.finish("parked", exc=exc, reason=decision.reason)
-
-    async def _publish_copy(
-        self,
-        message: AbstractIncomingMessage,
-        state: RetryState,
-        queue: str,
-        exc: Exception,
-        decision: Decision,
-        scope: AttemptScope,
-    ) -> Decision:
-        """Publish the retry copy or the parking record; return the decision carried out."""
-        opts = self.options
-        now = utcnow()
-        if decision.action == "retry":
-            try:
-                due_at = now + timedelta(seconds=decision.delay)
-                route = opts.topology.route(opts.topology.units_until(due_at, now=now), queue)
-            except (DelayOutOfRangeError, OverflowError):
-                decision = Decision.park("delay-out-of-range")
-            else:
-                headers = failure_headers(
-                    message.headers, state, exc, now=now, retries=state.retries + 1
-                )
-                headers[X_DUE_AT] = to_epoch_ms(due_at)
-                try:
-                    with scope.publishing(
-                        headers,
-                        kind="retry",
-                        exchange=route.exchange,
-                        routing_key=route.routing_key,
-                    ):
-                        await publish_confirmed(
-                            message.channel,
-                            exchange=route.exchange,
-                            routing_key=route.routing_key,
-                            body=message.body,
-                            properties=copy_properties(message.properties, headers),
-                            timeout=opts.publish_timeout,
-                        )
-                except PublishError as err:
-                    if not _unencodable(err):
-                        raise
-                    # No retry can ever carry these headers; parking keeps the record.
-                    log.error(
-                        "message %s on queue %r cannot be re-published for a retry (%s); "
-                        "parking it",
-                        message.message_id,
-                        queue,
-                        err,
-                    )
-                    decision = Decision.park("unencodable")
-                else:
-                    log.info(
-                        "message %s on queue %r failed (attempt %d, %s); retrying in %.3f s",
-                        message.message_id,
-                        queue,
-                        state.attempt,
-                        type(exc).__name__,
-                        decision.delay,
-                    )
-        if decision.action == "park":
-            assert decision.reason is not None
-            await self._park(message, state, queue, exc, decision.reason, scope, now)
-        return decision
-
-    async def _park(
-        self,
-        message: AbstractIncomingMessage,
-        state: RetryState,
-        queue: str,
-        exc: Exception,
-        reason: str,
-        scope: AttemptScope,
-        now: datetime,
-    ) -> None:
-        opts = self.options
-        # Parking is rare: re-declare the parking queue each time so one deleted by
-        # hand is back before the message is routed to it.
-        await declare_parking_queue(
-            message.channel.connection, opts.topology, queue, opts.parking_queue
-        )
-        headers = parking_headers(message.headers, state, exc, now=now, reason=reason)
-        exchange = opts.topology.parking_exchange
-        try:
-            with scope.publishing(headers, kind="park", exchange=exchange, routing_key=queue):
-                await publish_confirmed(
-                    message.channel,
-                    exchange=exchange,
-                    routing_key=queue,
-                    body=message.body,
-                    properties=copy_properties(message.properties, headers),
-                    timeout=opts.publish_timeout,
-                )
-        except PublishError as err:
-            if not _unencodable(err):
-                raise
-            # The original headers cannot be encoded: park with the record alone.
-            record = parking_headers({}, state, exc, now=now, reason=reason)
-            record["x-parked-note"] = f"original headers dropped: {err}"
-            await publish_confirmed(
-                message.channel,
-                exchange=exchange,
-                routing_key=queue,
-                body=message.body,
-                properties=copy_properties(message.properties, record),
-                timeout=opts.publish_timeout,
-            )
-        log.warning(
-            "message %s on queue %r parked (%s) after %d attempt(s): %s",
-            message.message_id,
-            queue,
-            headers[X_PARKED_REASON],
-            state.attempt,
-            exc,
-        )
-
-
-def _unencodable(err: PublishError) -> bool:
-    """Whether a publish failed because the message cannot be encoded (not the broker)."""
-    return isinstance(err.__cause__, TypeError | ValueError | OverflowError | struct.error)
-
-
-def _channel_open(message: AbstractIncomingMessage) -> bool:
-    try:
-        channel = message.channel  # aio-pika raises once the channel is closed
-    except Exception:
-        return False
-    return not getattr(channel, "is_closed", True)
-
-
-async def _ack(message: AbstractIncomingMessage, queue: str) -> None:
-    try:
-        await message.ack()
-    except Exception as err:  # the copy is confirmed; the original will be redelivered
-        log.warning(
-            "message %s on queue %r was handed over but could not be acked (%r); "
-            "it will be delivered again (a duplicate, not a loss)",
-            message.message_id,
-            queue,
-            err,
-        )
-
-
-async def _give_back(message: AbstractIncomingMessage, queue: str, err: BaseException) -> None:
-    log.error(
-        "could not hand over message %s from queue %r (%s); returning it to the queue",
-        message.message_id,
-        queue,
-        err,
-    )
-    try:
-        await message.nack(requeue=True)
-    except Exception as nack_err:  # channel gone: the broker redelivers it anyway
-        log.warning(
-            "could not nack message %s (%r); the broker will redeliver it",
-            message.message_id,
-            nack_err,
-        )
 
 
 @overload
@@ -495,8 +263,14 @@ def with_delayed_retry(
     )
 
     def decorate(func: Callable[P, Awaitable[object]]) -> RetryingHandler[P]:
-        if not callable(func):
-            raise ConfigurationError(f"@with_delayed_retry needs an async function, got {func!r}")
+        if not (
+            inspect.iscoroutinefunction(func)
+            or inspect.iscoroutinefunction(getattr(func, "__call__", None))  # noqa: B004
+        ):
+            raise ConfigurationError(
+                f"@with_delayed_retry needs an async function (async def), got {func!r}; "
+                "aio-pika awaits the consumer callback"
+            )
         return RetryingHandler(func, options)
 
     return decorate(fn) if fn is not None else decorate

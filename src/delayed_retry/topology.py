@@ -195,6 +195,19 @@ class DelayTopology:
         """Gets a copy of every parked and unroutable message, for alerting."""
         return f"{self.prefix}.parking.alerts"
 
+    def is_chain_exchange(self, exchange: str | None) -> bool:
+        """Whether a delivery came out of this chain (a level or the delivery exchange).
+
+        A delivery names the exchange its last dead-letter hop went to, which
+        is a level exchange unless the last 1 bit was level 0.
+        """
+        if not exchange:
+            return False
+        if exchange == self.delivery_exchange:
+            return True
+        level = exchange.removeprefix(f"{self.prefix}.level.")
+        return level != exchange and level.isdigit() and int(level) < self.levels
+
     @staticmethod
     def default_parking_queue(queue: str) -> str:
         """The parking queue of ``queue`` unless configured: ``<queue>.parking``."""

@@ -25,7 +25,7 @@ import aio_pika
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
-import delayed_retry.middleware as middleware
+import delayed_retry.handover as handover
 from delayed_retry import DelayTopology, consume, current_retry_state, with_delayed_retry
 
 MAX_RETRIES = 2
@@ -39,14 +39,14 @@ async def main() -> None:
     topology = DelayTopology(prefix=prefix, levels=12, unit=timedelta(milliseconds=1))
 
     if mode == "after-publish":
-        original_ack = middleware._ack
+        original_ack = handover.ack
 
         async def crashing_ack(message: AbstractIncomingMessage, queue: str) -> None:
             if rng.random() < crash_probability:
                 os.kill(os.getpid(), signal.SIGKILL)
             await original_ack(message, queue)
 
-        middleware._ack = crashing_ack
+        handover.ack = crashing_ack
 
     @with_delayed_retry(max_retries=MAX_RETRIES, wait=tenacity.wait_fixed(0.05), topology=topology)
     async def handle(message: AbstractIncomingMessage) -> None:
