@@ -1,15 +1,10 @@
 """Real RabbitMQ brokers for tests: one shared URL, private nodes, local clusters."""
 
-from .broker import (
-    BrokerHarnessError,
-    RabbitMQNode,
-    TLSFiles,
-    broker_url,
-    free_port,
-    release_port,
-    wait_for_broker,
-)
+from .broker import broker_url
 from .cluster import RabbitMQCluster
+from .node import RabbitMQNode, TLSFiles
+from .ports import free_port, release_port
+from .probe import BrokerHarnessError, wait_for_broker
 
 __all__ = [
     # brokers

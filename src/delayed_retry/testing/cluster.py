@@ -14,7 +14,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from .broker import NODE_HOST, BrokerHarnessError, RabbitMQNode, secrets_hex, write_cookie
+from .node import NODE_HOST, RabbitMQNode, secrets_hex, write_cookie
+from .probe import BrokerHarnessError
 
 log = logging.getLogger(__name__)
 
