@@ -29,6 +29,7 @@ MESSAGES = 300
 DELAY_LEVEL = 11  # a 3 s wait enters the chain at level 11 (2048 ms)
 
 
+@pytest.mark.timeout(600)
 async def test_killing_the_chain_leader_loses_no_message(
     cluster: RabbitMQCluster, unique: str
 ) -> None:
@@ -84,7 +85,9 @@ async def test_killing_the_chain_leader_loses_no_message(
         await asyncio.to_thread(cluster.kill_node, leader)
         await wait_until(
             lambda: set(ledger.handled) >= ledger.sent,
-            timeout=120,
+            # Leader elections and the 3 s chain wait take ~40 s on an idle 2-core machine;
+            # the margin is for a loaded one.
+            timeout=240,
             what="every message back from the chain after the leader was killed",
         )
         new_leader = cluster.leader_of(topology.level_name(DELAY_LEVEL))
