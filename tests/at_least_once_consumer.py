@@ -2,7 +2,7 @@
 
     python at_least_once_consumer.py URL QUEUE PREFIX LEVELS MAX_RETRIES
 
-Wraps ``delayed_retry.handover.publish_confirmed`` so the process calls
+Wraps ``delayed_retry.publishing.publish_copy`` so the process calls
 ``os._exit(1)`` as soon as the broker has confirmed the retry copy (or the
 parking record): the window in which the original is not yet acked. Its
 handler always fails. Exits 1 after that confirm; any other exit is a failure
@@ -20,9 +20,8 @@ import aio_pika
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
-import delayed_retry.handover as handover
+import delayed_retry.publishing as publishing
 from delayed_retry import DelayTopology, consume, with_delayed_retry
-from delayed_retry.publishing import publish_confirmed as confirmed
 
 CRASHED_AFTER_CONFIRM = 1
 
@@ -30,11 +29,13 @@ CRASHED_AFTER_CONFIRM = 1
 async def main() -> None:
     url, queue_name, prefix, levels, max_retries = sys.argv[1:6]
 
+    confirmed = publishing.publish_copy
+
     async def confirm_then_die(*args: Any, **kwargs: Any) -> None:
         await confirmed(*args, **kwargs)
         os._exit(CRASHED_AFTER_CONFIRM)
 
-    handover.publish_confirmed = confirm_then_die  # type: ignore[attr-defined]
+    publishing.publish_copy = confirm_then_die
     topology = DelayTopology(prefix=prefix, levels=int(levels), queue_type="quorum")
 
     @with_delayed_retry(

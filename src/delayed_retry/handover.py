@@ -25,6 +25,7 @@ from typing import Any
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage
 
+from delayed_retry import publishing
 from delayed_retry.declare import declare_parking_queue
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import DelayOutOfRangeError, PublishError
@@ -37,7 +38,6 @@ from delayed_retry.headers import (
 )
 from delayed_retry.observe import AttemptScope
 from delayed_retry.policy import Decision
-from delayed_retry.publishing import copy_properties, publish_confirmed
 from delayed_retry.topology import DelayTopology
 
 __all__ = ["HANDOVER_RETRY_WINDOW", "HandOver", "ack", "give_back"]
@@ -68,12 +68,12 @@ class HandOver:
         headers: Mapping[str, Any],
     ) -> None:
         """Publish a copy of ``message`` with ``headers``; return once the broker confirmed it."""
-        await publish_confirmed(
+        await publishing.publish_copy(
             message.channel,
+            message,
             exchange=exchange,
             routing_key=routing_key,
-            body=message.body,
-            properties=copy_properties(message.properties, headers),
+            headers=headers,
             timeout=self.publish_timeout,
         )
 

@@ -32,7 +32,7 @@ from delayed_retry.headers import (
     read_epoch_ms,
     scheduled_headers,
 )
-from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
+from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, publish_copy
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = ["ParkedMessage", "ReplayResult", "parse_parked", "peek_parked", "replay_parked"]
@@ -214,12 +214,12 @@ async def replay_parked(
         route = topology.route(topology.units_until(due_at, now=now), target)
         headers = replay_headers(message.headers, due_at=due_at)
         try:
-            await publish_confirmed(
+            await publish_copy(
                 underlay,
+                message,
                 exchange=route.exchange,
                 routing_key=route.routing_key,
-                body=message.body,
-                properties=copy_properties(message.properties, headers),
+                headers=headers,
                 timeout=publish_timeout,
             )
         except BaseException:

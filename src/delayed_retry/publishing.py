@@ -12,7 +12,7 @@ import asyncio
 import logging
 import struct
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import aiormq
 import aiormq.abc
@@ -27,7 +27,13 @@ from delayed_retry.errors import (
     PublishTimeoutError,
 )
 
-__all__ = ["DEFAULT_PUBLISH_TIMEOUT", "check_header_size", "copy_properties", "publish_confirmed"]
+__all__ = [
+    "DEFAULT_PUBLISH_TIMEOUT",
+    "check_header_size",
+    "copy_properties",
+    "publish_confirmed",
+    "publish_copy",
+]
 
 log = logging.getLogger(__name__)
 
@@ -150,4 +156,38 @@ async def publish_confirmed(
     raise PublishNotConfirmedError(
         f"exchange {exchange!r} returned the message as unroutable (key {routing_key!r}); "
         "is its alternate exchange missing?"
+    )
+
+
+class _Copyable(Protocol):
+    """A message whose body and properties can be copied: incoming or outgoing."""
+
+    @property
+    def body(self) -> bytes: ...
+
+    @property
+    def properties(self) -> spec.Basic.Properties: ...
+
+
+async def publish_copy(
+    channel: aiormq.abc.AbstractChannel,
+    message: _Copyable,
+    *,
+    exchange: str,
+    routing_key: str,
+    headers: Mapping[str, Any],
+    timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+) -> None:
+    """Publish a persistent copy of ``message`` with ``headers`` and wait for its confirm.
+
+    The copy keeps the body and properties (see :func:`copy_properties`); it
+    raises like :func:`publish_confirmed`.
+    """
+    await publish_confirmed(
+        channel,
+        exchange=exchange,
+        routing_key=routing_key,
+        body=message.body,
+        properties=copy_properties(message.properties, headers),
+        timeout=timeout,
     )

@@ -13,7 +13,7 @@ from delayed_retry.durations import Duration, resolve_due_at, to_epoch_ms, utcno
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers import X_ORIGINAL_EXCHANGE, X_ORIGINAL_ROUTING_KEY, scheduled_headers
 from delayed_retry.observe import Instrumentation, default_instrumentation
-from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
+from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, publish_copy
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = ["publish_delayed"]
@@ -64,12 +64,12 @@ async def publish_delayed(
         routing_key=route.routing_key,
         delay=(to_epoch_ms(due_at) - to_epoch_ms(start)) / 1000,
     ):
-        await publish_confirmed(
+        await publish_copy(
             underlay,
+            message,
             exchange=route.exchange,
             routing_key=route.routing_key,
-            body=message.body,
-            properties=copy_properties(message.properties, headers),
+            headers=headers,
             timeout=publish_timeout,
         )
     return due_at
