@@ -116,6 +116,7 @@ def redrive(
     :class:`~delayed_retry.spark.publisher.PublishRunError` when the broker
     fails part-way (after recording what was confirmed).
     """
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     path_list = [paths] if isinstance(paths, str) else list(paths)
@@ -128,7 +129,33 @@ def redrive(
     frame = _select(spark, read_archive(spark, path_list), where)
     frame = frame.dropDuplicates(["message_key"])
     sent_before = ledger_keys(spark, ledger_path, run_id).withColumn("_sent", F.lit(True))
-    marked = frame.join(sent_before, on="message_key", how="left")
+    # Kept for the publish job, so the archive is read, deduplicated and joined once.
+    marked = frame.join(sent_before, on="message_key", how="left").persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    try:
+        return _run(
+            spark, marked, path_list, run_id, ledger_path, url, rate, dry_run, topology, window, now
+        )
+    finally:
+        marked.unpersist()
+
+
+def _run(
+    spark: Any,
+    marked: Any,
+    path_list: list[str],
+    run_id: str,
+    ledger_path: str,
+    url: str | None,
+    rate: float | None,
+    dry_run: bool,
+    topology: DelayTopology,
+    window: int,
+    now: datetime | None,
+) -> RedriveResult:
+    from pyspark.sql import functions as F
+
     # One small aggregation gives every count the result reports.
     with reading(path_list):
         groups = (
