@@ -7,8 +7,9 @@ fixture, so a test reads top to bottom without a hidden conftest.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from aio_pika.abc import (
 )
 
 from delayed_retry import DelayTopology
+from delayed_retry.topology import QueueType
 
 WAIT = 15.0
 """Generous upper bound for anything a test waits for: a bug fails, a slow machine does not."""
@@ -156,3 +158,18 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = WAIT
         if time.monotonic() > deadline:
             raise AssertionError(f"{check!r} still false after {timeout} s")
         await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def open_scenario(
+    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str, queue_type: QueueType
+) -> AsyncIterator[Scenario]:
+    """A :class:`Scenario` on a 16-level topology of its own, cleaned up afterwards."""
+    scenario = Scenario(
+        connection, unique, DelayTopology(prefix=unique, levels=16, queue_type=queue_type)
+    )
+    await scenario.open()
+    try:
+        yield scenario
+    finally:
+        await scenario.close(rabbitmq_url)

@@ -12,11 +12,10 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from chain_support import WAIT, Inbox, Scenario
+from chain_support import WAIT, Inbox, Scenario, open_scenario
 from delayed_retry import (
     ConfigurationError,
     DelayOutOfRangeError,
-    DelayTopology,
     publish_delayed,
 )
 from delayed_retry.durations import to_epoch_ms
@@ -35,26 +34,16 @@ async def scenario(
     unique: str,
     rabbitmq_url: str,
 ) -> AsyncIterator[Scenario]:
-    s = Scenario(
-        connection, unique, DelayTopology(prefix=unique, levels=16, queue_type=request.param)
-    )
-    await s.open()
-    try:
-        yield s
-    finally:
-        await s.close(rabbitmq_url)
+    async with open_scenario(connection, unique, rabbitmq_url, request.param) as opened:
+        yield opened
 
 
 @pytest.fixture
 async def quorum(
     connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
 ) -> AsyncIterator[Scenario]:
-    s = Scenario(connection, unique, DelayTopology(prefix=unique, levels=16, queue_type="quorum"))
-    await s.open()
-    try:
-        yield s
-    finally:
-        await s.close(rabbitmq_url)
+    async with open_scenario(connection, unique, rabbitmq_url, "quorum") as opened:
+        yield opened
 
 
 async def test_parallel_delays_arrive_in_their_window_never_early(scenario: Scenario) -> None:

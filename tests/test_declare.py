@@ -10,7 +10,7 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from chain_support import Inbox, Scenario, eventually, publish
+from chain_support import Inbox, Scenario, eventually, open_scenario, publish
 from delayed_retry import (
     DelayTopology,
     TopologyMismatchError,
@@ -31,28 +31,16 @@ async def s(
     unique: str,
     rabbitmq_url: str,
 ) -> AsyncIterator[Scenario]:
-    scenario = Scenario(
-        connection, unique, DelayTopology(prefix=unique, levels=16, queue_type=request.param)
-    )
-    await scenario.open()
-    try:
-        yield scenario
-    finally:
-        await scenario.close(rabbitmq_url)
+    async with open_scenario(connection, unique, rabbitmq_url, request.param) as opened:
+        yield opened
 
 
 @pytest.fixture
 async def quorum(
     connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
 ) -> AsyncIterator[Scenario]:
-    scenario = Scenario(
-        connection, unique, DelayTopology(prefix=unique, levels=16, queue_type="quorum")
-    )
-    await scenario.open()
-    try:
-        yield scenario
-    finally:
-        await scenario.close(rabbitmq_url)
+    async with open_scenario(connection, unique, rabbitmq_url, "quorum") as opened:
+        yield opened
 
 
 def count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[object]:
