@@ -142,6 +142,11 @@ class TopologyDeclarer:
         with_parking: bool = True,
     ) -> None:
         """Bind ``queue`` to the end of the chain and, unless told not to, declare its parking."""
+        # with_parking in the key: a binding made for scheduling (no parking) must not
+        # stand in for a consumer's, which also needs its parking queue.
+        done_key = ("destination", topology, queue, parking_queue, with_parking)
+        if done_key in self._done:  # every message comes through here: stay cheap
+            return
         await self.topology(connection, topology)
         exchange, key = topology.delivery_binding(queue)
 
@@ -155,13 +160,7 @@ class TopologyDeclarer:
             if with_parking:
                 await _declare_queue(channel, topology.parking_queue_spec(queue, parking_queue))
 
-        await self._once(
-            # with_parking in the key: a binding made for scheduling (no parking) must not
-            # stand in for a consumer's, which also needs its parking queue.
-            ("destination", topology, queue, parking_queue, with_parking),
-            connection,
-            action,
-        )
+        await self._once(done_key, connection, action)
 
 
 _declarers: weakref.WeakKeyDictionary[aiormq.abc.AbstractConnection, TopologyDeclarer] = (
