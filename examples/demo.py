@@ -20,10 +20,10 @@ from delayed_retry import (
     DelayTopology,
     consume,
     current_retry_state,
+    peek_parked,
     publish_delayed,
     with_delayed_retry,
 )
-from delayed_retry.parking import peek_parked
 from delayed_retry.testing import broker_url
 
 

@@ -32,6 +32,7 @@ from delayed_retry.middleware import (
 )
 from delayed_retry.monitor import ChainMonitor
 from delayed_retry.observe import Instrumentation, NoInstrumentation
+from delayed_retry.parking import ParkedMessage, ReplayResult, peek_parked, replay_parked
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
 from delayed_retry.scheduling import publish_delayed
 from delayed_retry.telemetry import OpenTelemetryInstrumentation
@@ -49,6 +50,11 @@ __all__ = [
     "current_retry_state",
     # scheduling
     "publish_delayed",
+    # parking
+    "peek_parked",
+    "replay_parked",
+    "ParkedMessage",
+    "ReplayResult",
     # topology
     "DelayTopology",
     "DEFAULT_TOPOLOGY",
