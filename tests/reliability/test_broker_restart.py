@@ -23,6 +23,7 @@ from ._support import QUORUM, Ledger, depth, wait_until
 MESSAGES = 2000
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("fault", ["restart", "kill"])
 async def test_messages_in_the_chain_survive_a_broker_restart(
     running_node: RabbitMQNode, unique: str, fault: str
@@ -84,7 +85,10 @@ async def test_messages_in_the_chain_survive_a_broker_restart(
         await q.consume(on_message)
         await wait_until(
             lambda: set(ledger.handled) >= ledger.sent,
-            timeout=90,
+            # A message the crash caught between two levels is dead-lettered again when the
+            # broker's at-least-once dead-letter worker times out its unconfirmed publish:
+            # dead_letter_worker_publisher_confirm_timeout, 180 s by default. Late, not lost.
+            timeout=240,
             what=f"all {MESSAGES} delayed messages after the broker {fault}",
         )
         counts = ledger.report(f"broker-{fault}-with-{MESSAGES}-in-chain")
