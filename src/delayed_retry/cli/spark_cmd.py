@@ -7,29 +7,12 @@ import asyncio
 import functools
 import sys
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
+from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
-from delayed_retry.topology import DelayTopology
 
 __all__ = ["register"]
-
-
-def _topology_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--prefix", default="delayed-retry", help="delay topology prefix (default: delayed-retry)"
-    )
-    parser.add_argument("--levels", type=int, default=36, help="delay topology levels (default 36)")
-    parser.add_argument(
-        "--unit-ms", type=int, default=1, help="delay topology unit in milliseconds (default 1)"
-    )
-
-
-def _topology(args: argparse.Namespace) -> DelayTopology:
-    return DelayTopology(
-        prefix=args.prefix, levels=args.levels, unit=timedelta(milliseconds=args.unit_ms)
-    )
 
 
 def _spark(args: argparse.Namespace) -> Any:
@@ -80,7 +63,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             idle_timeout=args.idle_timeout,
             max_messages=args.max,
-            topology=_topology(args),
+            topology=topology_from_args(args),
         )
     )
     print(f"archived {result.messages} messages of {result.queue!r} in {len(result.files)} files")
@@ -125,7 +108,7 @@ def cmd_redrive(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
             redrive_id=args.redrive_id,
             ledger=args.ledger,
-            topology=_topology(args),
+            topology=topology_from_args(args),
         )
     verb = "would send" if result.dry_run else "sent"
     count = result.to_send if result.dry_run else result.sent
@@ -167,7 +150,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             schedule_id=args.schedule_id,
             ledger=args.ledger,
             url=args.url,
-            topology=_topology(args),
+            topology=topology_from_args(args),
         )
     print(
         f"schedule {result.schedule_id}: {result.rows} rows, sent {result.sent}, "
@@ -190,7 +173,7 @@ def register(subparsers: Any) -> None:
         "--idle-timeout", type=float, default=1.0, help="stop after the queue is empty this long"
     )
     p.add_argument("--max", type=int, default=None, help="archive at most this many messages")
-    _topology_options(p)
+    add_topology_args(p)
     p.set_defaults(func=cmd_archive)
 
     spark = subparsers.add_parser("spark", help="analyse, redrive and schedule with PySpark")
@@ -219,7 +202,7 @@ def register(subparsers: Any) -> None:
     r.add_argument("--redrive-id", default=None, help="id for the ledger (default: from the input)")
     r.add_argument("--ledger", default=None, help="ledger folder (default <archive>/_ledger)")
     with_master(r)
-    _topology_options(r)
+    add_topology_args(r)
     r.set_defaults(func=cmd_redrive)
 
     s = commands.add_parser("schedule", help="schedule one delayed message per row of a file")
@@ -232,7 +215,7 @@ def register(subparsers: Any) -> None:
     s.add_argument("--schedule-id", required=True, help="name of this schedule, for the ledger")
     s.add_argument("--ledger", required=True, help="ledger folder")
     with_master(s)
-    _topology_options(s)
+    add_topology_args(s)
     s.set_defaults(func=cmd_schedule)
 
 
