@@ -308,7 +308,6 @@ async def consume(
             "connection.channel(publisher_confirms=True), aio-pika's default"
         )
     await bound.declare(queue.channel)
-    underlay = await underlay_of(queue.channel)
     warn_about_delivery_limit(
         queue=queue.name,
         arguments=getattr(queue, "arguments", None),
