@@ -162,11 +162,11 @@ class FailingSink:
         self.ok = ok
         self.calls = 0
 
-    def write(self, table: Any, relative_dir: str) -> str:
+    def write(self, table: Any, relative_dir: str, *, stem: str = "part") -> str:
         self.calls += 1
         if self.calls > self.ok:
             raise OSError(28, "No space left on device")
-        return self.inner.write(table, relative_dir)
+        return self.inner.write(table, relative_dir, stem=stem)
 
 
 @pytest.mark.parametrize("ok_batches", [0, 1])

@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.spark.ledger import append_ledger, ledger_keys
+from delayed_retry.spark.ledger import ledger_keys
 from delayed_retry.spark.publisher import (
-    PUBLISH_COLUMNS,
     PublishJob,
-    PublishRunError,
     declare_destinations,
     run_publish,
 )
@@ -161,27 +159,35 @@ def schedule_dataframe(
         F.lit(None).cast("string").alias("message_id"),
         F.lit(None).cast("string").alias("correlation_id"),
     )
-    missing = rows.where(F.col("due_at_ms").isNull() | F.col("message_key").isNull())
-    if missing.limit(1).count():
+    # One pass counts the rows and finds null keys or due times.
+    counts = rows.agg(
+        F.count(F.lit(1)).alias("total"),
+        F.count(F.when(F.col("due_at_ms").isNull() | F.col("message_key").isNull(), 1)).alias(
+            "null"
+        ),
+    ).first()
+    if counts["null"]:
         raise ConfigurationError(
-            "due_at or key is null in some rows; filter them out or fill them in"
+            f"due_at or key is null in {counts['null']} of {counts['total']} rows; filter them "
+            "out or fill them in"
         )
-    total = rows.count()
+    total = int(counts["total"])
     pending = rows.dropDuplicates(["message_key"]).join(
         ledger_keys(df.sparkSession, ledger, schedule_id), on="message_key", how="left_anti"
     )
-    pending = pending.select(*PUBLISH_COLUMNS)
     asyncio.run(declare_destinations(url, topology, [queue]))
     job = PublishJob(
-        url=url, topology=topology, run_id=schedule_id, run_header=X_SCHEDULE_ID, window=window
+        url=url,
+        topology=topology,
+        run_id=schedule_id,
+        run_header=X_SCHEDULE_ID,
+        ledger=ledger,
+        window=window,
     )
-    outcome = run_publish(pending.rdd.map(tuple), job)
-    append_ledger(ledger, schedule_id, outcome.sent)
-    sent = len(outcome.sent)
-    if outcome.errors:
-        raise PublishRunError(
-            f"schedule {schedule_id!r} sent {sent} rows, then failed: {outcome.errors[0]}; "
-            f"the ledger {ledger!r} records them, so call it again with the same schedule_id "
-            "to send the rest"
-        )
-    return ScheduleResult(schedule_id=schedule_id, rows=total, already_sent=total - sent, sent=sent)
+    outcome = run_publish(pending, job)
+    outcome.raise_for_errors(
+        f"schedule {schedule_id!r}", rerun="call it again with the same schedule_id"
+    )
+    return ScheduleResult(
+        schedule_id=schedule_id, rows=total, already_sent=total - outcome.sent, sent=outcome.sent
+    )

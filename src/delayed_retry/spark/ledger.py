@@ -4,22 +4,24 @@ A ledger is a Parquet dataset of ``(run_id, message_key, sent_at)`` rows
 (:data:`~delayed_retry.spark.schema.LEDGER_COLUMNS`), one row per publish the
 broker confirmed. Before sending, rows whose key the ledger already holds
 for the same run id are anti-joined away, so running the same redrive or
-schedule again sends only what is missing. The driver appends to it once
-per run, with the same durable write as the archive.
+schedule again sends only what is missing.
+
+The executors write it: each partition appends what the broker confirmed
+in chunks (:class:`LedgerWriter`), with the same durable write as the
+archive, named after the publish and the partition so that a retried task
+can skip what its failed attempt already sent (:func:`recorded_keys`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from delayed_retry.spark.schema import ledger_arrow_schema, ledger_spark_schema
 from delayed_retry.spark.sinks import sink_for
 
-__all__ = ["append_ledger", "ledger_keys", "path_exists"]
+__all__ = ["LedgerWriter", "ledger_files", "ledger_keys", "path_exists", "recorded_keys"]
 
 
 def path_exists(path: str) -> bool:
@@ -43,18 +45,88 @@ def ledger_keys(spark: Any, ledger: str, run_id: str) -> Any:
     return frame.where(F.col("run_id") == F.lit(run_id)).select("message_key").distinct()
 
 
-def append_ledger(ledger: str, run_id: str, sent: Sequence[tuple[str, datetime]]) -> str | None:
-    """Record ``sent`` (message key, confirm time) under ``run_id``; returns the new file."""
-    if not sent:
-        return None
-    import pyarrow as pa
+def _filesystem(ledger: str) -> tuple[Any, str]:
+    import pyarrow.fs as pafs
 
-    table = pa.Table.from_pydict(
-        {
-            "run_id": [run_id] * len(sent),
-            "message_key": [key for key, _ in sent],
-            "sent_at": [when for _, when in sent],
-        },
-        schema=ledger_arrow_schema(),
-    )
-    return sink_for(ledger).write(table, "")
+    scheme = urlsplit(ledger).scheme
+    if scheme in ("", "file"):
+        return pafs.LocalFileSystem(), os.path.abspath(
+            urlsplit(ledger).path if scheme == "file" else ledger
+        )
+    filesystem, root = pafs.FileSystem.from_uri(ledger)
+    return filesystem, root
+
+
+def ledger_files(ledger: str, stem: str) -> list[str]:
+    """The names of the ledger files whose names start with ``stem`` (no folder)."""
+    import pyarrow.fs as pafs
+
+    filesystem, root = _filesystem(ledger)
+    infos = filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    return sorted(i.base_name for i in infos if i.is_file and i.base_name.startswith(f"{stem}-"))
+
+
+def recorded_keys(ledger: str, stem: str) -> set[str]:
+    """The keys in the ledger files named ``<stem>-*``: what a task's earlier attempts sent."""
+    import pyarrow.parquet as pq
+
+    filesystem, root = _filesystem(ledger)
+    keys: set[str] = set()
+    for name in ledger_files(ledger, stem):
+        table = pq.read_table(f"{root}/{name}", columns=["message_key"], filesystem=filesystem)
+        keys.update(table.column("message_key").to_pylist())
+    return keys
+
+
+class LedgerWriter:
+    """Records the confirmed sends of one partition, a durable file per ``every`` sends.
+
+    Use one per partition: :meth:`add` each confirmed key, call :meth:`flush`
+    when :attr:`due` and once at the end. A crash loses at most the keys added
+    since the last flush, and those are sent again by a re-run.
+    """
+
+    def __init__(self, ledger: str, run_id: str, *, stem: str, every: int) -> None:
+        self._sink = sink_for(ledger)
+        self._run_id = run_id
+        self._stem = stem
+        self._every = every
+        self._keys: list[str] = []
+        self._sent_ms: list[int] = []
+        self.recorded = 0
+        self.files: list[str] = []
+        """Names (no folder) of the files written so far."""
+
+    @property
+    def pending(self) -> int:
+        """Confirmed keys not yet in a ledger file."""
+        return len(self._keys)
+
+    @property
+    def due(self) -> bool:
+        """Whether enough keys wait to be worth a file."""
+        return len(self._keys) >= self._every
+
+    def add(self, key: str, sent_ms: int) -> None:
+        """Note that the broker confirmed ``key`` at ``sent_ms`` (epoch milliseconds)."""
+        self._keys.append(key)
+        self._sent_ms.append(sent_ms)
+
+    def flush(self) -> None:
+        """Write the pending keys to a new ledger file; raises when it cannot."""
+        if not self._keys:
+            return
+        import pyarrow as pa
+
+        keys, sent_ms = self._keys, self._sent_ms
+        table = pa.Table.from_pydict(
+            {
+                "run_id": [self._run_id] * len(keys),
+                "message_key": keys,
+                "sent_at": pa.array(sent_ms, pa.timestamp("ms", tz="UTC")),
+            },
+            schema=ledger_arrow_schema(),
+        )
+        self.files.append(os.path.basename(self._sink.write(table, "", stem=self._stem)))
+        self.recorded += len(keys)
+        self._keys, self._sent_ms = [], []

@@ -1,12 +1,14 @@
 """Publish a DataFrame's rows through the delay chain from the Spark executors.
 
-Each partition opens one aio-pika connection, publishes its rows with
-publisher confirms (a bounded window of publishes in flight), and returns
-the keys the broker confirmed together with the first error, if any. It
-never raises, so Spark never retries a half-sent partition; the driver
-records the confirmed keys in the ledger and then reports the error.
-
-Rows reaching :func:`publish_rows` follow :data:`PUBLISH_COLUMNS`.
+Rows reach the executors as Arrow batches (``mapInArrow``), in the columns
+of :data:`PUBLISH_COLUMNS`. Each partition opens one AMQP connection,
+publishes with publisher confirms (a bounded window in flight), and records
+every confirmed key in the ledger itself, a file per
+:attr:`PublishJob.ledger_every` confirms. It never raises: it returns how
+many rows it sent, its first error and the ledger files it wrote, so Spark
+never retries a half-sent partition because of the broker. If Spark retries
+the task anyway (a lost executor), the new attempt skips the keys its
+earlier attempts recorded.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from functools import lru_cache, partial
 from typing import Any
 
 from delayed_retry import encoding
@@ -30,7 +33,9 @@ __all__ = [
     "PublishOutcome",
     "PublishRunError",
     "declare_destinations",
-    "publish_rows",
+    "publish_attempt",
+    "publish_partition",
+    "run_publish",
 ]
 
 log = logging.getLogger(__name__)
@@ -46,7 +51,10 @@ PUBLISH_COLUMNS = (
     "message_id",
     "correlation_id",
 )
-"""Order of the fields of each row handed to the executors."""
+"""The columns of a DataFrame handed to :func:`run_publish`, in this order."""
+
+RESULT_SCHEMA = "sent long, error string, files array<string>"
+"""What each partition returns: rows confirmed, first error (or null), ledger files written."""
 
 
 class PublishRunError(DelayedRetryError):
@@ -61,120 +69,231 @@ class PublishJob:
     topology: DelayTopology
     run_id: str
     run_header: str
+    ledger: str
+    token: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     window: int = 256
     publish_timeout: float = 30.0
     drop_headers: tuple[str, ...] = ()
+    ledger_every: int = 20_000
+
+
+_LEDGER_FAILED = "the ledger cannot be written"
 
 
 @dataclass(frozen=True, kw_only=True)
 class PublishOutcome:
-    """What a run sent: the confirmed (key, time) pairs, and the first error of each partition."""
+    """What a run sent: rows confirmed (all in the ledger), and each partition's first error."""
 
-    sent: tuple[tuple[str, datetime], ...]
+    sent: int
     errors: tuple[str, ...]
+    files: tuple[str, ...]
+    ledger: str
+
+    def raise_for_errors(self, what: str, *, rerun: str, of: int | None = None) -> None:
+        """Raise :class:`PublishRunError` saying what ``what`` sent and how to finish, if it failed.
+
+        ``rerun`` completes "so ... to send the rest", e.g. "run the same command again".
+        """
+        if not self.errors:
+            return
+        ledger_errors = [e for e in self.errors if e.startswith(_LEDGER_FAILED)]
+        if ledger_errors:
+            raise PublishRunError(
+                f"{what} stopped after {self.sent} recorded sends: {ledger_errors[0]}"
+            )
+        total = f" of {of}" if of is not None else ""
+        raise PublishRunError(
+            f"{what} sent {self.sent}{total} messages, then failed: {self.errors[0]}; the "
+            f"ledger {self.ledger!r} records the {self.sent}, so {rerun} to send the rest"
+        )
+
+
+@lru_cache(maxsize=1024)
+def _decoded_headers(text: str | None) -> dict[str, Any]:
+    """Headers JSON decoded and sanitized once per distinct text (bulk rows often share it)."""
+    from delayed_retry.headers import sanitize_headers
+    from delayed_retry.spark.codec import headers_from_json
+
+    return sanitize_headers(headers_from_json(text))
 
 
 def _properties(row: Sequence[Any], job: PublishJob, due_ms: int) -> Any:
     from pamqp import commands as spec
 
-    from delayed_retry.headers import scheduled_headers
-    from delayed_retry.spark.codec import headers_from_json
+    from delayed_retry.headers import X_DUE_AT
 
-    headers = headers_from_json(row[4])
+    headers = dict(_decoded_headers(row[4]))
     for name in job.drop_headers:
         headers.pop(name, None)
     headers[job.run_header] = job.run_id
+    headers[X_DUE_AT] = due_ms
     return spec.Basic.Properties(
         content_type=row[5],
         content_encoding=row[6],
-        headers=scheduled_headers(headers, due_at=from_epoch_ms(due_ms)),
+        headers=headers,
         delivery_mode=2,
         message_id=row[7],
         correlation_id=row[8],
     )
 
 
+def _rows(batches: Iterable[Any], skip: set[str]) -> Iterator[tuple[Any, ...]]:
+    """The rows of Arrow record batches as tuples, without the keys in ``skip``."""
+    for batch in batches:
+        columns = [batch.column(name).to_pylist() for name in PUBLISH_COLUMNS]
+        for row in zip(*columns, strict=True):
+            if row[0] not in skip:
+                yield row
+
+
 async def _publish_partition(
-    job: PublishJob, rows: Iterable[Sequence[Any]]
-) -> tuple[list[tuple[str, int]], list[str]]:
-    import aio_pika
+    job: PublishJob, rows: Iterable[Sequence[Any]], ledger: Any
+) -> str | None:
+    """Publish ``rows``, adding each confirmed key to ``ledger``; return the first error."""
+    import aiormq
 
     from delayed_retry.publishing import publish_confirmed
 
-    sent: list[tuple[str, int]] = []
     errors: list[str] = []
     try:
-        connection = await aio_pika.connect(job.url, timeout=job.publish_timeout)
+        connection = await asyncio.wait_for(aiormq.connect(job.url), job.publish_timeout)
     except Exception as exc:
-        return sent, [f"cannot connect to the broker: {exc!r}"]
+        return f"cannot connect to the broker: {exc!r}"
     try:
         channel = await connection.channel(publisher_confirms=True)
-        underlay = await channel.get_underlay_channel()
         slots = asyncio.Semaphore(job.window)
         tasks: set[asyncio.Task[None]] = set()
-        unit_ms = job.topology.unit_ms
+        topology = job.topology
+        unit_ms = topology.unit_ms
 
         async def one(row: Sequence[Any]) -> None:
             try:
                 due_ms = int(row[2])
                 # Floor of now: the computed delay is never shorter than the true one.
                 units = encoding.units_for_ms(max(due_ms - time.time_ns() // 1_000_000, 0), unit_ms)
-                if units > job.topology.max_units:
+                if units > topology.max_units:
                     raise DelayOutOfRangeError(
                         f"row {row[0]!r} is due at {from_epoch_ms(due_ms)}, beyond the "
-                        f"{job.topology.max_delay} the topology holds; add levels"
+                        f"{topology.max_delay} the topology holds; add levels"
                     )
-                route = job.topology.route(units, row[1])
+                route = topology.route(units, row[1])
                 await publish_confirmed(
-                    underlay,
+                    channel,
                     exchange=route.exchange,
                     routing_key=route.routing_key,
                     body=bytes(row[3]),
                     properties=_properties(row, job, due_ms),
                     timeout=job.publish_timeout,
                 )
-                sent.append((row[0], time.time_ns() // 1_000_000))
+                ledger.add(row[0], time.time_ns() // 1_000_000)
             except Exception as exc:
                 if not errors:
                     errors.append(str(exc) or repr(exc))
             finally:
                 slots.release()
 
-        for row in rows:
-            if errors:
-                break
-            await slots.acquire()
-            task = asyncio.create_task(one(row))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
+        try:
+            for row in rows:
+                if errors:
+                    break
+                await slots.acquire()
+                if ledger.due:
+                    _flush(ledger, errors)
+                task = asyncio.create_task(one(row))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            # Publishes in flight finish (confirmed or not) before the ledger's last flush.
+            if tasks:
+                await asyncio.gather(*tasks)
+    except Exception as exc:  # the channel would not open, or reading the rows failed
+        errors.append(str(exc) or repr(exc))
     finally:
+        _flush(ledger, errors)
         try:
             await connection.close()
-        except Exception:  # the broker may be gone; what was confirmed is known
+        except Exception:  # the broker may be gone; what was confirmed is recorded
             log.debug("closing a publisher connection failed", exc_info=True)
-    return sent, errors
+    return errors[0] if errors else None
 
 
-def publish_rows(
-    job: PublishJob, rows: Iterator[Any]
-) -> Iterator[tuple[list[tuple[str, int]], list[str]]]:
-    """The ``mapPartitions`` function: publish one partition, yield one (sent, errors) pair."""
-    yield asyncio.run(_publish_partition(job, (tuple(r) for r in rows)))
+def _flush(ledger: Any, errors: list[str]) -> None:
+    pending = ledger.pending
+    try:
+        ledger.flush()
+    except Exception as exc:
+        # Confirmed but unrecorded: stop, and say that a re-run sends these again.
+        errors.insert(
+            0,
+            f"{_LEDGER_FAILED} ({exc}); {pending} confirmed messages are not recorded and a "
+            "re-run sends them again. Fix the ledger storage first",
+        )
 
 
-def run_publish(rdd: Any, job: PublishJob) -> PublishOutcome:
-    """Publish every row of ``rdd`` (rows in :data:`PUBLISH_COLUMNS` order) from the executors."""
-    from functools import partial
+def publish_partition(job: PublishJob, batches: Iterator[Any]) -> Iterator[Any]:
+    """The ``mapInArrow`` function: publish one partition, yield its :data:`RESULT_SCHEMA` row."""
+    from pyspark import TaskContext
 
-    results = rdd.mapPartitions(partial(publish_rows, job)).collect()
-    sent: list[tuple[str, datetime]] = []
-    errors: list[str] = []
-    for part_sent, part_errors in results:
-        sent.extend((key, from_epoch_ms(ms)) for key, ms in part_sent)
-        errors.extend(part_errors)
-    return PublishOutcome(sent=tuple(sent), errors=tuple(errors))
+    context = TaskContext.get()
+    yield publish_attempt(
+        job,
+        batches,
+        partition=context.partitionId() if context is not None else 0,
+        retried=context is not None and context.attemptNumber() > 0,
+    )
+
+
+def publish_attempt(
+    job: PublishJob, batches: Iterable[Any], *, partition: int, retried: bool
+) -> Any:
+    """One attempt at one partition; a ``retried`` attempt skips what earlier ones recorded.
+
+    Returns a one-row Arrow batch of :data:`RESULT_SCHEMA`.
+    """
+    import pyarrow as pa
+
+    from delayed_retry.spark.ledger import LedgerWriter, recorded_keys
+
+    stem = f"part-{job.token}-p{partition:05d}"
+    ledger = LedgerWriter(job.ledger, job.run_id, stem=stem, every=job.ledger_every)
+    skip = recorded_keys(job.ledger, stem) if retried else set()
+    error = asyncio.run(_publish_partition(job, _rows(batches, skip), ledger))
+    return pa.RecordBatch.from_pydict(
+        {"sent": [ledger.recorded], "error": [error], "files": [ledger.files]},
+        schema=pa.schema(
+            [("sent", pa.int64()), ("error", pa.string()), ("files", pa.list_(pa.string()))]
+        ),
+    )
+
+
+def run_publish(frame: Any, job: PublishJob) -> PublishOutcome:
+    """Publish every row of ``frame`` (columns :data:`PUBLISH_COLUMNS`) from the executors.
+
+    Raises :class:`PublishRunError` when the executors wrote ledger files the
+    driver cannot see: the ledger must be on storage both reach.
+    """
+    from delayed_retry.spark.ledger import ledger_files
+    from delayed_retry.spark.sinks import sink_for
+
+    sink_for(job.ledger)  # a ledger that cannot be written fails here, before any send
+    results = (
+        frame.select(*PUBLISH_COLUMNS)
+        .mapInArrow(partial(publish_partition, job), RESULT_SCHEMA)
+        .collect()
+    )
+    sent = sum(int(r["sent"]) for r in results)
+    errors = tuple(r["error"] for r in results if r["error"])
+    files = tuple(f for r in results for f in r["files"] or ())
+    visible = set(ledger_files(job.ledger, f"part-{job.token}")) if files else set()
+    unseen = sorted(set(files) - visible)
+    if unseen:
+        raise PublishRunError(
+            f"the executors recorded {sent} sends in ledger files the driver cannot see in "
+            f"{job.ledger!r} (such as {unseen[0]!r}); put the ledger on storage every executor "
+            "and the driver reach (HDFS, S3, a shared mount) before running again, or those "
+            "messages are sent twice"
+        )
+    return PublishOutcome(sent=sent, errors=errors, files=files, ledger=job.ledger)
 
 
 async def declare_destinations(

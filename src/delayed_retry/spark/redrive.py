@@ -25,10 +25,9 @@ from delayed_retry.durations import from_epoch_ms, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import X_RETRY
 from delayed_retry.spark.dataset import read_archive, reading
-from delayed_retry.spark.ledger import append_ledger, ledger_keys
+from delayed_retry.spark.ledger import ledger_keys
 from delayed_retry.spark.publisher import (
     PublishJob,
-    PublishRunError,
     declare_destinations,
     run_publish,
 )
@@ -200,12 +199,23 @@ def _run(
         return result
     assert url is not None
     asyncio.run(declare_destinations(url, topology, sorted(by_queue)))
+    job = PublishJob(
+        url=url,
+        topology=topology,
+        run_id=run_id,
+        run_header=X_REDRIVE_ID,
+        ledger=ledger_path,
+        window=window,
+        drop_headers=(X_RETRY,),
+    )
     if rate:
-        # Oldest parked first; message i is due at start + i / rate.
-        sendable = sendable.orderBy(F.col("parked_at").asc_nulls_first(), "message_key")
+        sendable, due = _spread(sendable, start_ms, rate)
+    else:
+        due = F.lit(start_ms)
     columns = sendable.select(
         "message_key",
         F.col("origin_queue").alias("destination"),
+        due.alias("due_at_ms"),
         "body",
         "headers_json",
         "content_type",
@@ -213,27 +223,49 @@ def _run(
         "message_id",
         "correlation_id",
     )
-    indexed = columns.rdd.zipWithIndex() if rate else columns.rdd.map(lambda row: (row, 0))
-    rows = indexed.map(lambda pair: (pair[0][0], pair[0][1], due_ms(pair[1]), *tuple(pair[0])[2:]))
-    job = PublishJob(
-        url=url,
-        topology=topology,
-        run_id=run_id,
-        run_header=X_REDRIVE_ID,
-        window=window,
-        drop_headers=(X_RETRY,),
+    try:
+        with reading(path_list):
+            outcome = run_publish(columns, job)
+    finally:
+        if rate:
+            sendable.unpersist()
+    outcome.raise_for_errors(
+        f"redrive {run_id!r}", of=to_send, rerun="run the same command again once it is fixed"
     )
-    with reading(path_list):
-        outcome = run_publish(rows, job)
-    append_ledger(ledger_path, run_id, outcome.sent)
-    sent = len(outcome.sent)
-    if outcome.errors:
-        raise PublishRunError(
-            f"redrive {run_id!r} sent {sent} of {to_send} messages, then failed: "
-            f"{outcome.errors[0]}; the ledger {ledger_path!r} records the {sent}, so run the "
-            "same command again once the broker is back to send the rest"
-        )
-    return RedriveResult(**{**result.__dict__, "sent": sent})
+    return RedriveResult(**{**result.__dict__, "sent": outcome.sent})
+
+
+def _spread(frame: Any, start_ms: int, rate: float) -> tuple[Any, Any]:
+    """``frame`` oldest parked first (persisted), and a due-time column spreading it at ``rate``.
+
+    Row ``i`` in (``parked_at``, ``message_key``) order is due at
+    ``start + ceil(i * 1000 / rate)`` ms. ``i`` is computed as ``zipWithIndex``
+    does, without leaving the DataFrame: the sorted partitions are in order,
+    ``monotonically_increasing_id`` holds the partition number above bit 33
+    and the position within the partition below, and a partition's offset is
+    the row count of the partitions before it. Unpersist the frame when done.
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    ordered = (
+        frame.orderBy(F.col("parked_at").asc_nulls_first(), "message_key")
+        .withColumn("_row_id", F.monotonically_increasing_id())
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    partition = F.shiftright(F.col("_row_id"), 33)
+    counts = sorted(
+        (int(r["p"]), int(r["n"]))
+        for r in ordered.groupBy(partition.alias("p")).agg(F.count(F.lit(1)).alias("n")).collect()
+    )
+    offsets: list[Any] = []
+    before = 0
+    for number, n in counts:
+        offsets += [F.lit(number), F.lit(before)]
+        before += n
+    index = F.create_map(*offsets)[partition] + F.col("_row_id").bitwiseAND(F.lit((1 << 33) - 1))
+    due = F.lit(start_ms) + F.ceil(index * F.lit(1000) / F.lit(float(rate)))
+    return ordered, due.cast("long")
 
 
 def _default_ledger(archive: str) -> str:

@@ -30,16 +30,17 @@ class ArchiveSinkError(DelayedRetryError):
 class ArchiveSink(Protocol):
     """Something that stores Parquet part files durably."""
 
-    def write(self, table: Any, relative_dir: str) -> str:
-        """Store ``table`` as a new part file under ``relative_dir``; return its full path.
+    def write(self, table: Any, relative_dir: str, *, stem: str = "part") -> str:
+        """Store ``table`` as a new file ``<stem>-<uuid>.parquet`` under ``relative_dir``.
 
-        Returns only once the file is durable and visible; raises otherwise.
+        Returns the file's full path only once it is durable and visible;
+        raises otherwise.
         """
         ...
 
 
-def _part_name() -> str:
-    return f"part-{uuid.uuid4().hex}.parquet"
+def _part_name(stem: str) -> str:
+    return f"{stem}-{uuid.uuid4().hex}.parquet"
 
 
 class LocalSink:
@@ -59,12 +60,12 @@ class LocalSink:
                 f"the folder {self.root!r} is not writable; fix its permissions or choose another"
             )
 
-    def write(self, table: Any, relative_dir: str) -> str:
+    def write(self, table: Any, relative_dir: str, *, stem: str = "part") -> str:
         import pyarrow.parquet as pq
 
         folder = os.path.join(self.root, relative_dir)
         os.makedirs(folder, exist_ok=True)
-        name = _part_name()
+        name = _part_name(stem)
         final = os.path.join(folder, name)
         temp = os.path.join(folder, f".{name}.tmp")
         try:
@@ -97,12 +98,12 @@ class ArrowFileSystemSink:
         self.root = root.rstrip("/")
         self.uri = uri
 
-    def write(self, table: Any, relative_dir: str) -> str:
+    def write(self, table: Any, relative_dir: str, *, stem: str = "part") -> str:
         import pyarrow.parquet as pq
 
-        folder = f"{self.root}/{relative_dir}"
+        folder = f"{self.root}/{relative_dir}" if relative_dir else self.root
         self.filesystem.create_dir(folder, recursive=True)
-        path = f"{folder}/{_part_name()}"
+        path = f"{folder}/{_part_name(stem)}"
         with self.filesystem.open_output_stream(path) as stream:
             pq.write_table(table, stream, compression="zstd")
         return path

@@ -1,0 +1,172 @@
+"""The executors' publisher: rate spreading across partitions, task retries, ledger storage."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pytest
+
+from delayed_retry.spark import ArchiveSinkError, PublishRunError, schedule_dataframe
+from delayed_retry.spark.publisher import PUBLISH_COLUMNS, PublishJob, publish_attempt
+from delayed_retry.spark.redrive import _spread
+from delayed_retry.topology import DelayTopology
+
+pytestmark = pytest.mark.spark
+
+T0 = datetime(2024, 3, 1, 10, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("rate", [20.0, 3.0, 7000.0])
+def test_spread_numbers_rows_oldest_first_across_partitions(spark: Any, rate: float) -> None:
+    n = 300
+    minutes = list(range(n))
+    random.Random(7).shuffle(minutes)
+    frame = spark.createDataFrame(
+        [(f"k{m:04d}", T0 + timedelta(minutes=m)) for m in minutes],
+        "message_key string, parked_at timestamp",
+    ).repartition(5)
+    ordered, due = _spread(frame, 1_000, rate)
+    try:
+        assert ordered.rdd.getNumPartitions() > 1  # the offsets are really exercised
+        got = sorted(ordered.select("parked_at", due.alias("due")).collect())
+    finally:
+        ordered.unpersist()
+    # The i-th oldest is due at start + ceil(i * 1000 / rate): no gap, no repeat.
+    assert [row["due"] for row in got] == [1_000 + math.ceil(i * 1000 / rate) for i in range(n)]
+
+
+def _batches(
+    keys: list[str], queue: str, fail_after: int | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Rows due now as Arrow batches of 4; raises after ``fail_after`` batches (a lost input)."""
+    now = time.time_ns() // 1_000_000
+    for start in range(0, len(keys), 4):
+        if fail_after is not None and start // 4 == fail_after:
+            raise OSError("executor lost its input")
+        chunk = keys[start : start + 4]
+        columns = {
+            "message_key": chunk,
+            "destination": [queue] * len(chunk),
+            "due_at_ms": [now] * len(chunk),
+            "body": [k.encode() for k in chunk],
+            "headers_json": ['{"x-tenant": "t1"}'] * len(chunk),
+            "content_type": ["text/plain"] * len(chunk),
+            "content_encoding": [None] * len(chunk),
+            "message_id": [None] * len(chunk),
+            "correlation_id": [None] * len(chunk),
+        }
+        yield pa.RecordBatch.from_pydict({c: columns[c] for c in PUBLISH_COLUMNS})
+
+
+async def _drain(url: str, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    connection = await aio_pika.connect(url)
+    channel = await connection.channel()
+    source = await channel.declare_queue(queue, passive=True)
+    messages = []
+    while (message := await source.get(fail=False, no_ack=True)) is not None:
+        messages.append(message)
+    await connection.close()
+    return messages
+
+
+async def _declare(url: str, topology: DelayTopology, queue: str) -> None:
+    connection = await aio_pika.connect(url)
+    channel = await connection.channel()
+    await channel.declare_queue(queue, durable=True)
+    await topology.declare(channel, queues=[queue])
+    await connection.close()
+
+
+def test_a_retried_task_sends_only_what_its_failed_attempt_did_not_record(
+    rabbitmq_url: str, unique: str, tmp_path: Path
+) -> None:
+    topology = DelayTopology(prefix=unique, levels=8, queue_type="classic")
+    asyncio.run(_declare(rabbitmq_url, topology, unique))
+    keys = [f"row-{i:02d}" for i in range(20)]
+    job = PublishJob(
+        url=rabbitmq_url,
+        topology=topology,
+        run_id="s1",
+        run_header="x-schedule-id",
+        ledger=str(tmp_path / "ledger"),
+        ledger_every=3,
+    )
+    first = publish_attempt(job, _batches(keys, unique, fail_after=2), partition=3, retried=False)
+    assert first.column("error")[0].as_py() == "executor lost its input"
+    assert first.column("sent")[0].as_py() == 8
+    second = publish_attempt(job, _batches(keys, unique), partition=3, retried=True)
+    assert second.column("error")[0].as_py() is None
+    assert second.column("sent")[0].as_py() == 12
+
+    messages = asyncio.run(_drain(rabbitmq_url, unique))
+    assert sorted(m.body.decode() for m in messages) == keys  # each once
+    assert {m.headers["x-tenant"] for m in messages} == {"t1"}
+    ledger = pads.dataset(str(tmp_path / "ledger"), format="parquet").to_table()
+    assert sorted(ledger.column("message_key").to_pylist()) == keys
+    for attempt in (first, second):
+        files = attempt.column("files")[0].as_py()
+        assert files and all(f.startswith(f"part-{job.token}-p00003-") for f in files)
+
+
+def _reminders(spark: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return spark.range(6).select(
+        F.col("id").cast("string").alias("id"),
+        F.current_timestamp().alias("due"),
+        F.struct("id").alias("payload"),
+    )
+
+
+def test_a_ledger_the_driver_cannot_see_is_an_error(
+    spark: Any, rabbitmq_url: str, unique: str
+) -> None:
+    # pyarrow's mock:// filesystem lives in memory, one per opening: what the executors
+    # write there, the driver cannot see, like a local folder on a cluster's executors.
+    topology = DelayTopology(prefix=unique, levels=8, queue_type="classic")
+    asyncio.run(_declare(rabbitmq_url, topology, unique))
+    with pytest.raises(PublishRunError, match="driver cannot see") as info:
+        schedule_dataframe(
+            _reminders(spark),
+            queue=unique,
+            due_at="due",
+            body="payload",
+            key="id",
+            schedule_id="s1",
+            ledger="mock:///ledger",
+            url=rabbitmq_url,
+            topology=topology,
+        )
+    assert "shared mount" in str(info.value) and "\n" not in str(info.value)
+    assert len(asyncio.run(_drain(rabbitmq_url, unique))) == 6
+
+
+def test_an_unwritable_ledger_fails_before_sending(
+    spark: Any, rabbitmq_url: str, unique: str, tmp_path: Path
+) -> None:
+    topology = DelayTopology(prefix=unique, levels=8, queue_type="classic")
+    asyncio.run(_declare(rabbitmq_url, topology, unique))
+    (tmp_path / "a-file").write_text("not a folder")
+    with pytest.raises(ArchiveSinkError, match="cannot create the folder"):
+        schedule_dataframe(
+            _reminders(spark),
+            queue=unique,
+            due_at="due",
+            body="payload",
+            key="id",
+            schedule_id="s1",
+            ledger=str(tmp_path / "a-file" / "ledger"),
+            url=rabbitmq_url,
+            topology=topology,
+        )
+    assert asyncio.run(_drain(rabbitmq_url, unique)) == []
