@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PUBLISH_TIMEOUT = 30.0
 """Seconds to wait for a publisher confirm before giving up on a publish."""
 
+_NO_WAIT: dict[str, Any] = {"wait": False}
+
 DEFAULT_FRAME_MAX = 131072
 """RabbitMQ's default ``frame_max``, used when the connection does not say."""
 
@@ -103,8 +105,14 @@ async def publish_confirmed(
     body: bytes,
     properties: spec.Basic.Properties,
     timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+    wait_for_write: bool = True,
 ) -> None:
     """Publish and wait for the broker's confirm; raise :class:`PublishError` if there is none.
+
+    ``wait_for_write=False`` releases the channel as soon as the frames are
+    queued rather than once they reach the socket, so concurrent publishes
+    can share a write (see :mod:`delayed_retry.batching`); the confirm is
+    awaited either way.
 
     Raises :class:`PublishNotConfirmedError` on a nack or a return,
     :class:`PublishTimeoutError` when no confirm arrives within ``timeout``
@@ -125,6 +133,8 @@ async def publish_confirmed(
             properties=properties,
             mandatory=True,
             timeout=timeout,
+            # aiormq's Channel takes ``wait``; its abstract interface does not say so.
+            **({} if wait_for_write else _NO_WAIT),
         )
     except TimeoutError as exc:
         raise PublishTimeoutError(

@@ -109,6 +109,7 @@ def cmd_redrive(args: argparse.Namespace) -> int:
             redrive_id=args.redrive_id,
             ledger=args.ledger,
             topology=topology_from_args(args),
+            partitions=args.partitions,
         )
     verb = "would send" if result.dry_run else "sent"
     count = result.to_send if result.dry_run else result.sent
@@ -151,6 +152,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             ledger=args.ledger,
             url=args.url,
             topology=topology_from_args(args),
+            partitions=args.partitions,
         )
     print(
         f"schedule {result.schedule_id}: {result.rows} rows, sent {result.sent}, "
@@ -184,6 +186,14 @@ def register(subparsers: Any) -> None:
             "--master", default=None, help="Spark master (default local[*]; e.g. spark://host:7077)"
         )
 
+    def with_partitions(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--partitions",
+            type=int,
+            default=None,
+            help="publishing connections at once (default: one per executor core)",
+        )
+
     a = commands.add_parser("analyze", help="report on archived parked messages")
     a.add_argument("paths", nargs="+", help="archive folder(s)")
     a.add_argument(
@@ -202,6 +212,7 @@ def register(subparsers: Any) -> None:
     r.add_argument("--redrive-id", default=None, help="id for the ledger (default: from the input)")
     r.add_argument("--ledger", default=None, help="ledger folder (default <archive>/_ledger)")
     with_master(r)
+    with_partitions(r)
     add_topology_args(r)
     r.set_defaults(func=cmd_redrive)
 
@@ -215,6 +226,7 @@ def register(subparsers: Any) -> None:
     s.add_argument("--schedule-id", required=True, help="name of this schedule, for the ledger")
     s.add_argument("--ledger", required=True, help="ledger folder")
     with_master(s)
+    with_partitions(s)
     add_topology_args(s)
     s.set_defaults(func=cmd_schedule)
 

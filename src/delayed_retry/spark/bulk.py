@@ -19,6 +19,7 @@ from delayed_retry.spark.ledger import ledger_keys
 from delayed_retry.spark.publisher import (
     PublishJob,
     declare_destinations,
+    publishing_partitions,
     run_publish,
 )
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
@@ -104,6 +105,7 @@ def schedule_dataframe(
     key: Any = None,
     topology: DelayTopology = DEFAULT_TOPOLOGY,
     window: int = 256,
+    partitions: int | None = None,
 ) -> ScheduleResult:
     """Publish one message per row of ``df`` to ``queue``, due at the row's ``due_at``.
 
@@ -114,6 +116,8 @@ def schedule_dataframe(
     due time and headers); the ledger at ``ledger`` remembers every key
     confirmed under ``schedule_id``, so calling again with the same id sends
     only what is missing. Due times already past are delivered at once.
+    ``partitions`` publishing connections run at once (default: one per
+    executor core); ``window`` is each one's publishes awaiting a confirm.
     Raises :class:`~delayed_retry.spark.publisher.PublishRunError` when the
     broker fails part-way, after the ledger recorded the confirmed rows.
     """
@@ -172,8 +176,11 @@ def schedule_dataframe(
             "out or fill them in"
         )
     total = int(counts["total"])
-    pending = rows.dropDuplicates(["message_key"]).join(
-        ledger_keys(df.sparkSession, ledger, schedule_id), on="message_key", how="left_anti"
+    n = publishing_partitions(df.sparkSession, partitions)
+    pending = (
+        rows.repartition(n, "message_key")
+        .dropDuplicates(["message_key"])
+        .join(ledger_keys(df.sparkSession, ledger, schedule_id), on="message_key", how="left_anti")
     )
     asyncio.run(declare_destinations(url, topology, [queue]))
     job = PublishJob(

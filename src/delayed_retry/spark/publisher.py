@@ -24,7 +24,7 @@ from typing import Any
 
 from delayed_retry import encoding
 from delayed_retry.durations import from_epoch_ms
-from delayed_retry.errors import DelayedRetryError, DelayOutOfRangeError
+from delayed_retry.errors import ConfigurationError, DelayedRetryError, DelayOutOfRangeError
 from delayed_retry.topology import DelayTopology
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "declare_destinations",
     "publish_attempt",
     "publish_partition",
+    "publishing_partitions",
     "run_publish",
 ]
 
@@ -108,6 +109,23 @@ class PublishOutcome:
         )
 
 
+def publishing_partitions(spark: Any, partitions: int | None) -> int:
+    """How many partitions, so connections, publish at once: ``partitions``, else one per core.
+
+    "One per core" is Spark's default parallelism (the executors' cores).
+    Publishing uses an explicit count because Spark's adaptive execution would
+    otherwise merge small shuffle partitions, leaving cores idle.
+    """
+    if partitions is not None:
+        if partitions < 1:
+            raise ConfigurationError(f"partitions={partitions!r} must be 1 or more")
+        return partitions
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # Spark Connect has no SparkContext
+        return max(1, int(spark.conf.get("spark.sql.shuffle.partitions")))
+
+
 @lru_cache(maxsize=1024)
 def _decoded_headers(text: str | None) -> dict[str, Any]:
     """Headers JSON decoded and sanitized once per distinct text (bulk rows often share it)."""
@@ -150,18 +168,20 @@ async def _publish_partition(
     job: PublishJob, rows: Iterable[Sequence[Any]], ledger: Any
 ) -> str | None:
     """Publish ``rows``, adding each confirmed key to ``ledger``; return the first error."""
-    import aiormq
-
+    from delayed_retry.batching import connect_batched
     from delayed_retry.publishing import publish_confirmed
 
     errors: list[str] = []
     try:
-        connection = await asyncio.wait_for(aiormq.connect(job.url), job.publish_timeout)
+        connection = await connect_batched(job.url, timeout=job.publish_timeout)
     except Exception as exc:
         return f"cannot connect to the broker: {exc!r}"
     try:
         channel = await connection.channel(publisher_confirms=True)
-        slots = asyncio.Semaphore(job.window)
+        # Rows start in bursts, so that their frames leave in one write (see batching).
+        burst = max(1, job.window // 4)
+        in_flight = 0
+        space = asyncio.Event()
         tasks: set[asyncio.Task[None]] = set()
         topology = job.topology
         unit_ms = topology.unit_ms
@@ -184,24 +204,42 @@ async def _publish_partition(
                     body=bytes(row[3]),
                     properties=_properties(row, job, due_ms),
                     timeout=job.publish_timeout,
+                    wait_for_write=False,
                 )
                 ledger.add(row[0], time.time_ns() // 1_000_000)
             except Exception as exc:
                 if not errors:
                     errors.append(str(exc) or repr(exc))
             finally:
-                slots.release()
+                nonlocal in_flight
+                in_flight -= 1
+                if in_flight <= job.window - burst:
+                    space.set()
 
-        try:
-            for row in rows:
-                if errors:
-                    break
-                await slots.acquire()
-                if ledger.due:
-                    _flush(ledger, errors)
+        async def launch(batch: list[Sequence[Any]]) -> None:
+            nonlocal in_flight
+            while in_flight + len(batch) > job.window:
+                space.clear()
+                await space.wait()
+            if ledger.due:
+                _flush(ledger, errors)
+            for row in batch:
+                in_flight += 1
                 task = asyncio.create_task(one(row))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+
+        try:
+            batch: list[Sequence[Any]] = []
+            for row in rows:
+                if errors:
+                    break
+                batch.append(row)
+                if len(batch) >= burst:
+                    await launch(batch)
+                    batch = []
+            if batch and not errors:
+                await launch(batch)
         finally:
             # Publishes in flight finish (confirmed or not) before the ledger's last flush.
             if tasks:

@@ -29,6 +29,7 @@ from delayed_retry.spark.ledger import ledger_keys
 from delayed_retry.spark.publisher import (
     PublishJob,
     declare_destinations,
+    publishing_partitions,
     run_publish,
 )
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
@@ -102,6 +103,7 @@ def redrive(
     ledger: str | None = None,
     topology: DelayTopology = DEFAULT_TOPOLOGY,
     window: int = 256,
+    partitions: int | None = None,
     now: datetime | None = None,
 ) -> RedriveResult:
     """Redrive the archived messages matching ``where`` to their queues; return what happened.
@@ -109,6 +111,8 @@ def redrive(
     Use it after fixing the cause of an incident. ``rate`` (messages per
     second) spreads the sends through the delay chain; without it every
     message is due at once. ``dry_run`` counts and plans without a broker.
+    ``partitions`` publishing connections run at once (default: one per
+    executor core).
     The ledger defaults to ``<first archive>/_ledger``. A redriven message
     gets a fresh retry budget (its ``x-retry`` is removed) and ``x-redrive-id``.
     Raises :class:`RedriveError` for a bad predicate, and
@@ -126,7 +130,8 @@ def redrive(
     run_id = redrive_id or default_redrive_id(path_list, where)
     ledger_path = ledger or _default_ledger(path_list[0])
     frame = _select(spark, read_archive(spark, path_list), where)
-    frame = frame.dropDuplicates(["message_key"])
+    n = publishing_partitions(spark, partitions)
+    frame = frame.repartition(n, "message_key").dropDuplicates(["message_key"])
     sent_before = ledger_keys(spark, ledger_path, run_id).withColumn("_sent", F.lit(True))
     # Kept for the publish job, so the archive is read, deduplicated and joined once.
     marked = frame.join(sent_before, on="message_key", how="left").persist(
@@ -134,7 +139,18 @@ def redrive(
     )
     try:
         return _run(
-            spark, marked, path_list, run_id, ledger_path, url, rate, dry_run, topology, window, now
+            spark,
+            marked,
+            path_list,
+            run_id,
+            ledger_path,
+            url,
+            rate,
+            dry_run,
+            topology,
+            window,
+            n,
+            now,
         )
     finally:
         marked.unpersist()
@@ -151,6 +167,7 @@ def _run(
     dry_run: bool,
     topology: DelayTopology,
     window: int,
+    partitions: int,
     now: datetime | None,
 ) -> RedriveResult:
     from pyspark.sql import functions as F
@@ -209,7 +226,7 @@ def _run(
         drop_headers=(X_RETRY,),
     )
     if rate:
-        sendable, due = _spread(sendable, start_ms, rate)
+        sendable, due = _spread(sendable, start_ms, rate, partitions)
     else:
         due = F.lit(start_ms)
     columns = sendable.select(
@@ -235,12 +252,12 @@ def _run(
     return RedriveResult(**{**result.__dict__, "sent": outcome.sent})
 
 
-def _spread(frame: Any, start_ms: int, rate: float) -> tuple[Any, Any]:
+def _spread(frame: Any, start_ms: int, rate: float, partitions: int) -> tuple[Any, Any]:
     """``frame`` oldest parked first (persisted), and a due-time column spreading it at ``rate``.
 
     Row ``i`` in (``parked_at``, ``message_key``) order is due at
     ``start + ceil(i * 1000 / rate)`` ms. ``i`` is computed as ``zipWithIndex``
-    does, without leaving the DataFrame: the sorted partitions are in order,
+    does, without leaving the DataFrame: the ``partitions`` ranges are in order,
     ``monotonically_increasing_id`` holds the partition number above bit 33
     and the position within the partition below, and a partition's offset is
     the row count of the partitions before it. Unpersist the frame when done.
@@ -248,8 +265,10 @@ def _spread(frame: Any, start_ms: int, rate: float) -> tuple[Any, Any]:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
+    order = (F.col("parked_at").asc_nulls_first(), F.col("message_key"))
     ordered = (
-        frame.orderBy(F.col("parked_at").asc_nulls_first(), "message_key")
+        frame.repartitionByRange(partitions, *order)
+        .sortWithinPartitions(*order)
         .withColumn("_row_id", F.monotonically_increasing_id())
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
