@@ -43,6 +43,8 @@ class BatchingWriter:
         self._pending: list[bytes] = []
         self._scheduled = False
         self._loop = asyncio.get_running_loop()
+        self.transport_writes = 0
+        """How many writes reached the transport (each at most one ``send``)."""
 
     def write(self, data: bytes) -> None:
         self._pending.append(data)
@@ -60,6 +62,7 @@ class BatchingWriter:
         if self._pending:
             data = b"".join(self._pending)
             self._pending.clear()
+            self.transport_writes += 1
             self._writer.write(data)
 
     async def drain(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 from collections import Counter
@@ -109,3 +110,35 @@ async def test_a_server_certificate_from_another_ca_is_refused(tls_node: RabbitM
         await aio_pika.connect(url, timeout=10)
     assert "CERTIFICATE_VERIFY_FAILED" in str(failure.value)
     assert isinstance(failure.value.__cause__, ssl.SSLCertVerificationError)
+
+
+async def test_batched_bulk_connection_publishes_over_amqps(
+    tls_node: RabbitMQNode, unique: str
+) -> None:
+    from pamqp import commands as spec
+
+    from delayed_retry.batching import connect_batched
+    from delayed_retry.publishing import publish_confirmed
+
+    batched = await connect_batched(tls_node.tls_url, timeout=30)
+    try:
+        channel = await batched.channel(publisher_confirms=True)
+        await channel.queue_declare(unique, durable=True)
+        await asyncio.gather(
+            *(
+                publish_confirmed(
+                    channel,
+                    exchange="",
+                    routing_key=unique,
+                    body=b"%d" % i,
+                    properties=spec.Basic.Properties(delivery_mode=2),
+                    wait_for_write=False,
+                )
+                for i in range(200)
+            )
+        )
+        declared = await channel.queue_declare(unique, passive=True)
+        assert declared.message_count == 200
+        assert "true" in tls_node.rabbitmqctl("list_connections", "ssl")
+    finally:
+        await batched.close()

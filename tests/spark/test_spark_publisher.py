@@ -100,6 +100,7 @@ def test_a_retried_task_sends_only_what_its_failed_attempt_did_not_record(
         run_header="x-schedule-id",
         ledger=str(tmp_path / "ledger"),
         ledger_every=3,
+        window=8,  # rows start two at a time, so all 8 read before the failure are sent
     )
     first = publish_attempt(job, _batches(keys, unique, fail_after=2), partition=3, retried=False)
     assert first.column("error")[0].as_py() == "executor lost its input"
