@@ -66,3 +66,65 @@ def test_archive_command_reports_an_unwritable_target(
     assert code == 2
     errors = _error_lines(capsys.readouterr().err)
     assert len(errors) == 1 and "choose a folder" in errors[0]
+
+
+def test_schedule_command_sends_each_row_with_its_headers(
+    spark: Any, rabbitmq_url: str, unique: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+    import json
+
+    import aio_pika
+
+    due = int(datetime.now(UTC).timestamp() * 1000)
+    orders = tmp_path / "orders.json"
+    orders.write_text(
+        "".join(
+            json.dumps({"order_id": f"o{i}", "due_ms": due, "payload": {"order": f"o{i}"}}) + "\n"
+            for i in range(5)
+        )
+    )
+    common = ["--url", rabbitmq_url, "spark", "schedule", str(orders), "--format", "json"]
+    args = [
+        *("--queue", unique, "--due-at", "due_ms", "--body", "payload", "--key", "order_id"),
+        *("--schedule-id", "s1", "--ledger", str(tmp_path / "ledger"), "--partitions", "2"),
+        *("--header", "x-order=order_id", "--prefix", unique, "--levels", "8"),
+        *("--queue-type", "classic"),
+    ]
+
+    async def declare() -> None:
+        connection = await aio_pika.connect(rabbitmq_url)
+        channel = await connection.channel()
+        await channel.declare_queue(unique, durable=True)
+        await connection.close()
+
+    async def drain() -> list[aio_pika.abc.AbstractIncomingMessage]:
+        connection = await aio_pika.connect(rabbitmq_url)
+        channel = await connection.channel()
+        queue = await channel.declare_queue(unique, passive=True)
+        got = []
+        for _ in range(200):
+            message = await queue.get(fail=False, no_ack=True)
+            if message is not None:
+                got.append(message)
+            elif len(got) >= 5:
+                break
+            else:
+                await asyncio.sleep(0.05)
+        await connection.close()
+        return got
+
+    asyncio.run(declare())
+    assert main([*common, *args]) == 0
+    assert "5 rows, sent 5" in capsys.readouterr().out
+    messages = asyncio.run(drain())
+    assert sorted((m.headers["x-order"], json.loads(m.body)["order"]) for m in messages) == [
+        (f"o{i}", f"o{i}") for i in range(5)
+    ]
+    assert main([*common, *args]) == 0  # the ledger remembers: nothing twice
+    assert "sent 0, skipped 5" in capsys.readouterr().out
+
+    with pytest.raises(SystemExit) as refused:  # argparse: a usage error, before any Spark
+        main([*common, *args, "--header", "x-bad"])
+    assert refused.value.code == 2
+    assert "header 'x-bad' must be NAME=COLUMN" in capsys.readouterr().err

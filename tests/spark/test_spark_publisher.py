@@ -171,3 +171,45 @@ def test_an_unwritable_ledger_fails_before_sending(
             topology=topology,
         )
     assert asyncio.run(_drain(rabbitmq_url, unique)) == []
+
+
+def test_a_ledger_that_fails_mid_run_stops_the_partition_and_says_what_is_unrecorded(
+    rabbitmq_url: str, unique: str, tmp_path: Path
+) -> None:
+    from delayed_retry.spark.publisher import PublishOutcome
+
+    topology = DelayTopology(prefix=unique, levels=8, queue_type="classic")
+    asyncio.run(_declare(rabbitmq_url, topology, unique))
+    ledger = tmp_path / "ledger"
+    job = PublishJob(
+        url=rabbitmq_url,
+        topology=topology,
+        run_id="s1",
+        run_header="x-schedule-id",
+        ledger=str(ledger),
+        ledger_every=2,
+        window=4,
+    )
+    keys = [f"row-{i:02d}" for i in range(40)]
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for i, batch in enumerate(_batches(keys, unique)):
+            if i == 2:  # the ledger's storage goes away under the running partition
+                for part in ledger.iterdir():
+                    part.unlink()
+                ledger.rmdir()
+                ledger.write_text("not a folder any more")
+            yield batch
+
+    result = publish_attempt(job, batches(), partition=0, retried=False)
+    error = result.column("error")[0].as_py()
+    assert error.startswith("the ledger cannot be written")
+    assert "re-run sends them again" in error
+    sent = len(asyncio.run(_drain(rabbitmq_url, unique)))
+    assert 0 < sent < len(keys)  # it stopped early; what it sent is in the queue
+    assert result.column("sent")[0].as_py() < sent  # some confirmed sends went unrecorded
+    outcome = PublishOutcome(
+        sent=result.column("sent")[0].as_py(), errors=(error,), files=(), ledger=str(ledger)
+    )
+    with pytest.raises(PublishRunError, match=r"stopped after \d+ recorded sends: the ledger"):
+        outcome.raise_for_errors("schedule 's1'", rerun="call it again")

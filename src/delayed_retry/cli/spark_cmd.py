@@ -32,6 +32,15 @@ def _rate(text: str) -> float:
     return rate
 
 
+def _header(text: str) -> tuple[str, str]:
+    name, sep, column = text.partition("=")
+    if not sep or not name or not column:
+        raise argparse.ArgumentTypeError(
+            f"header {text!r} must be NAME=COLUMN, e.g. x-order-id=order_id"
+        )
+    return name, column
+
+
 def _one_line_spark_errors(func: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
     """Report a Spark failure as the one line saying what went wrong, not a JVM stack."""
 
@@ -151,6 +160,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             schedule_id=args.schedule_id,
             ledger=args.ledger,
             url=args.url,
+            headers=dict(args.header),
             topology=topology_from_args(args),
             partitions=args.partitions,
         )
@@ -225,6 +235,14 @@ def register(subparsers: Any) -> None:
     s.add_argument("--key", default=None, help="column identifying a row (idempotency)")
     s.add_argument("--schedule-id", required=True, help="name of this schedule, for the ledger")
     s.add_argument("--ledger", required=True, help="ledger folder")
+    s.add_argument(
+        "--header",
+        type=_header,
+        action="append",
+        default=[],
+        metavar="NAME=COLUMN",
+        help="a message header taken from a column; repeat for more",
+    )
     with_master(s)
     with_partitions(s)
     add_topology_args(s)
