@@ -209,3 +209,30 @@ async def test_missing_queue_and_unwritable_target_are_one_line_errors(
     with pytest.raises(ArchiveSinkError, match="choose a folder") as unwritable:
         await archive_queue(connection, queue=f"{unique}.nope", to=str(blocker / "archive"))
     assert "\n" not in str(unwritable.value)
+
+
+async def test_archive_through_a_pyarrow_filesystem_reads_back_with_spark(
+    connection: AbstractRobustConnection, unique: str, tmp_path: Path, spark: Any
+) -> None:
+    # The code path of s3://, gs:// and hdfs:// targets (ArrowFileSystemSink), on a pyarrow
+    # filesystem this machine has: the local one, opened as pyarrow opens a URI.
+    import pyarrow.fs as pafs
+
+    from delayed_retry.spark import ArrowFileSystemSink
+
+    topology, parking = await _setup(connection, unique)
+    try:
+        await _park(connection, topology, unique, 3)
+        await _wait_count(connection, parking, 3)
+        uri = (tmp_path / "remote").as_uri()
+        filesystem, root = pafs.FileSystem.from_uri(uri)
+        sink = ArrowFileSystemSink(filesystem, root, uri)
+        result = await archive_queue(
+            connection, queue=parking, to=sink, batch_size=2, idle_timeout=0.5, topology=topology
+        )
+        assert result.messages == 3 and len(result.files) == 2
+        assert await _count(connection, parking) == 0
+        bodies = sorted(r["body"] for r in read_archive(spark, uri).collect())
+        assert bodies == [b'{"n": 0}', b'{"n": 1}', b'{"n": 2}']
+    finally:
+        await _cleanup(connection, unique, parking)
