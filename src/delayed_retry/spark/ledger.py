@@ -21,7 +21,15 @@ from urllib.parse import urlsplit
 from delayed_retry.spark.schema import ledger_arrow_schema, ledger_spark_schema
 from delayed_retry.spark.sinks import sink_for
 
-__all__ = ["LedgerWriter", "ledger_files", "ledger_keys", "path_exists", "recorded_keys"]
+__all__ = [
+    "LedgerWriter",
+    "ledger_files",
+    "ledger_keys",
+    "path_exists",
+    "recorded_keys",
+    "remove_files",
+    "write_marker",
+]
 
 
 def path_exists(path: str) -> bool:
@@ -76,6 +84,20 @@ def recorded_keys(ledger: str, stem: str) -> set[str]:
         table = pq.read_table(f"{root}/{name}", columns=["message_key"], filesystem=filesystem)
         keys.update(table.column("message_key").to_pylist())
     return keys
+
+
+def write_marker(ledger: str, stem: str) -> str:
+    """Write an empty ledger file named ``<stem>-*`` and return its name: where does it land?"""
+    return os.path.basename(
+        sink_for(ledger).write(ledger_arrow_schema().empty_table(), "", stem=stem)
+    )
+
+
+def remove_files(ledger: str, names: list[str]) -> None:
+    """Delete the ledger files ``names`` (as :func:`ledger_files` lists them)."""
+    filesystem, root = _filesystem(ledger)
+    for name in names:
+        filesystem.delete_file(f"{root}/{name}")
 
 
 class LedgerWriter:

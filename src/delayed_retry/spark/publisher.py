@@ -304,16 +304,50 @@ def publish_attempt(
     )
 
 
+def _probe_partition(job: PublishJob, batches: Iterator[Any]) -> Iterator[Any]:
+    import pyarrow as pa
+
+    from delayed_retry.spark.ledger import write_marker
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"name": [write_marker(job.ledger, f"probe-{job.token}")]})
+
+
+def _check_ledger_shared(spark: Any, job: PublishJob) -> None:
+    """Fail before sending when a file an executor writes to the ledger is not visible here."""
+    from delayed_retry.spark.ledger import ledger_files, remove_files
+
+    probe = spark.range(1, numPartitions=1).mapInArrow(
+        partial(_probe_partition, job), "name string"
+    )
+    names = [row["name"] for row in probe.collect()]
+    visible = set(ledger_files(job.ledger, f"probe-{job.token}"))
+    if not set(names) <= visible:
+        raise PublishRunError(
+            f"a file an executor wrote to the ledger {job.ledger!r} is not visible to the driver; "
+            "put the ledger on storage every executor and the driver reach (HDFS, S3, a shared "
+            "mount). Nothing was sent"
+        )
+    try:
+        remove_files(job.ledger, names)
+    except OSError:  # an empty file left in the ledger is harmless
+        log.debug("could not remove the ledger probe %s", names, exc_info=True)
+
+
 def run_publish(frame: Any, job: PublishJob) -> PublishOutcome:
     """Publish every row of ``frame`` (columns :data:`PUBLISH_COLUMNS`) from the executors.
 
-    Raises :class:`PublishRunError` when the executors wrote ledger files the
-    driver cannot see: the ledger must be on storage both reach.
+    Raises :class:`PublishRunError`, before sending, when a file an executor
+    writes to the ledger is not visible to the driver (the ledger must be on
+    storage both reach), and :class:`~delayed_retry.spark.sinks.ArchiveSinkError`
+    when the driver cannot write the ledger.
     """
     from delayed_retry.spark.ledger import ledger_files
     from delayed_retry.spark.sinks import sink_for
 
     sink_for(job.ledger)  # a ledger that cannot be written fails here, before any send
+    _check_ledger_shared(frame.sparkSession, job)
     results = (
         frame.select(*PUBLISH_COLUMNS)
         .mapInArrow(partial(publish_partition, job), RESULT_SCHEMA)
