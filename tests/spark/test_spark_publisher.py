@@ -119,13 +119,27 @@ def test_a_retried_task_sends_only_what_its_failed_attempt_did_not_record(
         assert files and all(f.startswith(f"part-{job.token}-p00003-") for f in files)
 
 
-def _reminders(spark: Any) -> Any:
+def _schedule_six(spark: Any, url: str, queue: str, ledger: str) -> None:
+    """Declare ``queue`` behind a chain of its own, then schedule six rows due now into it."""
     from pyspark.sql import functions as F
 
-    return spark.range(6).select(
+    topology = DelayTopology(prefix=queue, levels=8, queue_type="classic")
+    asyncio.run(_declare(url, topology, queue))
+    reminders = spark.range(6).select(
         F.col("id").cast("string").alias("id"),
         F.current_timestamp().alias("due"),
         F.struct("id").alias("payload"),
+    )
+    schedule_dataframe(
+        reminders,
+        queue=queue,
+        due_at="due",
+        body="payload",
+        key="id",
+        schedule_id="s1",
+        ledger=ledger,
+        url=url,
+        topology=topology,
     )
 
 
@@ -134,20 +148,8 @@ def test_a_ledger_the_driver_cannot_see_is_an_error(
 ) -> None:
     # pyarrow's mock:// filesystem lives in memory, one per opening: what the executors
     # write there, the driver cannot see, like a local folder on a cluster's executors.
-    topology = DelayTopology(prefix=unique, levels=8, queue_type="classic")
-    asyncio.run(_declare(rabbitmq_url, topology, unique))
     with pytest.raises(PublishRunError, match="not visible to the driver") as info:
-        schedule_dataframe(
-            _reminders(spark),
-            queue=unique,
-            due_at="due",
-            body="payload",
-            key="id",
-            schedule_id="s1",
-            ledger="mock:///ledger",
-            url=rabbitmq_url,
-            topology=topology,
-        )
+        _schedule_six(spark, rabbitmq_url, unique, "mock:///ledger")
     assert "Nothing was sent" in str(info.value) and "\n" not in str(info.value)
     assert asyncio.run(_drain(rabbitmq_url, unique)) == []
 
@@ -155,21 +157,9 @@ def test_a_ledger_the_driver_cannot_see_is_an_error(
 def test_an_unwritable_ledger_fails_before_sending(
     spark: Any, rabbitmq_url: str, unique: str, tmp_path: Path
 ) -> None:
-    topology = DelayTopology(prefix=unique, levels=8, queue_type="classic")
-    asyncio.run(_declare(rabbitmq_url, topology, unique))
     (tmp_path / "a-file").write_text("not a folder")
     with pytest.raises(ArchiveSinkError, match="cannot create the folder"):
-        schedule_dataframe(
-            _reminders(spark),
-            queue=unique,
-            due_at="due",
-            body="payload",
-            key="id",
-            schedule_id="s1",
-            ledger=str(tmp_path / "a-file" / "ledger"),
-            url=rabbitmq_url,
-            topology=topology,
-        )
+        _schedule_six(spark, rabbitmq_url, unique, str(tmp_path / "a-file" / "ledger"))
     assert asyncio.run(_drain(rabbitmq_url, unique)) == []
 
 
@@ -209,7 +199,7 @@ def test_a_ledger_that_fails_mid_run_stops_the_partition_and_says_what_is_unreco
     assert 0 < sent < len(keys)  # it stopped early; what it sent is in the queue
     assert result.column("sent")[0].as_py() < sent  # some confirmed sends went unrecorded
     outcome = PublishOutcome(
-        sent=result.column("sent")[0].as_py(), errors=(error,), files=(), ledger=str(ledger)
+        sent=result.column("sent")[0].as_py(), errors=(error,), ledger=str(ledger)
     )
     with pytest.raises(PublishRunError, match=r"stopped after \d+ recorded sends: the ledger"):
         outcome.raise_for_errors("schedule 's1'", rerun="call it again")

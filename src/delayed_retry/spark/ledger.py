@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import urlsplit
 
 from delayed_retry.spark.schema import ledger_arrow_schema, ledger_spark_schema
-from delayed_retry.spark.sinks import sink_for
+from delayed_retry.spark.sinks import local_path, sink_for
 
 __all__ = [
     "LedgerWriter",
@@ -34,12 +33,9 @@ __all__ = [
 
 def path_exists(path: str) -> bool:
     """Whether a local folder or a pyarrow-reachable URI exists."""
-    scheme = urlsplit(path).scheme
-    if scheme in ("", "file"):
-        return os.path.exists(urlsplit(path).path if scheme == "file" else path)
     import pyarrow.fs as pafs
 
-    filesystem, root = pafs.FileSystem.from_uri(path)
+    filesystem, root = _filesystem(path)
     return bool(filesystem.get_file_info(root).type != pafs.FileType.NotFound)
 
 
@@ -53,15 +49,14 @@ def ledger_keys(spark: Any, ledger: str, run_id: str) -> Any:
     return frame.where(F.col("run_id") == F.lit(run_id)).select("message_key").distinct()
 
 
-def _filesystem(ledger: str) -> tuple[Any, str]:
+def _filesystem(target: str) -> tuple[Any, str]:
+    """The pyarrow filesystem of a local path or a URI, and the path within it."""
     import pyarrow.fs as pafs
 
-    scheme = urlsplit(ledger).scheme
-    if scheme in ("", "file"):
-        return pafs.LocalFileSystem(), os.path.abspath(
-            urlsplit(ledger).path if scheme == "file" else ledger
-        )
-    filesystem, root = pafs.FileSystem.from_uri(ledger)
+    local = local_path(target)
+    if local is not None:
+        return pafs.LocalFileSystem(), os.path.abspath(local)
+    filesystem, root = pafs.FileSystem.from_uri(target)
     return filesystem, root
 
 

@@ -20,12 +20,15 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from delayed_retry import encoding
 from delayed_retry.durations import from_epoch_ms
 from delayed_retry.errors import ConfigurationError, DelayedRetryError, DelayOutOfRangeError
 from delayed_retry.topology import DelayTopology
+
+if TYPE_CHECKING:
+    from delayed_retry.spark.ledger import LedgerWriter
 
 __all__ = [
     "PUBLISH_COLUMNS",
@@ -80,6 +83,10 @@ class PublishJob:
 
 _LEDGER_FAILED = "the ledger cannot be written"
 
+_SHARE_THE_LEDGER = (
+    "put the ledger on storage every executor and the driver reach (HDFS, S3, a shared mount)"
+)
+
 
 @dataclass(frozen=True, kw_only=True)
 class PublishOutcome:
@@ -87,7 +94,6 @@ class PublishOutcome:
 
     sent: int
     errors: tuple[str, ...]
-    files: tuple[str, ...]
     ledger: str
 
     def raise_for_errors(self, what: str, *, rerun: str, of: int | None = None) -> None:
@@ -165,7 +171,7 @@ def _rows(batches: Iterable[Any], skip: set[str]) -> Iterator[tuple[Any, ...]]:
 
 
 async def _publish_partition(
-    job: PublishJob, rows: Iterable[Sequence[Any]], ledger: Any
+    job: PublishJob, rows: Iterable[Sequence[Any]], ledger: LedgerWriter
 ) -> str | None:
     """Publish ``rows``, adding each confirmed key to ``ledger``; return the first error."""
     from delayed_retry.batching import connect_batched
@@ -255,7 +261,7 @@ async def _publish_partition(
     return errors[0] if errors else None
 
 
-def _flush(ledger: Any, errors: list[str]) -> None:
+def _flush(ledger: LedgerWriter, errors: list[str]) -> None:
     pending = ledger.pending
     try:
         ledger.flush()
@@ -326,8 +332,7 @@ def _check_ledger_shared(spark: Any, job: PublishJob) -> None:
     if not set(names) <= visible:
         raise PublishRunError(
             f"a file an executor wrote to the ledger {job.ledger!r} is not visible to the driver; "
-            "put the ledger on storage every executor and the driver reach (HDFS, S3, a shared "
-            "mount). Nothing was sent"
+            f"{_SHARE_THE_LEDGER}. Nothing was sent"
         )
     try:
         remove_files(job.ledger, names)
@@ -361,11 +366,10 @@ def run_publish(frame: Any, job: PublishJob) -> PublishOutcome:
     if unseen:
         raise PublishRunError(
             f"the executors recorded {sent} sends in ledger files the driver cannot see in "
-            f"{job.ledger!r} (such as {unseen[0]!r}); put the ledger on storage every executor "
-            "and the driver reach (HDFS, S3, a shared mount) before running again, or those "
-            "messages are sent twice"
+            f"{job.ledger!r} (such as {unseen[0]!r}); {_SHARE_THE_LEDGER} before running again, "
+            "or those messages are sent twice"
         )
-    return PublishOutcome(sent=sent, errors=errors, files=files, ledger=job.ledger)
+    return PublishOutcome(sent=sent, errors=errors, ledger=job.ledger)
 
 
 async def declare_destinations(

@@ -18,7 +18,14 @@ from urllib.parse import urlsplit
 
 from delayed_retry.errors import DelayedRetryError
 
-__all__ = ["ArchiveSink", "ArchiveSinkError", "ArrowFileSystemSink", "LocalSink", "sink_for"]
+__all__ = [
+    "ArchiveSink",
+    "ArchiveSinkError",
+    "ArrowFileSystemSink",
+    "LocalSink",
+    "local_path",
+    "sink_for",
+]
 
 log = logging.getLogger(__name__)
 
@@ -109,11 +116,21 @@ class ArrowFileSystemSink:
         return path
 
 
+def local_path(target: str) -> str | None:
+    """``target`` as a local path when it is one (a path, a ``file://`` URI), else ``None``."""
+    parts = urlsplit(target)
+    if parts.scheme == "file":
+        return parts.path
+    if parts.scheme == "" or (len(parts.scheme) == 1 and os.name == "nt"):
+        return target
+    return None
+
+
 def sink_for(target: str) -> ArchiveSink:
     """The sink for a folder path or a URI such as ``s3://bucket/archive``."""
-    scheme = urlsplit(target).scheme
-    if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
-        return LocalSink(urlsplit(target).path if scheme == "file" else target)
+    local = local_path(target)
+    if local is not None:
+        return LocalSink(local)
     import pyarrow.fs as pafs
 
     try:
