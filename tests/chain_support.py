@@ -162,11 +162,16 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = WAIT
 
 @contextlib.asynccontextmanager
 async def open_scenario(
-    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str, queue_type: QueueType
+    connection: AbstractRobustConnection,
+    unique: str,
+    rabbitmq_url: str,
+    queue_type: QueueType,
+    *,
+    levels: int = 16,
 ) -> AsyncIterator[Scenario]:
-    """A :class:`Scenario` on a 16-level topology of its own, cleaned up afterwards."""
+    """A :class:`Scenario` on a topology of its own (16 levels), cleaned up afterwards."""
     scenario = Scenario(
-        connection, unique, DelayTopology(prefix=unique, levels=16, queue_type=queue_type)
+        connection, unique, DelayTopology(prefix=unique, levels=levels, queue_type=queue_type)
     )
     await scenario.open()
     try:

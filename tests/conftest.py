@@ -1,4 +1,5 @@
-"""Shared fixtures: a real broker (`rabbitmq_url`, `connection`), names, a local cluster.
+"""Shared fixtures: a real broker (`rabbitmq_url`, `connection`), names, delay-chain
+scenarios (`scenario`, `quorum`), a local cluster.
 
 A missing broker fails the tests that need one, with the reason; nothing is skipped.
 """
@@ -14,6 +15,7 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
+from chain_support import Scenario, open_scenario
 from delayed_retry.testing import BrokerHarnessError, RabbitMQCluster, broker_url
 
 
@@ -53,6 +55,27 @@ def unique(request: pytest.FixtureRequest) -> str:
     """A name prefix no other test uses, like ``t-test-retry-once-3fa9c1``, for queues."""
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:60]
     return f"t-{slug}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture(params=["quorum", "classic"])
+async def scenario(
+    request: pytest.FixtureRequest,
+    connection: AbstractRobustConnection,
+    unique: str,
+    rabbitmq_url: str,
+) -> AsyncIterator[Scenario]:
+    """A :class:`~chain_support.Scenario` on a chain of its own, once per queue type."""
+    async with open_scenario(connection, unique, rabbitmq_url, request.param) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def quorum(
+    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
+) -> AsyncIterator[Scenario]:
+    """A :class:`~chain_support.Scenario` on a quorum chain of its own."""
+    async with open_scenario(connection, unique, rabbitmq_url, "quorum") as opened:
+        yield opened
 
 
 @pytest.fixture(scope="session")

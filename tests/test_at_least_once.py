@@ -12,8 +12,7 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from chain_support import WAIT, Inbox, Scenario
-from delayed_retry import DelayTopology
+from chain_support import WAIT, Inbox, Scenario, open_scenario
 from delayed_retry import headers as h
 
 pytestmark = pytest.mark.broker
@@ -26,14 +25,8 @@ LEVELS = 16
 async def s(
     connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
 ) -> AsyncIterator[Scenario]:
-    scenario = Scenario(
-        connection, unique, DelayTopology(prefix=unique, levels=LEVELS, queue_type="quorum")
-    )
-    await scenario.open()
-    try:
-        yield scenario
-    finally:
-        await scenario.close(rabbitmq_url)
+    async with open_scenario(connection, unique, rabbitmq_url, "quorum", levels=LEVELS) as opened:
+        yield opened
 
 
 async def run_crashing_consumer(url: str, queue: str, prefix: str, max_retries: int) -> int:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractRobustConnection
 
-from chain_support import WAIT, Inbox, Scenario, open_scenario
+from chain_support import WAIT, Inbox, Scenario
 from delayed_retry import (
     ConfigurationError,
     DelayOutOfRangeError,
@@ -25,25 +24,6 @@ pytestmark = pytest.mark.broker
 
 LATE = 5.0
 """Upper bound on lateness, generous for a loaded 2-core machine; early is never allowed."""
-
-
-@pytest.fixture(params=["quorum", "classic"])
-async def scenario(
-    request: pytest.FixtureRequest,
-    connection: AbstractRobustConnection,
-    unique: str,
-    rabbitmq_url: str,
-) -> AsyncIterator[Scenario]:
-    async with open_scenario(connection, unique, rabbitmq_url, request.param) as opened:
-        yield opened
-
-
-@pytest.fixture
-async def quorum(
-    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
-) -> AsyncIterator[Scenario]:
-    async with open_scenario(connection, unique, rabbitmq_url, "quorum") as opened:
-        yield opened
 
 
 async def test_parallel_delays_arrive_in_their_window_never_early(scenario: Scenario) -> None:

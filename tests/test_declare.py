@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from chain_support import Inbox, Scenario, eventually, open_scenario, publish
+from chain_support import Inbox, Scenario, eventually, publish
 from delayed_retry import (
     DelayTopology,
     TopologyMismatchError,
@@ -22,25 +21,6 @@ from delayed_retry import declare as declare_module
 from delayed_retry.headers import X_DUE_AT
 
 pytestmark = pytest.mark.broker
-
-
-@pytest.fixture(params=["quorum", "classic"])
-async def s(
-    request: pytest.FixtureRequest,
-    connection: AbstractRobustConnection,
-    unique: str,
-    rabbitmq_url: str,
-) -> AsyncIterator[Scenario]:
-    async with open_scenario(connection, unique, rabbitmq_url, request.param) as opened:
-        yield opened
-
-
-@pytest.fixture
-async def quorum(
-    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
-) -> AsyncIterator[Scenario]:
-    async with open_scenario(connection, unique, rabbitmq_url, "quorum") as opened:
-        yield opened
 
 
 def count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[object]:
@@ -57,24 +37,28 @@ def count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[object]:
 
 
 async def test_declaring_twice_and_from_another_connection_is_harmless(
-    s: Scenario, rabbitmq_url: str
+    scenario: Scenario, rabbitmq_url: str
 ) -> None:
-    queue = await s.queue()
-    await s.topology.declare(s.ch, queues=[queue.name])
-    await s.topology.declare(s.ch, queues=[queue.name])
+    queue = await scenario.queue()
+    await scenario.topology.declare(scenario.ch, queues=[queue.name])
+    await scenario.topology.declare(scenario.ch, queues=[queue.name])
     other = await aio_pika.connect(rabbitmq_url)
     try:
-        await s.topology.declare(await other.channel(), queues=[queue.name])
+        await scenario.topology.declare(await other.channel(), queues=[queue.name])
     finally:
         await other.close()
     inbox = Inbox()
     await queue.consume(inbox)
     await publish_delayed(
-        s.ch, aio_pika.Message(b"once"), queue=queue.name, delay=0.05, topology=s.topology
+        scenario.ch,
+        aio_pika.Message(b"once"),
+        queue=queue.name,
+        delay=0.05,
+        topology=scenario.topology,
     )
     assert (await inbox.get()).message.body == b"once"
     # Bindings are a set: declaring three times delivers one copy, not three.
-    await publish(s.ch, queue.name, b"marker")
+    await publish(scenario.ch, queue.name, b"marker")
     assert (await inbox.get()).message.body == b"marker"
 
 
@@ -184,20 +168,20 @@ async def test_existing_exchange_of_another_type_is_a_clear_mismatch(quorum: Sce
     assert not quorum.ch.is_closed
 
 
-async def test_deleted_destination_while_delayed_lands_in_unroutable(s: Scenario) -> None:
-    queue = await s.queue()
-    await s.topology.declare(s.ch, queues=[queue.name])
+async def test_deleted_destination_while_delayed_lands_in_unroutable(scenario: Scenario) -> None:
+    queue = await scenario.queue()
+    await scenario.topology.declare(scenario.ch, queues=[queue.name])
     alerts = Inbox()
-    await (await s.ch.get_queue(s.topology.alerts_queue)).consume(alerts)
+    await (await scenario.ch.get_queue(scenario.topology.alerts_queue)).consume(alerts)
     due = await publish_delayed(
-        s.ch,
+        scenario.ch,
         aio_pika.Message(b"orphan", message_id="orphan-1"),
         queue=queue.name,
         delay=0.5,
-        topology=s.topology,
+        topology=scenario.topology,
     )
     await queue.delete(if_unused=False, if_empty=False)
-    unroutable = await s.ch.get_queue(s.topology.unroutable_queue)
+    unroutable = await scenario.ch.get_queue(scenario.topology.unroutable_queue)
     kept = Inbox()
     await unroutable.consume(kept)
     arrival = await kept.get()

@@ -15,10 +15,9 @@ import tenacity
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
 from pamqp.common import FieldTable
 
-from chain_support import WAIT, Inbox, Scenario, publish
+from chain_support import WAIT, Inbox, Scenario, open_scenario, publish
 from delayed_retry import (
     ConfigurationError,
-    DelayTopology,
     ParkMessage,
     RetryAfter,
     RetryingHandler,
@@ -47,14 +46,8 @@ async def s(
 ) -> AsyncIterator[Scenario]:
     """A quorum chain of 16 levels; ``indirect`` parametrization may ask for ``classic``."""
     queue_type: QueueType = getattr(request, "param", "quorum")
-    scenario = Scenario(
-        connection, unique, DelayTopology(prefix=unique, levels=16, queue_type=queue_type)
-    )
-    await scenario.open()
-    try:
-        yield scenario
-    finally:
-        await scenario.close(rabbitmq_url)
+    async with open_scenario(connection, unique, rabbitmq_url, queue_type) as opened:
+        yield opened
 
 
 class Calls:
