@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -100,12 +101,63 @@ async def declare_parking_queue(
     await _on_fresh_channel(connection, lambda ch: _declare_queue(ch, spec))
 
 
+PARKING_REDECLARE_INTERVAL = 1.0
+"""Seconds a parking queue's re-declaration counts as fresh for the parks that follow."""
+
+
 class TopologyDeclarer:
     """Declarations already made on one connection, and the lock that serialises them."""
 
     def __init__(self) -> None:
         self._done: set[tuple[object, ...]] = set()
         self._lock = asyncio.Lock()
+        self._parking_at: dict[tuple[object, ...], float] = {}
+        self._parking_now: dict[tuple[object, ...], asyncio.Future[None]] = {}
+
+    def has_destination(
+        self, topology: DelayTopology, queue: str, parking_queue: str | None = None
+    ) -> bool:
+        """Whether :meth:`destination` (with parking) has succeeded on this connection."""
+        return ("destination", topology, queue, parking_queue, True) in self._done
+
+    async def parking(
+        self,
+        connection: aiormq.abc.AbstractConnection,
+        topology: DelayTopology,
+        queue: str,
+        parking_queue: str | None = None,
+    ) -> None:
+        """Re-declare ``queue``'s parking queue before a park, so one deleted by hand is back.
+
+        Concurrent parks share one declaration (one channel), and a declaration
+        serves the parks of the next :data:`PARKING_REDECLARE_INTERVAL` seconds:
+        a storm of parks opens a bounded number of channels, never one each
+        (the broker closes the whole connection past its ``channel_max``). A
+        park in that window after a deletion is caught by the parking
+        exchange's alternate exchange, in the unroutable queue.
+        """
+        key = (topology, queue, parking_queue)
+        declared_at = self._parking_at.get(key)
+        if declared_at is not None and time.monotonic() - declared_at < PARKING_REDECLARE_INTERVAL:
+            return
+        running = self._parking_now.get(key)
+        if running is not None:
+            await asyncio.shield(running)
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._parking_now[key] = done
+        try:
+            spec = topology.parking_queue_spec(queue, parking_queue)
+            await _on_fresh_channel(connection, lambda ch: _declare_queue(ch, spec))
+        except BaseException as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved: waiters, if any, raise it themselves
+            raise
+        else:
+            self._parking_at[key] = time.monotonic()
+            done.set_result(None)
+        finally:
+            self._parking_now.pop(key, None)
 
     async def _once(
         self,

@@ -44,9 +44,8 @@ RELEASES = {"4.0": BrokerRelease(version="4.0", suite="trixie")}
 
 def debian_mirror() -> str:
     """The Debian mirror named in the host's apt sources, else deb.debian.org."""
-    for path in sorted(Path("/etc/apt/sources.list.d").glob("*")) + [
-        Path("/etc/apt/sources.list")
-    ]:
+    sources = [*sorted(Path("/etc/apt/sources.list.d").glob("*")), Path("/etc/apt/sources.list")]
+    for path in sources:
         try:
             text = path.read_text()
         except OSError:

@@ -25,7 +25,7 @@ import itertools
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import aio_pika
 import aiormq
@@ -152,11 +152,14 @@ class FakeChannel:
         if answer == "return":
             return DeliveredMessage(
                 delivery=spec.Basic.Return(
-                    reply_code=312, reply_text="NO_ROUTE", exchange=exchange, routing_key=routing_key
+                    reply_code=312,
+                    reply_text="NO_ROUTE",
+                    exchange=exchange,
+                    routing_key=routing_key,
                 ),
                 header=ContentHeader(properties=props, body_size=len(body)),
                 body=body,
-                channel=self,
+                channel=cast(Any, self),
             )
         if answer == "timeout":
             raise TimeoutError
@@ -223,7 +226,8 @@ class FakeChannel:
 
     def settlement_of(self, message: aio_pika.IncomingMessage) -> list[tuple[str, bool]]:
         """How ``message`` was settled on this channel: ``[("ack", False)]`` and so on."""
-        return [(kind, requeue) for kind, tag, requeue in self.settlements if tag == message.delivery_tag]
+        tag = message.delivery_tag
+        return [(kind, requeue) for kind, seen, requeue in self.settlements if seen == tag]
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"FakeChannel does not implement {name!r}")
@@ -261,6 +265,6 @@ def fake_message(
         delivery=deliver,
         header=ContentHeader(properties=properties, body_size=len(body)),
         body=body,
-        channel=channel,
+        channel=cast(Any, channel),
     )
     return aio_pika.IncomingMessage(delivered, no_ack=no_ack)
