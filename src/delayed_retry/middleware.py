@@ -259,6 +259,7 @@ class RetryingHandler(Generic[P]):
                     self,
                     message.message_id,
                 )
+                policy_exc.__context__ = failure  # the record shows both tracebacks
                 decision, failure = Decision.park("internal-error"), policy_exc
             await self._hand_over(queue).failed(message, state, failure, decision, scope)
 
