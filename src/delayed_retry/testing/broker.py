@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Iterator
 
+from .chroot import VERSION_ENV
 from .node import RabbitMQNode
 from .probe import redact, wait_for_broker
 
@@ -59,7 +60,9 @@ def _container_url(image: str) -> Iterator[str]:
 def broker_url(*, image: str = DEFAULT_IMAGE, timeout: float = 60.0) -> Iterator[str]:
     """Yield the AMQP URL of a broker for tests, starting one if needed.
 
-    In order: ``RABBITMQ_URL`` when set (checked, never changed); a
+    In order: ``RABBITMQ_URL`` when set (checked, never changed); a private
+    :class:`RabbitMQNode` of that version when ``DELAYED_RETRY_TEST_RABBITMQ``
+    names one (``4.0``: see :mod:`delayed_retry.testing.chroot`); a
     ``testcontainers`` container of ``image`` when a Docker engine answers;
     else a private :class:`RabbitMQNode`. Whatever it started is stopped on
     exit. Use it for a session-wide broker that tests share with unique
@@ -70,6 +73,12 @@ def broker_url(*, image: str = DEFAULT_IMAGE, timeout: float = 60.0) -> Iterator
         log.info("using the broker at RABBITMQ_URL=%s", redact(given))
         wait_for_broker(given, timeout=timeout)
         yield given
+        return
+    version = os.environ.get(VERSION_ENV)
+    if version:
+        log.info("%s=%s: starting a private RabbitMQ %s node", VERSION_ENV, version, version)
+        with RabbitMQNode(version=version) as node:
+            yield node.url
         return
     if _docker_reachable():
         log.info("Docker engine found; starting a %s container", image)

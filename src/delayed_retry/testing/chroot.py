@@ -25,6 +25,9 @@ CACHE_DIR = Path(os.environ.get("DELAYED_RETRY_CACHE_DIR", "/var/cache/delayed-r
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
+VERSION_ENV = "DELAYED_RETRY_TEST_RABBITMQ"
+"""Environment variable naming the RabbitMQ version private test nodes run (``4.0``)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class BrokerRelease:
@@ -129,6 +132,36 @@ def ensure_chroot(version: str, *, timeout: float = 1200.0) -> Path:
         building.rename(release.root)
         log.info("RabbitMQ %s chroot built in %.0f s", version, time.monotonic() - began)
     return release.root
+
+
+def _mounted(path: Path) -> bool:
+    target = str(path.resolve())
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    return any(line.split()[1] == target for line in mounts if len(line.split()) > 1)
+
+
+def ensure_mounts(root: Path) -> None:
+    """Mount ``proc`` and bind ``/dev`` into ``root`` unless already there (the node needs both).
+
+    The mounts stay for later runs; they hold nothing but the host's own views.
+    """
+    with (root.parent / f".{root.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for target, command in (
+            (root / "proc", ["mount", "-t", "proc", "proc", str(root / "proc")]),
+            (root / "dev", ["mount", "--bind", "/dev", str(root / "dev")]),
+        ):
+            if _mounted(target):
+                continue
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise BrokerHarnessError(
+                    f"`{' '.join(command)}` failed ({result.stderr.strip()}); a RabbitMQ node "
+                    f"in the chroot {root} needs it: run the tests as root"
+                )
 
 
 if __name__ == "__main__":
