@@ -19,6 +19,7 @@ from typing import Any
 import aiormq
 import aiormq.abc
 
+from delayed_retry.checks import broker_major_version, kept_queue_risk
 from delayed_retry.errors import ConfigurationError, TopologyMismatchError
 from delayed_retry.topology import DelayTopology, QueueSpec, amqp_arguments
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 async def _on_fresh_channel(
     connection: aiormq.abc.AbstractConnection,
-    action: Callable[[aiormq.abc.AbstractChannel], Awaitable[None]],
+    action: Callable[[aiormq.abc.AbstractChannel], Awaitable[object]],
 ) -> None:
     channel = await connection.channel(publisher_confirms=False)
     try:
@@ -62,15 +63,39 @@ def _explain(exc: aiormq.exceptions.ChannelClosed, what: str, wanted: Any) -> Ex
 
 async def _declare_queue(channel: aiormq.abc.AbstractChannel, spec: QueueSpec) -> None:
     args: dict[str, Any] = dict(amqp_arguments(spec.arguments))
-    try:
-        await channel.queue_declare(spec.name, durable=True, arguments=args)
-    except aiormq.exceptions.ChannelClosed as exc:
-        raise _explain(exc, f"queue {spec.name!r}", args) from exc
+    if "x-delivery-limit" in args:
+        # A queue declared by an older version without the limit refuses the new
+        # argument and would close the channel: declare it on a channel of its own.
+        await _declare_kept_queue(channel.connection, spec.name, args)
+    else:
+        try:
+            await channel.queue_declare(spec.name, durable=True, arguments=args)
+        except aiormq.exceptions.ChannelClosed as exc:
+            raise _explain(exc, f"queue {spec.name!r}", args) from exc
     for exchange, key in spec.bindings:
         try:
             await channel.queue_bind(spec.name, exchange, routing_key=key)
         except aiormq.exceptions.ChannelClosed as exc:
             raise _explain(exc, f"binding of queue {spec.name!r} to {exchange!r}", key) from exc
+
+
+async def _declare_kept_queue(
+    connection: aiormq.abc.AbstractConnection, name: str, args: dict[str, Any]
+) -> None:
+    """Declare a parking or unroutable queue; keep using one that predates its delivery limit."""
+    try:
+        await _on_fresh_channel(
+            connection, lambda ch: ch.queue_declare(name, durable=True, arguments=args)
+        )
+        return
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        if "x-delivery-limit" not in str(exc):
+            raise _explain(exc, f"queue {name!r}", args) from exc
+    except aiormq.exceptions.ChannelClosed as exc:
+        raise _explain(exc, f"queue {name!r}", args) from exc
+    major = broker_major_version(getattr(connection, "server_properties", None))
+    log.warning("%s", kept_queue_risk(queue=name, broker_major=major))
+    await _on_fresh_channel(connection, lambda ch: ch.queue_declare(name, passive=True))
 
 
 async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: DelayTopology) -> None:
