@@ -190,6 +190,7 @@ class FakeChannel:
 
     async def _declare(self, kind: str, name: str, arguments: Mapping[str, Any] | None) -> None:
         self._check_open()
+        await asyncio.sleep(0)  # a round trip: let concurrent callers interleave, as on a broker
         failure = self.connection.fail_declare
         if failure is not None:
             raise failure
