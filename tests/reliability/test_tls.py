@@ -27,6 +27,8 @@ from delayed_retry.testing import BrokerHarnessError, RabbitMQNode, TLSFiles
 
 from ._support import QUORUM, Ledger, wait_until
 
+pytestmark = pytest.mark.broker
+
 
 def write_ca(folder: Path, name: str) -> trustme.CA:
     ca = trustme.CA()
