@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from delayed_retry import DelayTopology
-from delayed_retry.telemetry import OpenTelemetryInstrumentation
+from delayed_retry.observability.otel import OpenTelemetryInstrumentation
 
 
 @dataclass

@@ -12,7 +12,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from tenacity import retry_if_exception_type, wait_fixed
 
 from delayed_retry import DelayTopology, consume, publish_delayed, with_delayed_retry
-from delayed_retry.monitor import DELAYED_MESSAGES, PARKED_MESSAGES, ChainMonitor
+from delayed_retry.observability.gauges import DELAYED_MESSAGES, PARKED_MESSAGES, ChainMonitor
 from telemetry_support import Telemetry, cleaned, make_telemetry, wait_until
 
 pytestmark = pytest.mark.broker
@@ -279,7 +279,7 @@ def test_prometheus_exporter_names() -> None:
 
     from delayed_retry.durations import utcnow
     from delayed_retry.headers import RetryState
-    from delayed_retry.metrics import RetryMetrics, meter_for
+    from delayed_retry.observability.metrics import RetryMetrics, meter_for
 
     reader = PrometheusMetricReader()
     provider = MeterProvider(metric_readers=[reader])

@@ -30,12 +30,12 @@ from delayed_retry.middleware import (
     retry_state,
     with_delayed_retry,
 )
-from delayed_retry.monitor import ChainMonitor
-from delayed_retry.observe import Instrumentation, NoInstrumentation
+from delayed_retry.observability.gauges import ChainMonitor
+from delayed_retry.observability.instrumentation import Instrumentation, NoInstrumentation
+from delayed_retry.observability.otel import OpenTelemetryInstrumentation
 from delayed_retry.parking import ParkedMessage, ReplayResult, peek_parked, replay_parked
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
 from delayed_retry.scheduling import publish_delayed
-from delayed_retry.telemetry import OpenTelemetryInstrumentation
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [

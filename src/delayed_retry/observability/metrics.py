@@ -15,7 +15,7 @@ instrument                             unit       attributes
 =====================================  =========  ========================================
 
 The queue-depth gauges (messages delayed per level, parked per queue) are
-in :mod:`delayed_retry.monitor`, because they need a broker connection.
+in :mod:`delayed_retry.observability.gauges`, because they need a broker connection.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from opentelemetry.metrics import Meter, MeterProvider
 
 from delayed_retry.durations import utcnow
 from delayed_retry.headers import RetryState
-from delayed_retry.tracing import (
+from delayed_retry.observability.spans import (
     ATTR_OUTCOME,
     ATTR_PUBLISH_KIND,
     ATTR_REASON,

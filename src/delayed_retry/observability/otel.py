@@ -1,10 +1,10 @@
-"""OpenTelemetry implementation of :class:`~delayed_retry.observe.Instrumentation`.
+"""OpenTelemetry implementation of :class:`~delayed_retry.Instrumentation`.
 
 Pass an :class:`OpenTelemetryInstrumentation` with explicit providers to
 ``@with_delayed_retry(instrumentation=...)`` and ``publish_delayed`` when the
 application does not use the global providers (tests do this with the SDK's
 in-memory exporter and reader). Without one, the middleware uses
-:func:`delayed_retry.observe.default_instrumentation`: this class on the
+:func:`delayed_retry.observability.instrumentation.default_instrumentation`: this class on the
 global providers, a no-op until an SDK is configured.
 """
 
@@ -21,9 +21,9 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import TracerProvider
 
 from delayed_retry.headers import RetryState
-from delayed_retry.metrics import RetryMetrics, meter_for
-from delayed_retry.observe import Outcome, PublishKind
-from delayed_retry.tracing import (
+from delayed_retry.observability.instrumentation import Outcome, PublishKind
+from delayed_retry.observability.metrics import RetryMetrics, meter_for
+from delayed_retry.observability.spans import (
     HEADER_GETTER,
     HEADER_SETTER,
     W3C,

@@ -1,7 +1,7 @@
 """The seam between the middleware and telemetry: what is observed, not how.
 
 The middleware reports each handling attempt and each hand-over through an
-:class:`Instrumentation`. :mod:`delayed_retry.tracing` implements it with
+:class:`Instrumentation`. :mod:`delayed_retry.observability.spans` implements it with
 OpenTelemetry; :class:`NoInstrumentation` does nothing, for tests and for
 those who want no telemetry at all.
 """
@@ -107,7 +107,7 @@ def default_instrumentation() -> Instrumentation:
     """
     global _default
     if _default is None:
-        from delayed_retry.telemetry import OpenTelemetryInstrumentation
+        from delayed_retry.observability.otel import OpenTelemetryInstrumentation
 
         _default = OpenTelemetryInstrumentation()
     return _default
