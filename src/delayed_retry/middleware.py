@@ -34,7 +34,8 @@ from delayed_retry.headers import (
     RetryState,
     parse_retry_state,
 )
-from delayed_retry.observability.instrumentation import Instrumentation, default_instrumentation
+from delayed_retry.observability.instrumentation import Instrumentation
+from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
