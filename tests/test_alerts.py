@@ -16,7 +16,13 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from aiohttp import web
 from tenacity import wait_fixed
 
-from delayed_retry import ConfigurationError, DelayTopology, consume, with_delayed_retry
+from delayed_retry import (
+    ConfigurationError,
+    DelayTopology,
+    consume,
+    declare_topology,
+    with_delayed_retry,
+)
 from delayed_retry.alerts import (
     Alert,
     AlertSinkError,
@@ -119,7 +125,7 @@ async def park(
 async def test_webhook_gets_one_grouped_alert_and_the_copies_are_acked(
     connection: AbstractRobustConnection, unique: str, topology: DelayTopology, webhook: Webhook
 ) -> None:
-    await topology.declare(await connection.channel())
+    await declare_topology(await connection.channel(), topology)
     await park(connection, topology, f"{unique}.q", ["a1", "a2", "a3"])
     await park(connection, topology, f"{unique}.other", ["b1"], already=3)
     alerts = ParkingAlerts(
@@ -164,7 +170,7 @@ async def test_webhook_gets_one_grouped_alert_and_the_copies_are_acked(
 async def test_a_sink_failing_twice_then_succeeding_is_retried_and_then_acked(
     connection: AbstractRobustConnection, unique: str, topology: DelayTopology, webhook: Webhook
 ) -> None:
-    await topology.declare(await connection.channel())
+    await declare_topology(await connection.channel(), topology)
     await park(connection, topology, f"{unique}.q", ["m1"])
     webhook.statuses = [500, 503]
     async with ParkingAlerts(
@@ -189,7 +195,7 @@ async def test_a_sink_that_always_fails_leaves_the_copies_in_the_alert_queue(
     webhook: Webhook,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    await topology.declare(await connection.channel())
+    await declare_topology(await connection.channel(), topology)
     await park(connection, topology, f"{unique}.q", ["f1", "f2"])
     webhook.default = 500
     delivered: list[Alert] = []
@@ -229,7 +235,7 @@ async def test_callback_and_logging_sinks(
     topology: DelayTopology,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    await topology.declare(await connection.channel())
+    await declare_topology(await connection.channel(), topology)
     await park(connection, topology, f"{unique}.q", ["c1", "c2"])
     got: asyncio.Queue[Alert] = asyncio.Queue()
 
@@ -256,7 +262,7 @@ async def test_unroutable_chain_messages_are_alerted_too(
     connection: AbstractRobustConnection, unique: str, topology: DelayTopology
 ) -> None:
     channel = await connection.channel()
-    await topology.declare(channel)
+    await declare_topology(channel, topology)
     # A chain message for a queue that is not bound to the delivery exchange.
     route = topology.route(1, f"{unique}.gone")
     exchange = await channel.get_exchange(route.exchange)
@@ -323,7 +329,7 @@ async def test_alerts_command_posts_to_the_webhook(
     topology: DelayTopology,
     webhook: Webhook,
 ) -> None:
-    await topology.declare(await connection.channel())
+    await declare_topology(await connection.channel(), topology)
     await park(connection, topology, f"{unique}.q", ["k1"])
     args = build_parser().parse_args(
         [

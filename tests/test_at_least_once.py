@@ -13,6 +13,7 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection
 
 from chain_support import WAIT, Inbox, Scenario, open_scenario
+from delayed_retry import declare_topology
 from delayed_retry import headers as h
 
 pytestmark = pytest.mark.broker
@@ -56,7 +57,7 @@ async def test_crash_after_confirmed_retry_gives_a_duplicate_not_a_loss(
     s: Scenario, rabbitmq_url: str
 ) -> None:
     queue = await s.queue()
-    await s.topology.declare(s.ch, queues=[queue.name])
+    await declare_topology(s.ch, s.topology, queues=[queue.name])
     await s.ch.default_exchange.publish(
         aio_pika.Message(b"payment-9", message_id="payment-9"), queue.name
     )
@@ -82,7 +83,7 @@ async def test_crash_after_confirmed_parking_gives_a_duplicate_not_a_loss(
     s: Scenario, rabbitmq_url: str
 ) -> None:
     queue = await s.queue()
-    await s.topology.declare(s.ch, queues=[queue.name])
+    await declare_topology(s.ch, s.topology, queues=[queue.name])
     await s.ch.default_exchange.publish(
         aio_pika.Message(b"payment-10", message_id="payment-10"), queue.name
     )

@@ -15,6 +15,7 @@ from chain_support import WAIT, Inbox, Scenario
 from delayed_retry import (
     ConfigurationError,
     DelayOutOfRangeError,
+    declare_topology,
     publish_delayed,
 )
 from delayed_retry.durations import to_epoch_ms
@@ -73,7 +74,7 @@ async def test_zero_delay_passes_straight_through(quorum: Scenario) -> None:
 
 async def test_delay_as_timedelta_seconds_and_aware_datetime(quorum: Scenario) -> None:
     queue = await quorum.queue()
-    await quorum.topology.declare(quorum.ch, queues=[queue.name])
+    await declare_topology(quorum.ch, quorum.topology, queues=[queue.name])
     inbox = Inbox()
     await queue.consume(inbox)
     elsewhere = timezone(timedelta(hours=-5))
@@ -151,7 +152,7 @@ async def test_bad_delays_raise_at_publish_time_and_publish_nothing(
     quorum: Scenario, delay: object, error: type[Exception], match: str
 ) -> None:
     queue = await quorum.queue()
-    await quorum.topology.declare(quorum.ch, queues=[queue.name])
+    await declare_topology(quorum.ch, quorum.topology, queues=[queue.name])
     with pytest.raises(error, match=match):
         await publish_delayed(
             quorum.ch,

@@ -10,6 +10,7 @@ from delayed_retry.alerts import (
     SinkRetry,
     WebhookSink,
 )
+from delayed_retry.declare import declare_topology
 from delayed_retry.errors import (
     ConfigurationError,
     DelayedRetryError,
@@ -58,6 +59,7 @@ __all__ = [
     # topology
     "DelayTopology",
     "DEFAULT_TOPOLOGY",
+    "declare_topology",
     # telemetry
     "Instrumentation",
     "NoInstrumentation",

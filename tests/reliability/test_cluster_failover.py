@@ -18,7 +18,13 @@ import pytest
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from delayed_retry import DelayTopology, consume, current_retry_state, with_delayed_retry
+from delayed_retry import (
+    DelayTopology,
+    consume,
+    current_retry_state,
+    declare_topology,
+    with_delayed_retry,
+)
 from delayed_retry.testing import RabbitMQCluster
 
 from ._support import QUORUM, Ledger, delete_queues, publish_ids, wait_until
@@ -45,7 +51,7 @@ async def test_killing_the_chain_leader_loses_no_message(
     connections.append(admin)
     channel = await admin.channel()
     await channel.declare_queue(queue, durable=True, arguments=QUORUM)
-    await topology.declare(channel, queues=[queue])
+    await declare_topology(channel, topology, queues=[queue])
     leader = cluster.leader_of(topology.level_name(DELAY_LEVEL))
     assert cluster.members_of(topology.level_name(DELAY_LEVEL)) == [0, 1, 2]
 

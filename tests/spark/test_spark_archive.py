@@ -13,6 +13,7 @@ import pyarrow.dataset as pads
 import pytest
 from aio_pika.abc import AbstractRobustConnection, FieldValue
 
+from delayed_retry import declare_topology
 from delayed_retry.headers import X_PARKED_AT
 from delayed_retry.spark import (
     ArchiveError,
@@ -32,7 +33,7 @@ async def _setup(connection: AbstractRobustConnection, unique: str) -> tuple[Del
     topology = DelayTopology(prefix=unique, levels=20)
     channel = await connection.channel()
     await channel.declare_queue(unique, durable=True)
-    await topology.declare(channel, queues=[unique])
+    await declare_topology(channel, topology, queues=[unique])
     await channel.close()
     return topology, f"{unique}.parking"
 

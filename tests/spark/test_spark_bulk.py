@@ -15,6 +15,7 @@ import pyarrow.dataset as pads
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
+from delayed_retry import declare_topology
 from delayed_retry.headers import X_DUE_AT
 from delayed_retry.spark import X_SCHEDULE_ID, PublishRunError, redrive, schedule_dataframe
 from delayed_retry.spark.synthetic import parked_row, write_archive
@@ -42,7 +43,7 @@ async def test_schedule_dataframe_delivers_every_row_never_early_and_once(
         await got.put((message, -(-time.time_ns() // 1_000_000)))
         await message.ack()
 
-    await topology.declare(channel, queues=[unique])
+    await declare_topology(channel, topology, queues=[unique])
     await queue.consume(on_message)
     start = datetime.now(UTC)
     orders = spark.createDataFrame(
