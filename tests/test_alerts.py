@@ -36,7 +36,7 @@ from delayed_retry.alerts import (
 from delayed_retry.cli.alerts_cmd import run_alerts
 from delayed_retry.cli.main import build_parser
 from delayed_retry.observability.instrumentation import NoInstrumentation
-from telemetry_support import cleaned, depth, wait_until
+from tests.support.telemetry import cleaned, depth, wait_until
 
 pytestmark = pytest.mark.broker
 

@@ -12,13 +12,13 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from chain_support import WAIT, Inbox, Scenario, open_scenario
 from delayed_retry import declare_topology
 from delayed_retry import headers as h
+from tests.support.chain import WAIT, Inbox, Scenario, open_scenario
 
 pytestmark = pytest.mark.broker
 
-CONSUMER = Path(__file__).with_name("at_least_once_consumer.py")
+CONSUMER = Path(__file__).parent / "support" / "at_least_once_consumer.py"
 LEVELS = 16
 
 

@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta, timezone
 import aio_pika
 import pytest
 
-from chain_support import WAIT, Inbox, Scenario
 from delayed_retry import (
     ConfigurationError,
     DelayOutOfRangeError,
@@ -20,6 +19,7 @@ from delayed_retry import (
 )
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.headers import X_DUE_AT
+from tests.support.chain import WAIT, Inbox, Scenario
 
 pytestmark = pytest.mark.broker
 

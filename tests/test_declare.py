@@ -9,7 +9,6 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from chain_support import Inbox, Scenario, eventually, publish
 from delayed_retry import (
     DelayTopology,
     TopologyMismatchError,
@@ -20,6 +19,7 @@ from delayed_retry import (
 )
 from delayed_retry import declare as declare_module
 from delayed_retry.headers import X_DUE_AT
+from tests.support.chain import Inbox, Scenario, eventually, publish
 
 pytestmark = pytest.mark.broker
 

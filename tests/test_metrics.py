@@ -19,7 +19,7 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.observability.gauges import DELAYED_MESSAGES, PARKED_MESSAGES, ChainMonitor
-from telemetry_support import Telemetry, cleaned, make_telemetry, wait_until
+from tests.support.telemetry import Telemetry, cleaned, make_telemetry, wait_until
 
 pytestmark = pytest.mark.broker
 

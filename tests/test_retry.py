@@ -15,7 +15,6 @@ import tenacity
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
 from pamqp.common import FieldTable
 
-from chain_support import WAIT, Inbox, Scenario, open_scenario, publish
 from delayed_retry import (
     ConfigurationError,
     ParkMessage,
@@ -31,6 +30,7 @@ from delayed_retry import headers as h
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.middleware import EARLY_TOLERANCE
 from delayed_retry.topology import QueueType
+from tests.support.chain import WAIT, Inbox, Scenario, open_scenario, publish
 
 pytestmark = pytest.mark.broker
 
