@@ -36,7 +36,8 @@ from delayed_retry.alerts import (
 from delayed_retry.cli.alerts_cmd import run_alerts
 from delayed_retry.cli.main import build_parser
 from delayed_retry.observability.instrumentation import NoInstrumentation
-from tests.support.telemetry import cleaned, depth, wait_until
+from tests.support.queues import cleaned, depth
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -150,13 +151,13 @@ async def test_webhook_gets_one_grouped_alert_and_the_copies_are_acked(
     assert body["groups"] == [
         {
             "queue": f"{unique}.q",
-            "exception_type": "test_alerts.GatewayDown",
+            "exception_type": f"{__name__}.GatewayDown",
             "count": 3,
             "example": None,
         },
         {
             "queue": f"{unique}.other",
-            "exception_type": "test_alerts.GatewayDown",
+            "exception_type": f"{__name__}.GatewayDown",
             "count": 1,
             "example": "gateway down for b1",
         },

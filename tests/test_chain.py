@@ -19,7 +19,8 @@ from delayed_retry import (
 )
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.headers import X_DUE_AT
-from tests.support.chain import WAIT, Inbox, Scenario
+from tests.support.chain import Inbox, Scenario
+from tests.support.waiting import WAIT
 
 pytestmark = pytest.mark.broker
 

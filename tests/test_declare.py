@@ -19,7 +19,8 @@ from delayed_retry import (
 )
 from delayed_retry import declare as declare_module
 from delayed_retry.headers import X_DUE_AT
-from tests.support.chain import Inbox, Scenario, eventually, publish
+from tests.support.chain import Inbox, Scenario, publish
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -144,7 +145,7 @@ async def test_existing_queue_with_other_arguments_is_a_clear_mismatch(quorum: S
     assert not quorum.ch.is_closed
     queue = await quorum.queue()
     await publish(quorum.ch, queue.name, b"still usable")
-    await eventually(lambda: _has(quorum, queue.name, 1))
+    await wait_until(lambda: _has(quorum, queue.name, 1), what=f"1 message in {queue.name}")
     # publish_delayed on the same channel fails the same way, and the channel still lives.
     with pytest.raises(TopologyMismatchError, match=level):
         await publish_delayed(

@@ -19,7 +19,9 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.observability.gauges import DELAYED_MESSAGES, PARKED_MESSAGES, ChainMonitor
-from tests.support.telemetry import Telemetry, cleaned, make_telemetry, wait_until
+from tests.support.queues import cleaned
+from tests.support.telemetry import Telemetry, make_telemetry
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 

@@ -17,8 +17,10 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, declare_topology, publish_delayed
 from delayed_retry.testing import RabbitMQNode
+from tests.support.queues import depth
+from tests.support.waiting import wait_until
 
-from ._support import QUORUM, Ledger, depth, wait_until
+from ._support import QUORUM, Ledger
 
 MESSAGES = 2000
 

@@ -26,8 +26,10 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.testing import RabbitMQCluster
+from tests.support.queues import delete_all
+from tests.support.waiting import wait_until
 
-from ._support import QUORUM, Ledger, delete_queues, publish_ids, wait_until
+from ._support import QUORUM, Ledger, publish_ids
 
 pytestmark = pytest.mark.cluster
 
@@ -116,11 +118,13 @@ async def test_killing_the_chain_leader_loses_no_message(
     finally:
         await asyncio.to_thread(cluster.ensure_all_running)
         cleanup = await aio_pika.connect(cluster.urls[0])
-        await delete_queues(
+        await delete_all(
             await cleanup.channel(),
-            queue,
-            topology.default_parking_queue(queue),
-            *(spec.name for spec in topology.queues()),
+            queues=[
+                queue,
+                topology.default_parking_queue(queue),
+                *(spec.name for spec in topology.queues()),
+            ],
         )
         await cleanup.close()
         for opened in connections:
