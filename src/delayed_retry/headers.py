@@ -224,6 +224,21 @@ def _key(key: object) -> str:
     return _utf8(str(key)[:128])
 
 
+def _amqp_decimal(value: Decimal) -> bool:
+    """Whether AMQP's decimal (an octet scale, a signed 32-bit mantissa) holds ``value``.
+
+    The same arithmetic as pamqp's encoder, kept here so this module stays pure.
+    """
+    exponent = value.as_tuple().exponent
+    if not isinstance(exponent, int):  # NaN, Infinity
+        return False
+    if exponent > 0:
+        scale, mantissa = 0, int(value)
+    else:
+        scale, mantissa = -exponent, int(value.scaleb(-exponent))
+    return 0 <= scale <= 255 and -(1 << 31) <= mantissa < 1 << 31
+
+
 def _sanitize_value(value: object, depth: int) -> Any:
     """A header value pamqp can encode, keeping its meaning where possible."""
     if value is None or isinstance(value, bool | bytearray):
@@ -241,13 +256,7 @@ def _sanitize_value(value: object, depth: int) -> Any:
             return value
         return repr(value)
     if isinstance(value, Decimal):
-        try:
-            from pamqp.encode import decimal as encode_decimal
-
-            encode_decimal(value)
-            return value
-        except (TypeError, ValueError, struct.error, OverflowError):
-            return str(value)
+        return value if _amqp_decimal(value) else str(value)
     if isinstance(value, bytes):
         return bytearray(value)
     if isinstance(value, str):
