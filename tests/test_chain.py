@@ -138,7 +138,7 @@ async def test_message_properties_survive_and_expiration_does_not_cut_the_delay(
 @pytest.mark.parametrize(
     ("delay", "error", "match"),
     [
-        (datetime(2030, 1, 1), ConfigurationError, "no timezone"),
+        (datetime(2030, 1, 1), ConfigurationError, "no timezone"),  # noqa: DTZ001 (the bad input)
         (-1, DelayOutOfRangeError, "negative"),
         (timedelta(seconds=-1), DelayOutOfRangeError, "negative"),
         (math.nan, DelayOutOfRangeError, "finite"),

@@ -232,7 +232,7 @@ def test_sanitize_keeps_datetimes_as_timestamps() -> None:
     "moment",
     [
         datetime(1960, 1, 1, tzinfo=UTC),
-        datetime(1, 1, 1),
+        datetime(1, 1, 1),  # noqa: DTZ001 (naive, as a publisher may send)
         datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))),
     ],
 )
