@@ -23,7 +23,17 @@ import pytest
 
 PACKAGE = "delayed_retry"
 
-PURE = ("durations", "encoding", "topology", "headers", "policy", "checks", "errors", "fingerprint")
+PURE = (
+    "durations",
+    "encoding",
+    "topology",
+    "headers",
+    "policy",
+    "checks",
+    "errors",
+    "urls",
+    "fingerprint",
+)
 """Modules that must stay pure logic: no broker, no telemetry, no network, no Spark."""
 
 IO_LIBRARIES = ("aio_pika", "aiormq", "pamqp", "opentelemetry", "aiohttp", "pyspark", "pyarrow")

@@ -44,6 +44,8 @@ __all__ = [
     "read_epoch_ms",
     "sanitize_headers",
     "scheduled_headers",
+    "encode_body_preview",
+    "exception_name",
 ]
 
 X_RETRY = "x-retry"
@@ -299,10 +301,17 @@ def _bounded(text: str, limit: int, *, keep_end: bool = False) -> str:
 
 def describe_exception(exc: BaseException) -> str:
     """``Type: message`` of ``exc``, bounded."""
-    return _bounded(f"{_qualname(exc)}: {exc}", MAX_ERROR_CHARS)
+    return _bounded(f"{exception_name(exc)}: {exc}", MAX_ERROR_CHARS)
 
 
-def _qualname(exc: BaseException) -> str:
+def exception_name(exc: BaseException | None) -> str:
+    """Qualified name of ``exc``'s type, ``builtins`` left out; ``"unknown"`` for ``None``.
+
+    The one spelling of an exception type: the ``x-exception-type`` header,
+    the ``error.type`` span attribute and the metrics' labels all use it.
+    """
+    if exc is None:
+        return "unknown"
     cls = type(exc)
     return (
         cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
@@ -350,7 +359,7 @@ def parking_headers(
     out.pop(X_DUE_AT, None)
     out[X_PARKED_REASON] = reason
     out[X_PARKED_AT] = to_epoch_ms(now)
-    out[X_EXCEPTION_TYPE] = _qualname(exc)
+    out[X_EXCEPTION_TYPE] = exception_name(exc)
     out[X_EXCEPTION_MESSAGE] = _bounded(str(exc), MAX_ERROR_CHARS)
     trace = "".join(tb.format_exception(exc))
     out[X_EXCEPTION_TRACEBACK] = _bounded(trace, MAX_TRACEBACK_CHARS, keep_end=True)

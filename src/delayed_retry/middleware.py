@@ -40,7 +40,14 @@ from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
-__all__ = ["RetryingHandler", "consume", "current_retry_state", "retry_state", "with_delayed_retry"]
+__all__ = [
+    "RetryingHandler",
+    "consume",
+    "current_retry_state",
+    "retry_state",
+    "with_delayed_retry",
+    "EARLY_TOLERANCE",
+]
 
 log = logging.getLogger(__name__)
 

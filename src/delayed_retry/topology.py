@@ -35,6 +35,7 @@ __all__ = [
     "QueueSpec",
     "QueueType",
     "Route",
+    "amqp_arguments",
 ]
 
 QueueType = Literal["quorum", "classic"]

@@ -15,8 +15,10 @@ import logging
 import os
 from collections.abc import Iterator
 
+from delayed_retry.urls import redact_url
+
 from .node import RabbitMQNode
-from .probe import redact, wait_for_broker
+from .probe import wait_for_broker
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ def broker_url(*, image: str = DEFAULT_IMAGE, timeout: float = 60.0) -> Iterator
     """
     given = os.environ.get("RABBITMQ_URL")
     if given:
-        log.info("using the broker at RABBITMQ_URL=%s", redact(given))
+        log.info("using the broker at RABBITMQ_URL=%s", redact_url(given))
         wait_for_broker(given, timeout=timeout)
         yield given
         return
