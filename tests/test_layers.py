@@ -95,6 +95,17 @@ def test_the_pure_core_imports_no_io_library(graph: grimp.ImportGraph) -> None:
     )
 
 
+def test_the_instrumentation_protocol_does_not_reach_opentelemetry(
+    graph: grimp.ImportGraph,
+) -> None:
+    # The protocol stays apart from its implementation: the default instrumentation is
+    # built in observability/otel.py, which imports the protocol, never the reverse.
+    chain = graph.find_shortest_chain(
+        importer=f"{PACKAGE}.observability.instrumentation", imported="opentelemetry"
+    )
+    assert chain is None, " -> ".join(chain or ())
+
+
 def test_each_layer_imports_only_itself_and_the_layers_below(graph: grimp.ImportGraph) -> None:
     assert layer_violations(graph) == [], "a module imports a layer above it"
 
