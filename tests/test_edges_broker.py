@@ -13,12 +13,12 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from chain_support import Scenario
 from delayed_retry import ConfigurationError, ParkMessage, consume, with_delayed_retry
 from delayed_retry import declare as declare_module
 from delayed_retry.checks import broker_major_version
 from delayed_retry.parking import peek_parked
 from delayed_retry.topology import PARKED_DELIVERY_LIMIT
+from tests.support.chain import Scenario
 
 pytestmark = pytest.mark.broker
 

@@ -30,7 +30,7 @@ from delayed_retry.headers import (
     parse_retry_state,
 )
 from delayed_retry.middleware import consume, early_tolerance, with_delayed_retry
-from delayed_retry.observe import NoInstrumentation
+from delayed_retry.observability.instrumentation import NoInstrumentation
 from delayed_retry.publishing import publish_confirmed
 from delayed_retry.testing.fake import FakeChannel, FakeConnection, fake_message
 from delayed_retry.topology import DelayTopology

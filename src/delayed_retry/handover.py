@@ -36,7 +36,7 @@ from delayed_retry.headers import (
     parking_headers,
     sanitize_headers,
 )
-from delayed_retry.observe import AttemptScope
+from delayed_retry.observability.instrumentation import AttemptScope
 from delayed_retry.policy import Decision
 from delayed_retry.topology import DelayTopology
 
@@ -151,7 +151,7 @@ class HandOver:
         self, message: AbstractIncomingMessage, state: RetryState, exc: BaseException, reason: str
     ) -> None:
         """Park ``message`` for ``reason`` (one attempt, raising if not confirmed), then ack it."""
-        from delayed_retry.observe import NoInstrumentation
+        from delayed_retry.observability.instrumentation import NoInstrumentation
 
         with NoInstrumentation().attempt(message, state, queue=self.queue) as scope:
             await self._park(message, state, exc, reason, scope, utcnow())

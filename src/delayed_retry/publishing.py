@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import struct
 import weakref
 from collections.abc import AsyncIterator, Mapping
@@ -37,7 +36,6 @@ __all__ = [
     "publish_copy",
 ]
 
-log = logging.getLogger(__name__)
 
 DEFAULT_PUBLISH_TIMEOUT = 30.0
 """Seconds to wait for a publisher confirm before giving up on a publish."""

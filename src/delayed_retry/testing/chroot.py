@@ -168,4 +168,4 @@ if __name__ == "__main__":
     import sys
 
     logging.basicConfig(level=logging.INFO)
-    print(ensure_chroot(sys.argv[1] if len(sys.argv) > 1 else "4.0"))
+    sys.stdout.write(f"{ensure_chroot(sys.argv[1] if len(sys.argv) > 1 else '4.0')}\n")
