@@ -30,14 +30,19 @@ def _major(scenario: Scenario) -> int | None:
 async def _park_messages(
     scenario: Scenario, queue: str, count: int, *, prefetch: int = 1
 ) -> asyncio.Queue[str]:
+    """Consume ``queue`` with a handler that parks everything, all ``count`` at once."""
     channel = await scenario.connection.channel()
     await channel.set_qos(prefetch_count=prefetch)
     q = await channel.declare_queue(queue, durable=True, arguments={"x-queue-type": "quorum"})
     handled: asyncio.Queue[str] = asyncio.Queue()
+    all_in = asyncio.Event()
 
     @with_delayed_retry(topology=scenario.topology)
     async def handle(message: AbstractIncomingMessage) -> None:
         await handled.put(message.message_id or "")
+        if handled.qsize() >= count:
+            all_in.set()
+        await all_in.wait()  # the parks of a storm start together
         raise ParkMessage("always")
 
     await consume(q, handle)
@@ -125,7 +130,7 @@ async def test_parking_storm_keeps_the_connection_and_survives_a_deleted_parking
         # Deleted by hand: the next parks declare it again.
         await quorum.ch.queue_delete(parking)
         monkeypatch.setattr(declare_module, "PARKING_REDECLARE_INTERVAL", 0.0)
-        await _publish_many(quorum, queue, 10, prefix="after")
+        await _publish_many(quorum, queue, 10, prefix="after")  # the storm's consumer parks them
         await quorum.wait_for_depth(parking, 10, timeout=60)
         assert not connection.is_closed
     finally:
