@@ -312,12 +312,12 @@ def channel_open(message: AbstractIncomingMessage) -> bool:
 
 
 async def ack(message: AbstractIncomingMessage, queue: str) -> None:
-    """Ack a message whose copy is confirmed; a failure only means a duplicate later."""
+    """Ack a handled or handed-over message; a failure only means a duplicate later."""
     try:
         await message.ack()
-    except Exception as err:  # the copy is confirmed; the original will be redelivered
+    except Exception as err:  # done or handed over; the original will be redelivered
         log.warning(
-            "message %s on queue %r was handed over but could not be acked (%r); "
+            "message %s on queue %r was handled or handed over but could not be acked (%r); "
             "it will be delivered again (a duplicate, not a loss)",
             message.message_id,
             queue,

@@ -30,7 +30,7 @@ from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import (
     ConfigurationError,
 )
-from delayed_retry.handover import HandOver, Trouble, channel_open
+from delayed_retry.handover import HandOver, Trouble, ack, channel_open
 from delayed_retry.headers import (
     RetryState,
     parse_retry_state,
@@ -246,7 +246,8 @@ class RetryingHandler(Generic[P]):
                     scope.finish("error", reason="settled-by-handler")
                     return
                 if not message.processed:
-                    await message.ack()
+                    # Handled: a failed ack means a redelivery (a duplicate), never a park.
+                    await ack(message, queue)
                 scope.finish("success")
                 return
             if held.acked or message.processed:
