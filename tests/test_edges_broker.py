@@ -11,7 +11,9 @@ import logging
 
 import aio_pika
 import pytest
+import tenacity
 from aio_pika.abc import AbstractIncomingMessage
+from tenacity.stop import stop_base
 
 from delayed_retry import ConfigurationError, ParkMessage, consume, with_delayed_retry
 from delayed_retry import declare as declare_module
@@ -19,6 +21,7 @@ from delayed_retry.checks import broker_major_version
 from delayed_retry.parking import peek_parked
 from delayed_retry.topology import PARKED_DELIVERY_LIMIT
 from tests.support.chain import Scenario
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -135,3 +138,51 @@ async def test_parking_storm_keeps_the_connection_and_survives_a_deleted_parking
         assert not connection.is_closed
     finally:
         await connection.close()
+
+
+async def test_prefetch_one_consumer_with_message_process_retries_parks_and_goes_on(
+    quorum: Scenario,
+) -> None:
+    """aio-pika's ``message.process()`` idiom, one message at a time, a policy that breaks.
+
+    Before: ``process()`` rejected the failing message (gone, no dead-letter exchange) and a
+    raising ``stop=`` left the next one unacked, stalling a prefetch-1 consumer for good.
+    """
+    queue = quorum.name("process")
+    parking = quorum.topology.default_parking_queue(queue)
+    quorum.track_queue(queue, parking)
+    channel = await quorum.connection.channel()
+    await channel.set_qos(prefetch_count=1)
+    q = await channel.declare_queue(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    handled: list[str] = []
+    attempts: dict[str, int] = {}
+
+    class BrokenStop(stop_base):
+        def __call__(self, state: tenacity.RetryCallState) -> bool:
+            exc = state.outcome.exception() if state.outcome else None
+            if "policy" in str(exc):
+                raise RuntimeError("the stop callable broke")
+            return False
+
+    @with_delayed_retry(topology=quorum.topology, wait=tenacity.wait_fixed(0.05), stop=BrokenStop())
+    async def handle(message: AbstractIncomingMessage) -> None:
+        async with message.process():
+            kind = message.body.decode()
+            attempts[kind] = attempts.get(kind, 0) + 1
+            if kind == "flaky" and attempts[kind] == 1:
+                raise RuntimeError("flaky fails once")
+            if kind == "policy":
+                raise RuntimeError("policy")
+            handled.append(kind)
+
+    await consume(q, handle)
+    for kind in ("flaky", "policy", "ok"):
+        await channel.default_exchange.publish(
+            aio_pika.Message(kind.encode(), message_id=kind), routing_key=queue
+        )
+    await wait_until(lambda: sorted(handled) == ["flaky", "ok"], timeout=30, what="handled")
+    await quorum.wait_for_depth(parking, 1)
+    [parked] = await peek_parked(channel, queue=queue, topology=quorum.topology)
+    assert (parked.message_id, parked.reason) == ("policy", "internal-error")
+    assert attempts == {"flaky": 2, "policy": 1, "ok": 1}
+    await quorum.wait_for_depth(queue, 0)
