@@ -45,6 +45,7 @@ from delayed_retry.forwarding import (
     X_FORWARD_ROUTING_KEY,
     Forwarder,
     ForwardingFailed,
+    check_exchange_exists,
     forward_queue_name,
 )
 from delayed_retry.headers import (
@@ -175,25 +176,30 @@ class FrontDoor:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def start(self) -> None:
-        """Declare what the contract needs, then consume ``X.delay`` and the forward queue."""
+    async def declare(self) -> None:
+        """Declare ``X`` (unless it exists, of whatever type), ``X.delay``, its queue and parking.
+
+        An existing ``X`` is left as it is, so that during a migration the
+        plugin exchange itself receives what the front door delivers.
+        """
         channel = await self._connection.channel(publisher_confirms=False)
+        underlay = await channel.get_underlay_channel()
         try:
+            await check_exchange_exists(underlay.connection, self.exchange)
+        except ConfigurationError:
             await channel.declare_exchange(self.exchange, self.exchange_type, durable=True)
-        except Exception as exc:
-            raise ConfigurationError(
-                f"exchange {self.exchange!r} exists with another type or arguments than "
-                f"{self.exchange_type!r}: {exc}; pass the type it has as --exchange-type"
-            ) from exc
         delay = await channel.declare_exchange(self.delay_exchange, "fanout", durable=True)
         queue = await channel.declare_queue(
             self.inbox_queue, durable=True, arguments={"x-queue-type": self.topology.queue_type}
         )
         await queue.bind(delay)
-        underlay = await channel.get_underlay_channel()
         await declarer_for(underlay.connection).topology(underlay.connection, self.topology)
         await declare_parking_queue(underlay.connection, self.topology, self.inbox_queue)
         await channel.close()
+
+    async def start(self) -> None:
+        """Declare what the contract needs, then consume ``X.delay`` and the forward queue."""
+        await self.declare()
         await self.forwarder.start()
         self._channel = await self._connection.channel(publisher_confirms=False)
         await self._channel.set_qos(prefetch_count=self._prefetch)
