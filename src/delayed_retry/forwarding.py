@@ -111,16 +111,20 @@ async def declare_forward_queue(
     name = forward_queue_name(topology, exchange)
     declarer = declarer_for(connection)
     await declarer.topology(connection, topology)
-    channel = await connection.channel(publisher_confirms=False)
-    try:
+
+    async def action(channel: aiormq.abc.AbstractChannel) -> None:
         await channel.queue_declare(
             name, durable=True, arguments={"x-queue-type": topology.queue_type}
         )
-    finally:
-        if not channel.is_closed:
-            await channel.close()
+
+    # Once per connection: a retry returning to an exchange comes through here each time.
+    await declarer._once(("forward-queue", topology, name), connection, action)
     await declarer.destination(connection, topology, name, with_parking=False)
-    await declare_parking_queue(connection, topology, name)
+    await declarer._once(
+        ("forward-parking", topology, name),
+        connection,
+        lambda ch: declare_parking_queue(connection, topology, name),
+    )
     return name
 
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, Generic, ParamSpec, overload
+from typing import Any, Generic, Literal, ParamSpec, overload
 
 import aiormq
 import aiormq.abc
@@ -44,6 +44,8 @@ __all__ = ["RetryingHandler", "consume", "current_retry_state", "retry_state", "
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
+
+ReturnTo = Literal["queue", "exchange"]
 
 _current_state: contextvars.ContextVar[RetryState | None] = contextvars.ContextVar(
     "delayed_retry_state", default=None
@@ -75,6 +77,7 @@ class RetryOptions:
     parking_queue: str | None
     publish_timeout: float
     instrumentation: Instrumentation
+    return_to: ReturnTo = "queue"
 
 
 class RetryingHandler(Generic[P]):
@@ -119,6 +122,7 @@ class RetryingHandler(Generic[P]):
             topology=opts.topology,
             parking_queue=opts.parking_queue,
             publish_timeout=opts.publish_timeout,
+            return_to=opts.return_to,
         )
 
     def _queue(self) -> str:
@@ -200,6 +204,7 @@ def with_delayed_retry(
     parking_queue: str | None = None,
     publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
     instrumentation: Instrumentation | None = None,
+    return_to: ReturnTo = "queue",
 ) -> Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]: ...
 
 
@@ -216,6 +221,7 @@ def with_delayed_retry(
     parking_queue: str | None = None,
     publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
     instrumentation: Instrumentation | None = None,
+    return_to: ReturnTo = "queue",
 ) -> RetryingHandler[P] | Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]:
     """Wrap an aio-pika consumer handler with delayed retries and parking.
 
@@ -237,7 +243,18 @@ def with_delayed_retry(
       publish_timeout: how long to wait for a publisher confirm.
       instrumentation: telemetry (default: OpenTelemetry through the global
         providers, a no-op until an SDK is configured).
+      return_to: ``"queue"`` (default) sends a retry back to the failing queue
+        only. ``"exchange"`` sends it back to the exchange and routing key it
+        was delivered with, through a forward queue: every queue bound there
+        for that key gets it again, so choose it only where that key reaches
+        the failing queue alone, and run a
+        :class:`~delayed_retry.forwarding.Forwarder` for that exchange.
     """
+    if return_to not in ("queue", "exchange"):
+        raise ConfigurationError(
+            f"return_to={return_to!r} must be 'queue' (the failing queue) or 'exchange' "
+            "(the exchange and routing key the message was delivered with)"
+        )
     if not isinstance(topology, DelayTopology):
         raise ConfigurationError(f"topology={topology!r} must be a DelayTopology")
     if queue is not None:
@@ -260,6 +277,7 @@ def with_delayed_retry(
         publish_timeout=to_seconds(publish_timeout, name="publish_timeout")
         or DEFAULT_PUBLISH_TIMEOUT,
         instrumentation=instrumentation or default_instrumentation(),
+        return_to=return_to,
     )
 
     def decorate(func: Callable[P, Awaitable[object]]) -> RetryingHandler[P]:
