@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 import aio_pika
 import pytest
@@ -16,12 +17,12 @@ from delayed_retry.forwarding import Forwarder, forward_queue_name
 
 def test_return_to_is_checked_when_decorating() -> None:
     with pytest.raises(ConfigurationError, match="return_to='topic'"):
-        with_delayed_retry(return_to="topic")  # type: ignore[arg-type]
+        with_delayed_retry(return_to="topic")  # type: ignore[call-overload]
 
 
 @pytest.mark.parametrize("return_to", ["exchange", "queue"])
 async def test_retry_returns_through_the_original_exchange_and_key(
-    quorum: Scenario, return_to: str
+    quorum: Scenario, return_to: Literal["queue", "exchange"]
 ) -> None:
     s = quorum
     exchange = s.name("x")
@@ -41,7 +42,7 @@ async def test_retry_returns_through_the_original_exchange_and_key(
         max_retries=2,
         wait=tenacity.wait_fixed(0.1),
         topology=s.topology,
-        return_to=return_to,  # type: ignore[arg-type]
+        return_to=return_to,
     )
     async def handler(message: AbstractIncomingMessage) -> None:
         state = current_retry_state()
