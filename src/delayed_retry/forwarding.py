@@ -20,6 +20,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
+import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,6 +60,9 @@ log = logging.getLogger(__name__)
 X_FORWARD_ROUTING_KEY = "x-retry-forward-routing-key"
 """The routing key a message in a forward queue is delivered with."""
 
+EXISTS_CACHE_SECONDS = 1.0
+"""How long ``publish_delayed`` trusts that an exchange it checked still exists."""
+
 REDELIVER_PAUSE = 1.0
 """Seconds to wait before handing back a message whose forward failed for a passing reason."""
 
@@ -89,11 +95,26 @@ def forwarded_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-async def check_exchange_exists(connection: aiormq.abc.AbstractConnection, exchange: str) -> None:
-    """Raise :class:`ConfigurationError` naming ``exchange`` when it does not exist."""
+_seen: weakref.WeakKeyDictionary[aiormq.abc.AbstractConnection, dict[str, float]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def check_exchange_exists(
+    connection: aiormq.abc.AbstractConnection, exchange: str, *, cache: float = 0.0
+) -> None:
+    """Raise :class:`ConfigurationError` naming ``exchange`` when it does not exist.
+
+    ``cache`` seconds: trust a check this recent on the same connection (an
+    exchange deleted in between is caught by the forwarder, which parks).
+    """
+    seen = _seen.setdefault(connection, {})
+    if cache and time.monotonic() - seen.get(exchange, -math.inf) < cache:
+        return
     channel = await connection.channel(publisher_confirms=False)
     try:
         await channel.exchange_declare(exchange, passive=True)
+        seen[exchange] = time.monotonic()
     except aiormq.exceptions.ChannelNotFoundEntity as exc:
         raise ConfigurationError(
             f"exchange {exchange!r} does not exist, so nothing could be delivered to it; "

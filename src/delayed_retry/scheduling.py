@@ -12,6 +12,7 @@ from delayed_retry.declare import declarer_for
 from delayed_retry.durations import Duration, resolve_due_at, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.forwarding import (
+    EXISTS_CACHE_SECONDS,
     X_FORWARD_ROUTING_KEY,
     check_exchange_exists,
     declare_forward_queue,
@@ -76,7 +77,7 @@ async def publish_delayed(
             raise ConfigurationError(f"routing_key={routing_key!r} must be a str")
         target = forward_queue_name(topology, exchange)
         units = topology.units_until(due_at, now=start)
-        await check_exchange_exists(underlay.connection, exchange)
+        await check_exchange_exists(underlay.connection, exchange, cache=EXISTS_CACHE_SECONDS)
         await declare_forward_queue(underlay.connection, topology, exchange)
         headers[X_FORWARD_ROUTING_KEY] = routing_key
         headers.setdefault(X_ORIGINAL_EXCHANGE, exchange)
