@@ -95,6 +95,9 @@ def forwarded_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+_checking: weakref.WeakKeyDictionary[aiormq.abc.AbstractConnection, dict[str, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
 _seen: weakref.WeakKeyDictionary[aiormq.abc.AbstractConnection, dict[str, float]] = (
     weakref.WeakKeyDictionary()
 )
@@ -111,10 +114,19 @@ async def check_exchange_exists(
     seen = _seen.setdefault(connection, {})
     if cache and time.monotonic() - seen.get(exchange, -math.inf) < cache:
         return
+    # One check in flight per connection and exchange: a burst of calls shares it.
+    lock = _checking.setdefault(connection, {}).setdefault(exchange, asyncio.Lock())
+    async with lock:
+        if cache and time.monotonic() - seen.get(exchange, -math.inf) < cache:
+            return
+        await _check(connection, exchange)
+        seen[exchange] = time.monotonic()
+
+
+async def _check(connection: aiormq.abc.AbstractConnection, exchange: str) -> None:
     channel = await connection.channel(publisher_confirms=False)
     try:
         await channel.exchange_declare(exchange, passive=True)
-        seen[exchange] = time.monotonic()
     except aiormq.exceptions.ChannelNotFoundEntity as exc:
         raise ConfigurationError(
             f"exchange {exchange!r} does not exist, so nothing could be delivered to it; "
