@@ -8,8 +8,10 @@ import pytest
 
 from delayed_retry.alerts import Alert, AlertWindow, ParkedArrival, arrival_from, group_arrivals
 from delayed_retry.durations import to_epoch_ms
+from delayed_retry.fingerprint import fingerprint
 from delayed_retry.headers import (
     X_EXCEPTION_MESSAGE,
+    X_EXCEPTION_TRACEBACK,
     X_EXCEPTION_TYPE,
     X_PARKED_AT,
     X_PARKED_REASON,
@@ -114,8 +116,16 @@ def test_json_and_slack_payloads() -> None:
     assert payload["total"] == 1
     assert payload["message_ids"] == ["m1"]
     assert payload["more"] == 0
+    key = fingerprint(exception_type="TimeoutError", message=None).key
     assert payload["groups"] == [
-        {"queue": "orders", "exception_type": "TimeoutError", "count": 1, "example": None}
+        {
+            "queue": "orders",
+            "exception_type": "TimeoutError",
+            "count": 1,
+            "example": None,
+            "key": key,
+            "template": None,
+        }
     ]
     assert payload["title"] == "1 message parked on orders"
     slack = alert.to_slack()
@@ -173,3 +183,52 @@ def test_empty_alert_text_has_no_listing() -> None:
     alert = Alert(total=0, groups=(), message_ids=())
     assert alert.more == 0
     assert "List them" not in alert.text()
+
+
+def test_messages_differing_only_in_values_form_one_group_per_fingerprint() -> None:
+    def failing(i: int, message: str, frame: str | None = None) -> ParkedArrival:
+        return ParkedArrival(
+            message_id=f"m{i}",
+            queue="orders",
+            exception_type="TimeoutError",
+            reason="max-retries",
+            exception_message=message,
+            frame=frame,
+        )
+
+    arrivals = [failing(i, f"gateway did not answer in 10 s (order {100 + i})") for i in range(5)]
+    arrivals += [failing(10, "gateway did not answer in 10 s (order 7)", frame="b.py in pay")]
+    arrivals += [failing(11, "database locked by 'batch-7'")]
+    alert = group_arrivals(arrivals)
+    first, *rest = alert.groups
+    assert (first.count, first.template) == (5, "gateway did not answer in <num> s (order <num>)")
+    # Equal counts are ordered by queue, type and key: the same order in every run.
+    assert sorted((g.count, g.template or "") for g in rest) == [
+        (1, "database locked by <str>"),
+        (1, "gateway did not answer in <num> s (order <num>)"),
+    ]
+    assert first.example == "gateway did not answer in 10 s (order 100)"
+    assert first.key == arrivals[0].fingerprint.key
+    other_frame = next(g for g in rest if g.template and g.template.startswith("gateway"))
+    assert other_frame.key == arrivals[5].fingerprint.key != first.key
+
+
+def test_arrival_reads_the_raising_frame_from_the_traceback() -> None:
+    trace = (
+        "Traceback (most recent call last):\n"
+        '  File "/srv/app/shop/orders.py", line 41, in handle\n'
+        "    raise TimeoutError('x')\n"
+        "TimeoutError: x\n"
+    )
+    got = arrival_from(
+        {
+            X_PARKED_REASON: "max-retries",
+            X_EXCEPTION_TYPE: "TimeoutError",
+            X_EXCEPTION_MESSAGE: "x",
+            X_EXCEPTION_TRACEBACK: trace,
+        },
+        message_id="m1",
+        routing_key="orders",
+    )
+    assert got.frame == "shop/orders.py in handle"
+    assert got.fingerprint.frame == "shop/orders.py in handle"

@@ -7,7 +7,6 @@ import time
 import aio_pika
 import pytest
 
-from chain_support import Inbox, Scenario, eventually
 from delayed_retry import ConfigurationError, publish_delayed
 from delayed_retry.forwarding import (
     X_FORWARD_ROUTING_KEY,
@@ -17,6 +16,8 @@ from delayed_retry.forwarding import (
 )
 from delayed_retry.headers import X_DUE_AT, X_ORIGINAL_EXCHANGE, X_PARKED_REASON
 from delayed_retry.topology import DelayTopology
+from tests.support.chain import Inbox, Scenario
+from tests.support.waiting import wait_until
 
 
 def test_forward_queue_name_is_under_the_prefix() -> None:
@@ -165,9 +166,7 @@ async def test_several_forwarders_share_a_queue_and_lose_nothing(quorum: Scenari
                 topology=s.topology,
             )
         bodies = {a.message.body for a in await inbox.take(20)}
-        await eventually(lambda: _true(first.forwarded + second.forwarded == 20))
+        await wait_until(
+            lambda: first.forwarded + second.forwarded == 20, what="both forwarders' acks"
+        )
     assert bodies == {str(i).encode() for i in range(20)}
-
-
-async def _true(value: bool) -> bool:
-    return value

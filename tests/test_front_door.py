@@ -16,10 +16,10 @@ from typing import Any
 import pika
 import pytest
 
-from chain_support import Inbox, Scenario
 from delayed_retry.forwarding import forward_queue_name
 from delayed_retry.frontdoor import X_DELAY, BadDelay, FrontDoor, parse_x_delay
 from delayed_retry.headers import X_PARKED_REASON
+from tests.support.chain import Inbox, Scenario
 
 
 @pytest.mark.parametrize(
@@ -188,6 +188,7 @@ def _wait_running(proc: subprocess.Popen[bytes]) -> None:
     raise AssertionError(f"front door exited with {proc.wait()} before running")
 
 
+@pytest.mark.timeout(180)
 async def test_front_door_loses_nothing_under_kill_9(
     quorum: Scenario, front_door_process: Any, rabbitmq_url: str
 ) -> None:

@@ -10,9 +10,9 @@ import pytest
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
-from chain_support import Inbox, Scenario
 from delayed_retry import ConfigurationError, consume, current_retry_state, with_delayed_retry
 from delayed_retry.forwarding import Forwarder, forward_queue_name
+from tests.support.chain import Inbox, Scenario
 
 
 def test_return_to_is_checked_when_decorating() -> None:

@@ -19,7 +19,8 @@ from delayed_retry.forwarding import (
     forward_queue_name,
 )
 from delayed_retry.headers import X_ORIGINAL_EXCHANGE, X_ORIGINAL_ROUTING_KEY, scheduled_headers
-from delayed_retry.observe import Instrumentation, default_instrumentation
+from delayed_retry.observability.instrumentation import Instrumentation
+from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, publish_copy
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 

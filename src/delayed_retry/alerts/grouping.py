@@ -2,7 +2,10 @@
 
 When a dependency goes down, hundreds of messages may park within seconds;
 one alert with counts per queue and exception type, naming the first few
-message ids, is what a person on call can act on. The first arrival opens a
+message ids, is what a person on call can act on. Arrivals are grouped by
+queue and failure fingerprint (:mod:`delayed_retry.fingerprint`: exception
+type, raising frame, message template), the same key the parking-lot
+commands, the web view and the Spark report use. The first arrival opens a
 window of ``window`` seconds; everything arriving until it closes (or until
 ``max_batch`` arrivals) becomes one :class:`Alert`.
 """
@@ -17,8 +20,10 @@ from typing import Any, Generic, TypeVar
 
 from delayed_retry.durations import from_epoch_ms
 from delayed_retry.encoding import decode_routing_key
+from delayed_retry.fingerprint import Fingerprint, fingerprint, raising_frame
 from delayed_retry.headers import (
     X_EXCEPTION_MESSAGE,
+    X_EXCEPTION_TRACEBACK,
     X_EXCEPTION_TYPE,
     X_PARKED_AT,
     X_PARKED_REASON,
@@ -43,6 +48,15 @@ class ParkedArrival:
     reason: str
     exception_message: str | None = None
     parked_at: datetime | None = None
+    frame: str | None = None
+    """The raising frame (``path in function``), read from the parking record's traceback."""
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        """The failure fingerprint this arrival is grouped by."""
+        return fingerprint(
+            exception_type=self.exception_type, message=self.exception_message, frame=self.frame
+        )
 
 
 def _text(value: object) -> str | None:
@@ -94,17 +108,22 @@ def arrival_from(
         reason=reason,
         exception_message=_text(headers.get(X_EXCEPTION_MESSAGE)),
         parked_at=parked_at,
+        frame=raising_frame(_text(headers.get(X_EXCEPTION_TRACEBACK))),
     )
 
 
 @dataclass(frozen=True, kw_only=True)
 class AlertGroup:
-    """Arrivals of one queue with one exception type."""
+    """Arrivals of one queue that failed the same way (one failure fingerprint)."""
 
     queue: str
     exception_type: str
     count: int
     example: str | None = None
+    key: str | None = None
+    """The :class:`~delayed_retry.fingerprint.Fingerprint` key of the group."""
+    template: str | None = None
+    """The message template of the group (variable parts replaced by placeholders)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,6 +185,8 @@ class Alert:
                     "exception_type": g.exception_type,
                     "count": g.count,
                     "example": g.example,
+                    "key": g.key,
+                    "template": g.template,
                 }
                 for g in self.groups
             ],
@@ -186,16 +207,35 @@ class Alert:
 
 
 def group_arrivals(arrivals: Iterable[ParkedArrival], *, max_ids: int = 5) -> Alert:
-    """One :class:`Alert` for ``arrivals``: groups by (queue, exception type), biggest first."""
+    """One :class:`Alert` for ``arrivals``: groups by (queue, failure fingerprint), biggest first.
+
+    Messages that differ only in values (``order 105`` / ``order 106``) fall
+    in one group; its ``example`` is the first real message of the group.
+    """
     items = list(arrivals)
-    counts: Counter[tuple[str, str]] = Counter((a.queue, a.exception_type) for a in items)
+    counts: Counter[tuple[str, str]] = Counter()
+    prints: dict[tuple[str, str], Fingerprint] = {}
     examples: dict[tuple[str, str], str] = {}
     for a in items:
+        fp = a.fingerprint
+        group = (a.queue, fp.key)
+        counts[group] += 1
+        prints.setdefault(group, fp)
         if a.exception_message:
-            examples.setdefault((a.queue, a.exception_type), a.exception_message)
+            examples.setdefault(group, a.exception_message)
     groups = tuple(
-        AlertGroup(queue=q, exception_type=e, count=n, example=examples.get((q, e)))
-        for (q, e), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        AlertGroup(
+            queue=q,
+            exception_type=prints[(q, k)].exception_type,
+            count=n,
+            example=examples.get((q, k)),
+            key=k,
+            template=prints[(q, k)].template or None,
+        )
+        for (q, k), n in sorted(
+            counts.items(),
+            key=lambda kv: (-kv[1], kv[0][0], prints[kv[0]].exception_type, kv[0][1]),
+        )
     )
     ids = tuple(a.message_id for a in items if a.message_id)[: max(max_ids, 0)]
     times = [a.parked_at for a in items if a.parked_at is not None]
