@@ -24,7 +24,7 @@ from delayed_retry.testing.node import RabbitMQNode
 from delayed_retry.testing.ports import free_port, listening
 from delayed_retry.topology import DelayTopology
 
-pytestmark = pytest.mark.private_node
+pytestmark = [pytest.mark.private_node, pytest.mark.timeout(180)]
 
 TOPOLOGY = DelayTopology(prefix="mig", levels=12)
 
