@@ -20,6 +20,7 @@ from delayed_retry.forwarding import forward_queue_name
 from delayed_retry.frontdoor import X_DELAY, BadDelay, FrontDoor, parse_x_delay
 from delayed_retry.headers import X_PARKED_REASON
 from tests.support.chain import Inbox, Scenario
+from tests.support.waiting import wait_until
 
 
 @pytest.mark.parametrize(
@@ -205,11 +206,19 @@ async def test_front_door_loses_nothing_under_kill_9(
         _pika_publish,
         rabbitmq_url,
         f"{exchange}.delay",
-        [("k", str(i).encode(), {X_DELAY: 50 + (i % 10) * 100}) for i in range(n)],
+        # Every other one at once, so arrivals start while the intake is still going.
+        [("k", str(i).encode(), {X_DELAY: (i % 2) * (50 + (i % 10) * 100)}) for i in range(n)],
     )
     seen = {(await inbox.get()).message.body}  # some went through: kill it mid-stream
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
+    forward = forward_queue_name(s.topology, exchange)
+
+    async def left_behind() -> bool:
+        return await s.depth(f"{exchange}.delay") + await s.depth(forward) > 0
+
+    # The kill left work behind (unacked messages back in the queues), or it proves nothing.
+    await wait_until(left_behind, what="messages left in X.delay or the forward queue")
     second = front_door_process()
     await asyncio.to_thread(_wait_running, second)
     deadline = time.monotonic() + 60
