@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import aio_pika
 import pytest
@@ -170,3 +176,67 @@ async def test_several_forwarders_share_a_queue_and_lose_nothing(quorum: Scenari
             lambda: first.forwarded + second.forwarded == 20, what="both forwarders' acks"
         )
     assert bodies == {str(i).encode() for i in range(20)}
+
+
+@pytest.mark.timeout(120)
+async def test_forwarder_command_forwards_and_stops_on_sigterm(
+    quorum: Scenario, rabbitmq_url: str
+) -> None:
+    s = quorum
+    exchange = await _exchange(s, "fanout")
+    _track_forward(s, exchange)
+    q = await s.queue()
+    await q.bind(exchange)
+    inbox = Inbox()
+    await q.consume(inbox)
+    proc = _spawn(
+        [
+            "--url",
+            rabbitmq_url,
+            "forwarder",
+            "--exchange",
+            exchange,
+            "--prefix",
+            s.topology.prefix,
+            "--levels",
+            str(s.topology.levels),
+        ]
+    )
+    try:
+        await asyncio.to_thread(_wait_running, proc)
+        await publish_delayed(
+            s.ch,
+            aio_pika.Message(b"cli"),
+            exchange=exchange,
+            routing_key="",
+            delay=0.1,
+            topology=s.topology,
+        )
+        assert (await inbox.get()).message.body == b"cli"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.to_thread(proc.communicate, timeout=60)
+        assert proc.returncode == 0, out
+        assert b"forwarded 1, parked 0" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
+    """Run the installed ``delayed-retry`` command with ``args``, output piped."""
+    command = str(Path(sys.executable).parent / "delayed-retry")
+    return subprocess.Popen(
+        [command, *args],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _wait_running(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if b"running" in line:
+            return
+    raise AssertionError(f"the command exited with {proc.wait()} before running")

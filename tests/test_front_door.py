@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pika
@@ -151,9 +152,7 @@ def front_door_process(quorum: Scenario, rabbitmq_url: str) -> Iterator[Any]:
     def start() -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "delayed_retry.cli.main",
+                str(Path(sys.executable).parent / "delayed-retry"),
                 "--url",
                 rabbitmq_url,
                 "front-door",
