@@ -132,6 +132,8 @@ async def measure(
     n: int,
     *,
     hop_queue: bool = False,
+    on_start: Callable[[], None] | None = None,
+    on_end: Callable[[], None] | None = None,
 ) -> float:
     """Messages per second for ``consumer`` on a fresh queue of ``n`` messages."""
     channel = await connection.channel()
@@ -162,10 +164,14 @@ async def measure(
         if count == n:
             done.set()
 
+    if on_start is not None:
+        on_start()
     start = time.perf_counter()
     tag = await consumer(queue, finished)
     await asyncio.wait_for(done.wait(), timeout=600)
     elapsed = time.perf_counter() - start
+    if on_end is not None:
+        on_end()
     await queue.cancel(tag)
     await queue.delete(if_unused=False, if_empty=False)
     if hop is not None:
