@@ -69,16 +69,17 @@ async def _run(url: str, subject: str, n: int) -> float:
         await throughput.measure(connection, consumers[subject], 200)
         sent.clear()
         profiler = Profiler(async_mode="disabled", interval=0.0005)
-        rate = await throughput.measure(
-            connection,
-            consumers[subject],
-            n,
-            on_start=lambda: (sent.clear(), profiler.start()) and None,
-            on_end=profiler.stop,
+
+        def start() -> None:
+            sent.clear()
+            profiler.start()
+
+        sample = await throughput.measure(
+            connection, consumers[subject], n, on_start=start, on_end=profiler.stop
         )
         await throughput._delete_topology(channel, topology)
     print(profiler.output_text(show_all=True, color=False))
-    return rate
+    return sample.rate
 
 
 def main() -> int:
@@ -91,7 +92,8 @@ def main() -> int:
     _count_frames()
     with RabbitMQNode() as node:
         rate = asyncio.run(_run(node.url, args.subject, args.messages))
-    print(f"{args.subject}: {rate:.0f} msg/s under the profiler; methods sent per message while consuming:")
+    print(f"{args.subject}: {rate:.0f} msg/s under the profiler")
+    print("methods sent per message while consuming:")
     for name, count in sorted(sent.items()):
         print(f"  {name:24} {count / args.messages:6.2f}")
     return 0

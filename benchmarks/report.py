@@ -9,7 +9,7 @@ from typing import Any
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Rows as a fixed-width text table: workload, subject, value, baseline, ratio."""
-    header = ("workload", "subject", "value", "baseline", "value (baseline)", "ratio")
+    header = ("workload", "subject", "value", "baseline", "value (baseline)", "ratio", "wall")
     lines = []
     for row in rows:
         ratio = row.get("ratio")
@@ -21,6 +21,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                 row["baseline"],
                 f"{row['baseline_value']:g}",
                 "n/a" if ratio is None else f"{ratio:.3f}",
+                f"{row['wall_ratio']:.3f}" if "wall_ratio" in row else "",
             )
         )
     widths = [max(len(str(c)) for c in col) for col in zip(header, *lines, strict=False)]
@@ -56,7 +57,7 @@ def plot(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     ax.set_yticks(range(len(values)), labels, fontsize=7)
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.invert_yaxis()
-    ax.set_xlabel("throughput ratio to the baseline of the same run")
+    ax.set_xlabel("ratio to the baseline of the same run (CPU cost per message, inverse)")
     for i, v in enumerate(values):
         ax.text(v, i, f" {v:.2f}", va="center", fontsize=7)
     if precision_rows:

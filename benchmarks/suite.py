@@ -58,11 +58,13 @@ def _parameters(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k not in ("out",)}
 
 
-async def _run(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+async def _run(url: str, args: argparse.Namespace, broker_pid: int | None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     if "throughput" in args.only:
         print(f"throughput: {args.messages} messages x {args.rounds} rounds per subject ...")
-        rows += await throughput.run(url, messages=args.messages, rounds=args.rounds)
+        rows += await throughput.run(
+            url, messages=args.messages, rounds=args.rounds, broker_pid=broker_pid
+        )
     if "precision" in args.only:
         print(f"precision: {args.precision_seconds} s at each of {args.rates} msg/s ...")
         topology = DelayTopology(
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         started = time.monotonic()
         version = asyncio.run(_server_version(url))
-        rows = asyncio.run(_run(url, args))
+        rows = asyncio.run(_run(url, args, node.beam_pid if node else None))
         elapsed = time.monotonic() - started
     finally:
         if node is not None:

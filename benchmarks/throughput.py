@@ -1,8 +1,10 @@
 """Throughput workloads: the success path and one retry, each beside its baseline.
 
 Every subject consumes the same number of persistent 200-byte messages from a
-fresh classic queue on the same broker, prefetch 100, and the rate is
-messages finished per second. Pairs (subject / baseline) are measured
+fresh classic queue on the same broker, prefetch 100. Measured: messages
+finished per second, and the CPU time per message of the client process and of
+the broker's Erlang VM while consuming; the ratio is CPU cost, which a shared
+machine disturbs far less than wall-clock time. Pairs (subject / baseline) are measured
 interleaved, round after round, and the median of each is kept, so drift on a
 shared machine hits both alike.
 
@@ -20,11 +22,13 @@ shared machine hits both alike.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -134,8 +138,9 @@ async def measure(
     hop_queue: bool = False,
     on_start: Callable[[], None] | None = None,
     on_end: Callable[[], None] | None = None,
-) -> float:
-    """Messages per second for ``consumer`` on a fresh queue of ``n`` messages."""
+    broker_pid: int | None = None,
+) -> Sample:
+    """Rate and CPU cost of ``consumer`` on a fresh queue of ``n`` messages."""
     channel = await connection.channel()
     await channel.set_qos(prefetch_count=PREFETCH)
     name = f"bench-{uuid.uuid4().hex[:8]}"
@@ -167,9 +172,13 @@ async def measure(
     if on_start is not None:
         on_start()
     start = time.perf_counter()
+    cpu = time.process_time()
+    broker = broker_cpu_seconds(broker_pid)
     tag = await consumer(queue, finished)
     await asyncio.wait_for(done.wait(), timeout=600)
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    broker = broker_cpu_seconds(broker_pid) - broker
     if on_end is not None:
         on_end()
     await queue.cancel(tag)
@@ -178,11 +187,44 @@ async def measure(
         await hop.delete(if_unused=False, if_empty=False)
     await channel.queue_delete(f"{name}.parking")
     await channel.close()
-    return n / elapsed
+    return Sample(n / elapsed, cpu / n * 1e6, broker / n * 1e6 if broker_pid else 0.0)
 
 
-async def run(url: str, *, messages: int, rounds: int) -> list[dict[str, Any]]:
-    """Every pair, interleaved over ``rounds``; one row per pair with medians and ratio."""
+@dataclass(frozen=True)
+class Sample:
+    """One measurement: wall-clock rate, and CPU microseconds per message (client, broker)."""
+
+    rate: float
+    client_us: float
+    broker_us: float
+
+    @property
+    def cost_us(self) -> float:
+        return self.client_us + self.broker_us
+
+
+def broker_cpu_seconds(pid: int | None) -> float:
+    """CPU seconds (user + system) the broker's Erlang VM has used; 0 when not known."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # Fields 14 and 15 of stat (utime, stime), counted after the ")" closing the name.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run(
+    url: str, *, messages: int, rounds: int, broker_pid: int | None = None
+) -> list[dict[str, Any]]:
+    """Every pair, interleaved over ``rounds``; one row per pair with medians and ratios.
+
+    ``ratio`` is the baseline's CPU cost per message (client, plus broker when
+    ``broker_pid`` is given) over the subject's: what the rates would be on a
+    machine where CPU is the limit, which on a shared machine varies far less
+    than wall-clock rates (kept as ``wall_ratio``).
+    """
     topology = DelayTopology(prefix=f"bench-{uuid.uuid4().hex[:6]}", levels=16)
     subjects: dict[tuple[str, str], tuple[Consumer, bool]] = {
         ("success", "plain aio-pika"): (plain(), False),
@@ -196,30 +238,45 @@ async def run(url: str, *, messages: int, rounds: int) -> list[dict[str, Any]]:
         ("retry-1hop", "hand-rolled 1 quorum TTL hop"): (_via_hop(), True),
         ("retry-1hop", "delayed-retry"): (decorated(topology, fail_once_with=0.001), False),
     }
-    rates: dict[tuple[str, str], list[float]] = {key: [] for key in subjects}
+    samples: dict[tuple[str, str], list[Sample]] = {key: [] for key in subjects}
     connection = await aio_pika.connect(url)
     async with connection:
         channel = await connection.channel()
         await topology.declare(channel)
         for _ in range(rounds):
             for key, (consumer, hop) in subjects.items():
-                rates[key].append(await measure(connection, consumer, messages, hop_queue=hop))
+                samples[key].append(
+                    await measure(
+                        connection, consumer, messages, hop_queue=hop, broker_pid=broker_pid
+                    )
+                )
         await _delete_topology(channel, topology)
     rows = []
     for pair in PAIRS:
-        subject = statistics.median(rates[(pair.workload, pair.subject)])
-        base = statistics.median(rates[(pair.workload, pair.baseline)])
+        subject = samples[(pair.workload, pair.subject)]
+        base = samples[(pair.workload, pair.baseline)]
+
+        def med(values: list[Sample], attr: str) -> float:
+            return statistics.median(getattr(v, attr) for v in values)
+
         rows.append(
             {
                 "workload": pair.workload,
                 "subject": pair.subject,
                 "baseline": pair.baseline,
-                "unit": "msg/s",
-                "value": round(subject, 1),
-                "baseline_value": round(base, 1),
-                "ratio": round(subject / base, 3),
-                "samples": [round(r, 1) for r in rates[(pair.workload, pair.subject)]],
-                "baseline_samples": [round(r, 1) for r in rates[(pair.workload, pair.baseline)]],
+                "unit": "CPU µs/msg",
+                "value": round(med(subject, "cost_us"), 1),
+                "baseline_value": round(med(base, "cost_us"), 1),
+                "ratio": round(med(base, "cost_us") / med(subject, "cost_us"), 3),
+                "wall_ratio": round(med(subject, "rate") / med(base, "rate"), 3),
+                "rate": round(med(subject, "rate"), 1),
+                "baseline_rate": round(med(base, "rate"), 1),
+                "client_us": round(med(subject, "client_us"), 1),
+                "baseline_client_us": round(med(base, "client_us"), 1),
+                "broker_us": round(med(subject, "broker_us"), 1),
+                "baseline_broker_us": round(med(base, "broker_us"), 1),
+                "samples": [vars(v) for v in subject],
+                "baseline_samples": [vars(v) for v in base],
             }
         )
     return rows
