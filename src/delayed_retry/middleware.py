@@ -7,10 +7,12 @@ carry out the policy's decision (publish the copy with confirms, then ack).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -34,7 +36,13 @@ from delayed_retry.headers import (
     RetryState,
     parse_retry_state,
 )
-from delayed_retry.observe import Instrumentation, default_instrumentation
+from delayed_retry.observe import (
+    AttemptScope,
+    Instrumentation,
+    Outcome,
+    PublishKind,
+    default_instrumentation,
+)
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
@@ -45,7 +53,63 @@ log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 
-_current_state: contextvars.ContextVar[RetryState | None] = contextvars.ContextVar(
+
+class _StateCell:
+    """The retry state of one delivery, read from its headers only when something asks.
+
+    A message that succeeds on its first attempt never needs it: the success
+    path parses no headers. Header problems are logged when the state is read.
+    """
+
+    __slots__ = ("_message", "_queue", "_state")
+
+    def __init__(self, message: AbstractIncomingMessage, queue: str) -> None:
+        self._message = message
+        self._queue = queue
+        self._state: RetryState | None = None
+
+    def get(self) -> RetryState:
+        if self._state is None:
+            message = self._message
+            self._state = state = parse_retry_state(
+                message.headers,
+                exchange=message.exchange,
+                routing_key=message.routing_key,
+                queue=self._queue,
+            )
+            for problem in state.problems:
+                log.warning("message %s on queue %r: %s", message.message_id, self._queue, problem)
+        return self._state
+
+
+class _Quiet:
+    """Attempt scope and its context manager when telemetry records nothing: free to enter."""
+
+    def __enter__(self) -> AttemptScope:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def publishing(
+        self, headers: dict[str, Any], *, kind: PublishKind, exchange: str, routing_key: str
+    ) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def finish(
+        self,
+        outcome: Outcome,
+        *,
+        delay: float | None = None,
+        exc: BaseException | None = None,
+        reason: str | None = None,
+    ) -> None:
+        return None
+
+
+_QUIET = _Quiet()
+
+_current_state: contextvars.ContextVar[_StateCell | None] = contextvars.ContextVar(
     "delayed_retry_state", default=None
 )
 
@@ -55,7 +119,8 @@ EARLY_TOLERANCE = timedelta(milliseconds=50)
 
 def current_retry_state() -> RetryState | None:
     """The retry state of the message being handled by this task, inside a wrapped handler."""
-    return _current_state.get()
+    cell = _current_state.get()
+    return None if cell is None else cell.get()
 
 
 def retry_state(message: AbstractIncomingMessage, *, queue: str | None = None) -> RetryState:
@@ -88,6 +153,12 @@ class RetryingHandler(Generic[P]):
         self.fn = fn
         self.options = options
         functools.update_wrapper(self, fn)
+        # The connection whose declarations are known done: checked without awaiting.
+        self._declared_on: weakref.ref[object] | None = None
+        # An instrumentation may say it records nothing now (OpenTelemetry without an SDK).
+        self._telemetry_on: Callable[[], bool] = getattr(
+            options.instrumentation, "enabled", _always
+        )
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", self.fn)
@@ -138,29 +209,33 @@ class RetryingHandler(Generic[P]):
             )
         queue = self._queue()
         opts = self.options
-        channel = message.channel
-        # First use on this connection: declare what we need. A failure here leaves the
-        # message unacked (redelivered when the channel closes): nothing is lost.
-        await declarer_for(channel.connection).destination(
-            channel.connection, opts.topology, queue, opts.parking_queue
-        )
-        state = parse_retry_state(
-            message.headers, exchange=message.exchange, routing_key=message.routing_key, queue=queue
-        )
-        for problem in state.problems:
-            log.warning("message %s on queue %r: %s", message.message_id, queue, problem)
+        connection = message.channel.connection
+        if self._declared_on is None or self._declared_on() is not connection:
+            # First use on this connection: declare what we need. A failure here leaves the
+            # message unacked (redelivered when the channel closes): nothing is lost.
+            await declarer_for(connection).destination(
+                connection, opts.topology, queue, opts.parking_queue
+            )
+            self._declared_on = weakref.ref(connection)
+        cell = _StateCell(message, queue)
         settled_before = message.processed
-        now = utcnow()
-        if (
-            state.due_at is not None
-            and opts.topology.is_chain_exchange(message.exchange)
-            and state.due_at - now > EARLY_TOLERANCE
-            and state.due_at - now <= opts.topology.max_delay
-        ):
-            await self._hand_over(queue).redelay(message, state.due_at)
-            return
-        with opts.instrumentation.attempt(message, state, queue=queue) as scope:
-            token = _current_state.set(state)
+        if opts.topology.is_chain_exchange(message.exchange):
+            state = cell.get()
+            now = utcnow()
+            if (
+                state.due_at is not None
+                and state.due_at - now > EARLY_TOLERANCE
+                and state.due_at - now <= opts.topology.max_delay
+            ):
+                await self._hand_over(queue).redelay(message, state.due_at)
+                return
+        observed: contextlib.AbstractContextManager[AttemptScope] = (
+            opts.instrumentation.attempt(message, cell.get(), queue=queue)
+            if self._telemetry_on()
+            else _QUIET
+        )
+        with observed as scope:
+            token = _current_state.set(cell)
             try:
                 await self.fn(*args, **kwargs)
             except Exception as exc:
@@ -174,6 +249,7 @@ class RetryingHandler(Generic[P]):
                     )
                     scope.finish("error", exc=exc, reason="settled-by-handler")
                     return
+                state = cell.get()
                 decision = opts.policy.decide(state, exc, now=utcnow())
                 await self._hand_over(queue).failed(message, state, exc, decision, scope)
                 return
@@ -182,6 +258,10 @@ class RetryingHandler(Generic[P]):
             if not message.processed:
                 await message.ack()
             scope.finish("success")
+
+
+def _always() -> bool:
+    return True
 
 
 @overload

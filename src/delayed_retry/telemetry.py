@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
-from opentelemetry import trace
-from opentelemetry.metrics import MeterProvider
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import MeterProvider, NoOpMeterProvider
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import TracerProvider
 
@@ -37,6 +37,14 @@ from delayed_retry.tracing import (
 )
 
 __all__ = ["OpenTelemetryInstrumentation"]
+
+try:  # the API's stand-in until an SDK is set; not exported, hence the guard
+    from opentelemetry.metrics._internal import _ProxyMeterProvider
+
+    _QUIET_METERS: tuple[type, ...] = (NoOpMeterProvider, _ProxyMeterProvider)
+except ImportError:  # pragma: no cover - another API version: never assume quiet
+    _QUIET_METERS = ()
+_QUIET_TRACERS: tuple[type, ...] = (trace.NoOpTracerProvider, trace.ProxyTracerProvider)
 
 
 class _Scope:
@@ -131,6 +139,21 @@ class OpenTelemetryInstrumentation:
         self.tracer = tracer_for(tracer_provider)
         self.metrics = RetryMetrics(meter_for(meter_provider))
         self._propagator = propagator
+        self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
+
+    def enabled(self) -> bool:
+        """Whether spans or metrics are recorded now.
+
+        False while both providers are the API's no-ops (no SDK configured yet):
+        the middleware then skips this instrumentation entirely, so a message
+        costs no telemetry work at all. Checked per message, so an SDK set up
+        later is picked up. Trace context in the headers still travels on
+        retries, since the retry copy keeps the original headers.
+        """
+        tracers = self._tracer_provider or trace.get_tracer_provider()
+        meters = self._meter_provider or metrics.get_meter_provider()
+        return not (isinstance(tracers, _QUIET_TRACERS) and isinstance(meters, _QUIET_METERS))
 
     @property
     def propagator(self) -> TextMapPropagator:
