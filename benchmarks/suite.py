@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import overhead
 import precision
 import report
 import throughput
@@ -29,7 +30,7 @@ import throughput
 from delayed_retry import DelayTopology
 from delayed_retry.testing import RabbitMQNode
 
-WORKLOADS = ("throughput", "precision", "peers")
+WORKLOADS = ("overhead", "throughput", "precision", "peers")
 
 
 def _machine() -> str:
@@ -60,6 +61,9 @@ def _parameters(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _run(url: str, args: argparse.Namespace, broker_pid: int | None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
+    if "overhead" in args.only:
+        print("overhead: the success path's own CPU cost, no broker ...")
+        rows += await asyncio.to_thread(overhead.run, repeats=5 if args.quick else 15)
     if "throughput" in args.only:
         print(f"throughput: {args.messages} messages x {args.rounds} rounds per subject ...")
         rows += await throughput.run(
