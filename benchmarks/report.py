@@ -9,7 +9,16 @@ from typing import Any
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Rows as a fixed-width text table: workload, subject, value, baseline, ratio."""
-    header = ("workload", "subject", "value", "baseline", "value (baseline)", "ratio", "wall")
+    header = (
+        "workload",
+        "subject",
+        "value",
+        "baseline",
+        "value (baseline)",
+        "ratio",
+        "client",
+        "wall",
+    )
     lines = []
     for row in rows:
         ratio = row.get("ratio")
@@ -21,6 +30,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                 row["baseline"],
                 f"{row['baseline_value']:g}",
                 "n/a" if ratio is None else f"{ratio:.3f}",
+                f"{row['client_ratio']:.3f}" if "client_ratio" in row else "",
                 f"{row['wall_ratio']:.3f}" if "wall_ratio" in row else "",
             )
         )

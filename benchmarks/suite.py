@@ -89,7 +89,9 @@ async def _run(url: str, args: argparse.Namespace, broker_pid: int | None) -> li
         import peers
 
         print("peers ...")
-        rows += await peers.run(url, messages=args.messages, rounds=args.rounds)
+        rows += await peers.run(
+            url, messages=args.messages, rounds=args.rounds, broker_pid=broker_pid
+        )
     return rows
 
 
@@ -116,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--consumer-timeout-ms", type=int, default=60_000)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
-    args.messages = args.messages or (3000 if args.quick else 10_000)
+    args.messages = args.messages or (1500 if args.quick else 10_000)
     args.rounds = args.rounds or (3 if args.quick else 5)
-    args.precision_seconds = args.precision_seconds or (5.0 if args.quick else 20.0)
+    args.precision_seconds = args.precision_seconds or (4.0 if args.quick else 20.0)
 
     node = None
     url = args.url

@@ -269,6 +269,7 @@ async def run(
                 "baseline_value": round(med(base, "cost_us"), 1),
                 "ratio": round(med(base, "cost_us") / med(subject, "cost_us"), 3),
                 "wall_ratio": round(med(subject, "rate") / med(base, "rate"), 3),
+                "client_ratio": round(med(base, "client_us") / med(subject, "client_us"), 3),
                 "rate": round(med(subject, "rate"), 1),
                 "baseline_rate": round(med(base, "rate"), 1),
                 "client_us": round(med(subject, "client_us"), 1),
