@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import statistics
 import threading
 import time
@@ -29,6 +30,9 @@ def _dramatiq(url: str, n: int, *, fail_once: bool, broker_pid: int | None) -> t
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
     from dramatiq.middleware import Retries
 
+    # Dramatiq logs every failure with its traceback; delayed-retry logs retries at INFO,
+    # which is off by default. Quiet both alike.
+    logging.getLogger("dramatiq").setLevel(logging.CRITICAL)
     broker = RabbitmqBroker(url=url)
     for middleware in list(broker.middleware):
         if isinstance(middleware, Retries):

@@ -5,7 +5,7 @@ fresh classic queue on the same broker, prefetch 100. Measured: messages
 finished per second, and the CPU time per message of the client process and of
 the broker's Erlang VM while consuming; the ratio is CPU cost, which a shared
 machine disturbs far less than wall-clock time. Pairs (subject / baseline) are measured
-interleaved, round after round, and the median of each is kept, so drift on a
+interleaved in a new shuffled order each round, and the median of each is kept, so drift on a
 shared machine hits both alike.
 
 * ``success``: ``@with_delayed_retry`` handler that succeeds / plain aio-pika
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import statistics
 import time
 import uuid
@@ -243,8 +244,11 @@ async def run(
     async with connection:
         channel = await connection.channel()
         await topology.declare(channel)
-        for _ in range(rounds):
-            for key, (consumer, hop) in subjects.items():
+        for round_ in range(rounds):
+            # A new order each round, so no subject always follows the same one.
+            order = list(subjects.items())
+            random.Random(round_).shuffle(order)
+            for key, (consumer, hop) in order:
                 samples[key].append(
                     await measure(
                         connection, consumer, messages, hop_queue=hop, broker_pid=broker_pid
