@@ -21,7 +21,13 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry import DelayTopology, consume, publish_delayed, with_delayed_retry
+from delayed_retry import (
+    DelayTopology,
+    consume,
+    declare_topology,
+    publish_delayed,
+    with_delayed_retry,
+)
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -131,7 +137,7 @@ async def run(
     connection = await aio_pika.connect(url)
     async with connection:
         channel = await connection.channel()
-        await topology.declare(channel)
+        await declare_topology(channel, topology)
         for rate in rates:
             base = await _stream(
                 connection,

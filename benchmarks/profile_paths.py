@@ -22,7 +22,7 @@ import aiormq
 import throughput
 from pyinstrument import Profiler
 
-from delayed_retry import DelayTopology
+from delayed_retry import DelayTopology, declare_topology
 from delayed_retry.testing import RabbitMQNode
 
 sent: collections.Counter[str] = collections.Counter()
@@ -64,7 +64,7 @@ async def _run(url: str, subject: str, n: int) -> float:
     connection = await aio_pika.connect(url)
     async with connection:
         channel = await connection.channel()
-        await topology.declare(channel)
+        await declare_topology(channel, topology)
         # Warm up (first-use declarations), then measure.
         await throughput.measure(connection, consumers[subject], 200)
         sent.clear()

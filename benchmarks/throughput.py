@@ -35,7 +35,14 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
-from delayed_retry import DelayTopology, NoInstrumentation, RetryAfter, consume, with_delayed_retry
+from delayed_retry import (
+    DelayTopology,
+    NoInstrumentation,
+    RetryAfter,
+    consume,
+    declare_topology,
+    with_delayed_retry,
+)
 
 PREFETCH = 100
 BODY = b"x" * 200
@@ -243,7 +250,7 @@ async def run(
     connection = await aio_pika.connect(url)
     async with connection:
         channel = await connection.channel()
-        await topology.declare(channel)
+        await declare_topology(channel, topology)
         for round_ in range(rounds):
             # A new order each round, so no subject always follows the same one.
             order = list(subjects.items())

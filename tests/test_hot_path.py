@@ -25,9 +25,9 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.headers import X_RETRY
-from delayed_retry.observe import AttemptScope
-from delayed_retry.telemetry import OpenTelemetryInstrumentation
-from telemetry_support import cleaned
+from delayed_retry.observability.instrumentation import AttemptScope
+from delayed_retry.observability.otel import OpenTelemetryInstrumentation
+from tests.support.queues import cleaned
 
 
 class Flaky(Exception):
