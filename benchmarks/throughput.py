@@ -144,6 +144,7 @@ async def measure(
     n: int,
     *,
     hop_queue: bool = False,
+    declare: DelayTopology | None = None,
     on_start: Callable[[], None] | None = None,
     on_end: Callable[[], None] | None = None,
     broker_pid: int | None = None,
@@ -167,6 +168,10 @@ async def measure(
                 "x-overflow": "reject-publish",
             },
         )
+    if declare is not None:
+        # A consumer's first-use declarations (binding, parking queue) are set-up, not
+        # per-message cost: make them before the clock starts.
+        await declare_topology(channel, declare, queues=[name])
     await _publish(channel, name, n)
     done = asyncio.Event()
     count = 0
@@ -258,7 +263,12 @@ async def run(
             for key, (consumer, hop) in order:
                 samples[key].append(
                     await measure(
-                        connection, consumer, messages, hop_queue=hop, broker_pid=broker_pid
+                        connection,
+                        consumer,
+                        messages,
+                        hop_queue=hop,
+                        declare=None if key[1].startswith(("plain", "hand-rolled")) else topology,
+                        broker_pid=broker_pid,
                     )
                 )
         await _delete_topology(channel, topology)
