@@ -71,10 +71,10 @@ def test_status_and_replay_refuse_a_chain_that_is_not_there(
             "nope-" + unique,
         ]
     )
-    err = capsys.readouterr().err
+    line = capsys.readouterr().err
     assert code == 1
-    assert f"there is no delay chain 'nope-{unique}' on this vhost" in err
-    assert "delayed-retry declare --prefix" in err
+    assert f"there is no delay chain 'nope-{unique}' on this vhost" in line
+    assert "delayed-retry declare --prefix" in line
 
 
 def test_status_shows_the_work_queue_and_what_is_due_when(
