@@ -112,6 +112,28 @@ def test_status_shows_the_work_queue_and_what_is_due_when(
     assert "within 1 h 8 m" in out and "34 m 8 s" in out  # due bound and the level's hold
 
 
+def test_publish_to_a_missing_queue_gives_command_line_advice(
+    rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topo = ["--prefix", unique, "--levels", "6"]
+    assert main(["--url", rabbitmq_url, "declare", *topo]) == 0
+    capsys.readouterr()
+    code = main(
+        ["--url", rabbitmq_url, "publish", "--queue", f"{unique}-x", "--delay", "50ms", *topo]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1
+    assert f"{unique}-x" in err[0] and "delayed-retry declare --bind QUEUE" in err[0]
+
+
+def test_demo_runs_on_the_given_broker(
+    rabbitmq_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--url", rabbitmq_url, "demo"]) == 0
+    out = capsys.readouterr().out
+    assert "order-2: done" in out and "2 message(s) parked" in out
+
+
 def test_bad_input_is_one_line_with_the_fix(
     rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
