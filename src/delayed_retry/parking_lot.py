@@ -587,6 +587,57 @@ async def _canary_parked_again(
         await asyncio.sleep(min(poll, max(deadline - loop.time(), 0)))
 
 
+class _ParkWatch:
+    """A private queue bound to the parking exchange: sees every message parked for a queue.
+
+    Canaries are recognised there as they park again, without scanning the
+    parking queue (which may hold thousands of messages). It gets copies:
+    taking them changes nothing in the parking queue.
+    """
+
+    def __init__(self, channel: aiormq.abc.AbstractChannel, name: str) -> None:
+        self._channel = channel
+        self._name = name
+
+    @classmethod
+    async def open(cls, channel: Any, *, exchange: str, queue: str) -> _ParkWatch | None:
+        """Start watching; ``None`` when the parking exchange cannot be bound (not ours)."""
+        underlay = await underlay_of(channel)
+        own = await underlay.connection.channel(publisher_confirms=False)
+        try:
+            declared = await own.queue_declare(
+                "", exclusive=True, auto_delete=True, arguments={"x-queue-type": "classic"}
+            )
+            await own.queue_bind(declared.queue or "", exchange, routing_key=queue)
+        except aiormq.exceptions.ChannelClosed:
+            log.info(
+                "cannot watch parking exchange %r; canaries are looked for by scanning", exchange
+            )
+            if not own.is_closed:
+                await own.close()
+            return None
+        return cls(own, declared.queue or "")
+
+    async def parked_again(self, token: str, *, deadline: float, poll: float) -> bool:
+        """Whether a copy carrying ``token`` parks before ``deadline`` (loop time)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            got = await self._channel.basic_get(self._name, no_ack=True)
+            if got.delivery_tag is not None:
+                headers = got.header.properties.headers or {}
+                if headers.get(X_REPLAY_CANARY) == token:
+                    return True
+                continue
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(min(poll, max(deadline - loop.time(), 0)))
+
+    async def close(self) -> None:
+        """Stop watching: the private queue goes with its channel."""
+        if not self._channel.is_closed:
+            await self._channel.close()
+
+
 async def _move(
     channel: Any,
     *,
@@ -765,28 +816,38 @@ async def replay_matching(
             timeout=publish_timeout,
         )
 
+    watch = None
+    if canary and not dry_run:
+        watch = await _ParkWatch.open(channel, exchange=topology.parking_exchange, queue=target)
+
     async def canary_check(token: str) -> bool:
         deadline = asyncio.get_running_loop().time() + seconds + wait_seconds
+        if watch is not None:
+            return await watch.parked_again(token, deadline=deadline, poll=poll_seconds)
         return await _canary_parked_again(
             channel, parking, token, deadline=deadline, poll=poll_seconds
         )
 
-    return await _move(
-        channel,
-        action="replay",
-        queue=queue,
-        parking_queue=parking_queue,
-        where=where,
-        limit=limit,
-        rate=rate,
-        dry_run=dry_run,
-        progress=progress,
-        topology=topology,
-        send=send,
-        canary=canary,
-        canary_check=canary_check,
-        to_queue=target,
-    )
+    try:
+        return await _move(
+            channel,
+            action="replay",
+            queue=queue,
+            parking_queue=parking_queue,
+            where=where,
+            limit=limit,
+            rate=rate,
+            dry_run=dry_run,
+            progress=progress,
+            topology=topology,
+            send=send,
+            canary=canary,
+            canary_check=canary_check,
+            to_queue=target,
+        )
+    finally:
+        if watch is not None:
+            await watch.close()
 
 
 async def purge_matching(
