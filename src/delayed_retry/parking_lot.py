@@ -548,6 +548,10 @@ def replay_headers(
     return out
 
 
+MAX_IN_FLIGHT = 64
+"""Replayed copies awaiting their broker confirm at once (each original is acked after its own)."""
+
+
 class _Pacer:
     """Spaces actions to at most ``rate`` per second (``None``: as fast as possible)."""
 
@@ -661,59 +665,108 @@ async def _move(
     pacer = _Pacer(rate)
     now = utcnow()
     parking = _parking_name(topology, queue, parking_queue)
-    done = scanned = 0
+    selected = scanned = done = 0
     canary_ids: list[str] = []
     token = uuid.uuid4().hex if canary and not dry_run else None
+    stopped: str | None = None
+    depth = 0
+    # Hand-overs run concurrently, up to MAX_IN_FLIGHT, each acked only once its own copy
+    # is confirmed; one message id at a time (a return is matched to its publish by id).
+    window = asyncio.Semaphore(MAX_IN_FLIGHT)
+    in_flight: dict[str, asyncio.Task[None]] = {}
+    failures: list[BaseException] = []
+
+    def report(record: ParkedRecord | None) -> None:
+        if progress is not None:
+            progress(
+                MoveProgress(
+                    action=action,
+                    done=done,
+                    scanned=scanned,
+                    depth=depth,
+                    record=record,
+                    dry_run=dry_run,
+                )
+            )
+
+    async def hand_over(
+        own: aiormq.abc.AbstractChannel,
+        got: aiormq.abc.DeliveredMessage,
+        record: ParkedRecord,
+        canary_token: str | None,
+    ) -> None:
+        nonlocal done
+        try:
+            if send is not None:
+                await send(own, got, canary_token)
+            await own.basic_ack(got.delivery_tag or 0)
+            done += 1
+            report(record)
+        except BaseException as exc:  # left unacked: the broker puts it back
+            failures.append(exc)
+        finally:
+            window.release()
+            # Forget it once settled: memory holds the messages in flight, not all moved.
+            if in_flight.get(record.id) is asyncio.current_task():
+                del in_flight[record.id]
+
+    async def settle() -> None:
+        if in_flight:
+            await asyncio.gather(*list(in_flight.values()))
+
     async with _own_channel(channel, confirms=action == "replay") as own:
         depth = await _depth(own, parking)
-        stopped: str | None = None
-        async for got, record in _take(own, parking, asked_at=now):
-            if limit is not None and done >= limit:
-                stopped = "limit"
-                break
-            scanned += 1
-            if not where.matches(record, now=now):
-                # Held unacked until the end, so it is not taken again; the broker puts it back.
-                if progress is not None:
-                    progress(
-                        MoveProgress(
-                            action=action,
-                            done=done,
-                            scanned=scanned,
-                            depth=depth,
-                            record=None,
-                            dry_run=dry_run,
-                        )
-                    )
-                continue
-            await pacer.wait()
-            in_canary = token is not None and len(canary_ids) < canary
-            if not dry_run:
-                if send is not None:
-                    await send(own, got, token if in_canary else None)
-                await own.basic_ack(got.delivery_tag or 0)
-            done += 1
-            if progress is not None:
-                progress(
-                    MoveProgress(
-                        action=action,
-                        done=done,
-                        scanned=scanned,
-                        depth=depth,
-                        record=record,
-                        dry_run=dry_run,
-                    )
-                )
-            if in_canary:
-                canary_ids.append(record.id)
-                full = len(canary_ids) == canary and token is not None
-                if full and canary_check is not None and await canary_check(token or ""):
-                    stopped = "canary-parked-again"
+        try:
+            async for got, record in _take(own, parking, asked_at=now):
+                if failures:
                     break
-        # Fewer selected messages than the canary size: check the ones sent.
-        short = token is not None and 0 < len(canary_ids) < canary and stopped is None
-        if short and canary_check is not None and token is not None and await canary_check(token):
-            stopped = "canary-parked-again"
+                if limit is not None and selected >= limit:
+                    stopped = "limit"
+                    break
+                scanned += 1
+                if not where.matches(record, now=now):
+                    # Held unacked until the end, so it is not taken again; then put back.
+                    report(None)
+                    continue
+                selected += 1
+                await pacer.wait()
+                if dry_run:
+                    done += 1
+                    report(record)
+                    continue
+                in_canary = token is not None and len(canary_ids) < canary
+                earlier = in_flight.get(record.id)
+                if earlier is not None:
+                    await earlier
+                await window.acquire()
+                in_flight[record.id] = asyncio.create_task(
+                    hand_over(own, got, record, token if in_canary else None)
+                )
+                if in_canary:
+                    canary_ids.append(record.id)
+                    if len(canary_ids) == canary and canary_check is not None:
+                        await settle()
+                        if not failures and await canary_check(token or ""):
+                            stopped = "canary-parked-again"
+                            break
+            await settle()
+            # Fewer selected messages than the canary size: check the ones sent.
+            short = token is not None and 0 < len(canary_ids) < canary and stopped is None
+            if short and not failures and canary_check is not None:
+                stopped = "canary-parked-again" if await canary_check(token or "") else None
+        except aiormq.exceptions.AMQPError as exc:
+            # A failed hand-over closed the channel under the loop: report that failure.
+            if failures:
+                raise failures[0] from exc
+            raise
+        finally:
+            left = list(in_flight.values())
+            for task in left:
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+    if failures:
+        log.warning("%s stopped after %d message(s) of %r: %s", action, done, parking, failures[0])
+        raise failures[0]
     log.info(
         "%s%s %d of %d scanned message(s) in %r%s",
         "dry run: would " if dry_run else "",
