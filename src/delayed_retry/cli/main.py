@@ -20,11 +20,12 @@ from collections.abc import Sequence
 
 import aiormq
 
-from delayed_retry.cli.connection import check_url, explain_connection_error, redact
+from delayed_retry.cli.connection import check_url, explain_connection_error
 from delayed_retry.cli.output import EXIT_FAILURE, CommandError, for_command_line
 from delayed_retry.errors import DelayedRetryError
+from delayed_retry.urls import redact_url
 
-__all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "redact", "run"]
+__all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "run"]
 
 SUBCOMMAND_MODULES = (
     "delayed_retry.cli.topology_cmd",
@@ -98,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
         line = explain_connection_error(exc, args.url)
         if line is None:
-            line = f"the broker at {redact(args.url)!r} failed the command: {exc!r}"
+            line = f"the broker at {redact_url(args.url)!r} failed the command: {exc!r}"
         _error(line)
         return EXIT_FAILURE
     except KeyboardInterrupt:
