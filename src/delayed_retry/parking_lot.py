@@ -136,6 +136,8 @@ class ParkedRecord(ParkedMessage):
     traceback: str | None = None
     replays: int = 0
     fingerprint: str = ""
+    failure: str = ""
+    """The failure group in words: ``TimeoutError in gateway.py:call: gateway did not …``."""
 
     def age(self, *, now: datetime) -> timedelta | None:
         """How long ago it was parked, or ``None`` when the record does not say."""
@@ -193,6 +195,7 @@ def read_record(
     )
     trace = h.get(X_EXCEPTION_TRACEBACK)
     replays = h.get(X_REPLAYED)
+    group = fingerprint_headers(h)
     ident = message_id or "sha256:" + hashlib.sha256(body).hexdigest()[:16]
     return ParkedRecord(
         **{f: getattr(base, f) for f in ParkedMessage.__dataclass_fields__},
@@ -202,7 +205,8 @@ def read_record(
         content_type=content_type,
         traceback=trace if isinstance(trace, str) else None,
         replays=replays if isinstance(replays, int) and not isinstance(replays, bool) else 0,
-        fingerprint=fingerprint_headers(h).key,
+        fingerprint=group.key,
+        failure=group.label(),
     )
 
 
@@ -424,6 +428,8 @@ class FailureGroup:
     """Parked messages that failed the same way (one fingerprint)."""
 
     fingerprint: str
+    failure: str
+    """The group in words: exception type, raising frame, message template."""
     count: int
     reason: str
     exception_type: str | None
@@ -452,6 +458,7 @@ async def group_parked(
             )
             groups[record.fingerprint] = FailureGroup(
                 fingerprint=record.fingerprint,
+                failure=record.failure,
                 count=1,
                 reason=record.reason,
                 exception_type=record.exception_type,
