@@ -134,7 +134,7 @@ def test_publish_to_a_missing_queue_gives_command_line_advice(
         ["--url", rabbitmq_url, "publish", "--queue", f"{unique}-x", "--delay", "50ms", *topo]
     )
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1 and len(err) == 1
+    assert code == 2 and len(err) == 1
     assert f"{unique}-x" in err[0] and "delayed-retry declare --bind QUEUE" in err[0]
 
 
