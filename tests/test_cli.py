@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import sys
 
 import aio_pika
 import pytest
@@ -196,3 +198,34 @@ async def _declare_queue(url: str, name: str) -> None:
     async with connection:
         channel = await connection.channel()
         await channel.declare_queue(name, durable=True)
+
+
+def test_publish_reads_the_body_from_stdin_and_the_message_arrives_when_due(
+    rabbitmq_url: str,
+    unique: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asyncio.run(_declare_queue(rabbitmq_url, unique))
+    topo = ["--prefix", unique, "--levels", "10"]
+    assert main(["--url", rabbitmq_url, "declare", *topo]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\x00binary\xff")))
+    argv = ["publish", "--queue", unique, "--delay", "200ms", "--body", "-", "--header", "k=v"]
+    assert main(["--url", rabbitmq_url, *argv, "--json", *topo]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes"] == 8
+    message = asyncio.run(_get_one(rabbitmq_url, unique))
+    assert message.body == b"\x00binary\xff" and message.headers["k"] == "v"
+
+
+async def _get_one(url: str, name: str) -> aio_pika.abc.AbstractIncomingMessage:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(name, passive=True)
+        async with asyncio.timeout(15):
+            while True:
+                message = await queue.get(fail=False, no_ack=True)
+                if message is not None:
+                    return message
+                await asyncio.sleep(0.05)
