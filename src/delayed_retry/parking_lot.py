@@ -581,6 +581,10 @@ async def _canary_parked_again(
         await asyncio.sleep(min(poll, max(deadline - loop.time(), 0)))
 
 
+WATCH_EXPIRES_MS = 15 * 60 * 1000
+"""A canary watch queue left unused this long is deleted by the broker."""
+
+
 class _ParkWatch:
     """A private queue bound to the parking exchange: sees every message parked for a queue.
 
@@ -599,8 +603,11 @@ class _ParkWatch:
         underlay = await underlay_of(channel)
         own = await underlay.connection.channel(publisher_confirms=False)
         try:
+            # Deleted by close(); exclusive and x-expires remove it too if close() never runs.
             declared = await own.queue_declare(
-                "", exclusive=True, auto_delete=True, arguments={"x-queue-type": "classic"}
+                "",
+                exclusive=True,
+                arguments={"x-queue-type": "classic", "x-expires": WATCH_EXPIRES_MS},
             )
             await own.queue_bind(declared.queue or "", exchange, routing_key=queue)
         except aiormq.exceptions.ChannelClosed:
@@ -627,9 +634,14 @@ class _ParkWatch:
             await asyncio.sleep(min(poll, max(deadline - loop.time(), 0)))
 
     async def close(self) -> None:
-        """Stop watching: the private queue goes with its channel."""
-        if not self._channel.is_closed:
-            await self._channel.close()
+        """Stop watching and delete the private queue (its copies are of no further use)."""
+        if self._channel.is_closed:
+            return
+        try:
+            await self._channel.queue_delete(self._name)
+        finally:
+            if not self._channel.is_closed:
+                await self._channel.close()
 
 
 async def _move(
