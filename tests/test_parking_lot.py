@@ -270,3 +270,27 @@ async def test_a_replay_that_cannot_publish_moves_nothing(
         await replay_matching(channel, queue=unique, topology=topology)
     assert sorted(await _ids(channel, unique, topology)) == [f"m-{n}" for n in range(5)]
     assert await work.get(fail=False) is None
+
+
+async def test_a_replay_acts_on_the_set_as_asked_not_on_what_parks_meanwhile(
+    connection: AbstractRobustConnection, unique: str
+) -> None:
+    channel, topology, work = await _lot(connection, unique)
+
+    @with_delayed_retry(queue=unique, topology=topology)
+    async def still_broken(message: AbstractIncomingMessage) -> None:
+        raise ParkMessage("still broken")
+
+    await work.consume(still_broken)
+    # Slow enough that copies park again while the replay is still going through the queue.
+    report = await replay_matching(channel, queue=unique, rate=20, topology=topology)
+    assert report.done == 5
+
+    async def all_parked_again() -> list[int]:
+        while True:
+            records = [r async for r in iter_parked(channel, queue=unique, topology=topology)]
+            if len(records) == 5 and all(r.replays == 1 for r in records):
+                return [r.replays for r in records]
+            await asyncio.sleep(0.05)
+
+    assert await asyncio.wait_for(all_parked_again(), 15) == [1] * 5

@@ -135,6 +135,7 @@ class ParkedRecord(ParkedMessage):
     content_type: str | None = None
     traceback: str | None = None
     replays: int = 0
+    replayed_at: datetime | None = None
     fingerprint: str = ""
     failure: str = ""
     """The failure group in words: ``TimeoutError in gateway.py:call: gateway did not …``."""
@@ -205,6 +206,7 @@ def read_record(
         content_type=content_type,
         traceback=trace if isinstance(trace, str) else None,
         replays=replays if isinstance(replays, int) and not isinstance(replays, bool) else 0,
+        replayed_at=read_epoch_ms(h.get(X_REPLAYED_AT)),
         fingerprint=group.key,
         failure=group.label(),
     )
@@ -322,8 +324,8 @@ async def _take(
 
     Every message taken stays unacked on ``own`` until it is acked or the
     channel closes, so none is taken twice and the scan ends when the queue
-    has nothing more to give. Messages parked after ``asked_at`` (their
-    record says so) are put back untouched: the set is the one asked about.
+    has nothing more to give. Messages parked or replayed after ``asked_at``
+    (their record says so) are put back untouched: the set is the one asked about.
     The declare-ok message count cannot bound the scan: on quorum queues it
     leaves out messages a closed channel just returned.
     """
@@ -341,6 +343,10 @@ async def _take(
             content_type=props.content_type,
         )
         if record.parked_at is not None and record.parked_at > asked_at:
+            continue
+        # Replayed since (by this very operation, say, and parked again): the replay's own
+        # clock wrote this time, so a consumer's clock skew cannot make it look old.
+        if record.replayed_at is not None and record.replayed_at >= asked_at:
             continue
         yield got, record
 
