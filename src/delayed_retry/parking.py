@@ -21,6 +21,7 @@ from delayed_retry.parking_lot import (
     X_REPLAYED,
     ParkedMessage,
     parse_parked,
+    refuse_counted_peeks,
     replay_headers,
     replay_matching,
 )
@@ -55,7 +56,13 @@ async def peek_parked(
     """Up to ``limit`` parked messages of ``queue``, left in place.
 
     The messages are fetched unacked on a channel of their own, which is then
-    closed, so the broker puts every one of them back.
+    closed, so the broker puts every one of them back. Each such return counts
+    as a delivery (RabbitMQ 3.10 and 4.0 alike); the parking queue's delivery
+    limit (:data:`~delayed_retry.topology.PARKED_DELIVERY_LIMIT`) is out of
+    reach of any number of peeks. On RabbitMQ 4.x a parking queue declared
+    without it (by an older delayed-retry) has the broker's limit of 20, which
+    peeks would exhaust: peeking it is refused with a :class:`ConfigurationError`
+    naming the fix.
     """
     if limit < 1:
         raise ConfigurationError(f"limit={limit} must be at least 1")
@@ -70,6 +77,7 @@ async def peek_parked(
                 f"parking queue {_parking_name(topology, queue, parking_queue)!r} does not "
                 "exist; check --queue/--parking-queue"
             ) from exc
+        await refuse_counted_peeks(underlay.connection, topology, queue, parking_queue)
         out: list[ParkedMessage] = []
         while len(out) < limit:
             got = await browse.basic_get(_parking_name(topology, queue, parking_queue))

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import aiormq
 import aiormq.abc
 
+from delayed_retry.checks import broker_major_version, kept_queue_risk
 from delayed_retry.declare import declarer_for, underlay_of
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError
@@ -47,7 +48,7 @@ from delayed_retry.parked import (
     replay_headers,
 )
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, amqp_arguments
 
 __all__ = [
     "ALL_PARKED",
@@ -68,6 +69,7 @@ __all__ = [
     "parse_parked",
     "purge_matching",
     "read_record",
+    "refuse_counted_peeks",
     "replay_headers",
     "replay_matching",
 ]
@@ -92,6 +94,42 @@ async def _own_channel(
     finally:
         if not own.is_closed:
             await own.close()
+
+
+async def refuse_counted_peeks(
+    connection: Any, topology: DelayTopology, queue: str, parking_queue: str | None
+) -> None:
+    """Raise when reading would count toward a delivery limit that can drop parked messages.
+
+    Every read of the parking lot (peek, browse, replay, purge) takes messages
+    unacked and gives back those it does not act on; each return counts as a
+    delivery. On RabbitMQ 4.x a parking queue declared without delayed-retry's
+    delivery limit has the broker's limit of 20, which reads would exhaust.
+    """
+    major = broker_major_version(getattr(connection, "server_properties", None))
+    spec = topology.parking_queue_spec(queue, parking_queue)
+    if major is None or major < 4 or topology.queue_type != "quorum":
+        return
+    check = await connection.channel(publisher_confirms=False)
+    try:
+        await check.queue_declare(spec.name, durable=True, arguments=amqp_arguments(spec.arguments))
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        if "x-delivery-limit" not in str(exc):
+            raise
+        raise ConfigurationError(
+            f"{kept_queue_risk(queue=spec.name, broker_major=major)}. peek_parked does not "
+            "peek it meanwhile, since every peek would bring its messages closer to the limit"
+        ) from exc
+    finally:
+        if not check.is_closed:
+            await check.close()
+
+
+async def _refuse_counted_reads(
+    channel: Any, topology: DelayTopology, queue: str, parking_queue: str | None
+) -> None:
+    underlay = await underlay_of(channel)
+    await refuse_counted_peeks(underlay.connection, topology, queue, parking_queue)
 
 
 async def _depth(own: aiormq.abc.AbstractChannel, parking: str) -> int:
@@ -157,6 +195,7 @@ async def iter_parked(
     parking = _parking_name(topology, queue, parking_queue)
     async with _own_channel(channel, confirms=False) as own:
         await _depth(own, parking)
+        await _refuse_counted_reads(channel, topology, queue, parking_queue)
         async for _got, record in _take(own, parking, asked_at=when):
             if where.matches(record, now=when):
                 yield record
@@ -196,6 +235,7 @@ async def browse_parked(
     parking = _parking_name(topology, queue, parking_queue)
     async with _own_channel(channel, confirms=False) as own:
         depth = await _depth(own, parking)
+        await _refuse_counted_reads(channel, topology, queue, parking_queue)
         seen = 0
         page: list[ParkedRecord] = []
         more = False
@@ -484,6 +524,7 @@ async def _move(
 
     async with _own_channel(channel, confirms=action == "replay") as own:
         depth = await _depth(own, parking)
+        await _refuse_counted_reads(channel, topology, queue, parking_queue)
         try:
             async for got, record in _take(own, parking, asked_at=now):
                 if failures:
