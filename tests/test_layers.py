@@ -33,6 +33,7 @@ PURE = (
     "errors",
     "urls",
     "fingerprint",
+    "parked",
 )
 """Modules that must stay pure logic: no broker, no telemetry, no network, no Spark."""
 

@@ -1,7 +1,12 @@
 """Entry point: builds the parser from the subcommand modules and runs the chosen one.
 
 Each module in :data:`SUBCOMMAND_MODULES` has ``register(subparsers)``, which
-adds its commands and sets ``func`` (``(args) -> int``) on each.
+adds its commands and sets ``func`` (``(args) -> int``) on each. Add a command
+group with one line there. Shared output, errors and option types live in
+:mod:`delayed_retry.cli.output`, connecting in :mod:`delayed_retry.cli.connection`.
+
+Exit codes: 0 ok, 1 failure, 2 usage (bad options or values, including a
+:class:`~delayed_retry.errors.ConfigurationError` such as a queue that does not exist).
 """
 
 from __future__ import annotations
@@ -14,19 +19,21 @@ import os
 import sys
 from collections.abc import Sequence
 
-from delayed_retry.errors import DelayedRetryError
+import aiormq
+
+from delayed_retry.cli.connection import check_url, explain_connection_error
+from delayed_retry.cli.output import EXIT_FAILURE, EXIT_USAGE, CommandError, for_command_line
+from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.urls import redact_url
 
-__all__ = [
-    "SUBCOMMAND_MODULES",
-    "build_parser",
-    "main",
-    "run",
-]
+__all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "run"]
 
 SUBCOMMAND_MODULES = (
     "delayed_retry.cli.topology_cmd",
+    "delayed_retry.cli.status_cmd",
+    "delayed_retry.cli.publish_cmd",
     "delayed_retry.cli.parking_cmd",
+    "delayed_retry.cli.demo_cmd",
     "delayed_retry.cli.spark_cmd",
     "delayed_retry.cli.alerts_cmd",
     "delayed_retry.cli.delivery_cmd",
@@ -34,16 +41,20 @@ SUBCOMMAND_MODULES = (
 )
 
 
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, with every subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="delayed-retry",
         description="Delayed retries, parking and scheduling in RabbitMQ: operate the chain.",
+        epilog="Exit codes: 0 ok, 1 failure, 2 usage. Durations: 250ms, 90s, 15m, 1h, 2d.",
     )
     parser.add_argument(
         "--url",
-        default=os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-        help="broker URL (default: $RABBITMQ_URL or amqp://guest:guest@127.0.0.1:5672/)",
+        default=os.environ.get("RABBITMQ_URL") or DEFAULT_URL,
+        help=f"broker URL, amqp:// or amqps:// (default: $RABBITMQ_URL or {DEFAULT_URL})",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -52,27 +63,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _quiet_logging(verbose: bool) -> None:
+    # The command reports failures itself, in one line: libraries' own ERROR lines
+    # (aiormq logs every failed connect) only show with --verbose.
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not verbose:
+        for name in ("aiormq", "aio_pika", "asyncio"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _error(message: str) -> None:
+    print(f"delayed-retry: error: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit code (0 ok, 1 failure, 2 usage)."""
+    parser = build_parser()
     try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) and usage errors (2), already printed
+        return int(exc.code or 0)
+    _quiet_logging(args.verbose)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args.url_given = bool(os.environ.get("RABBITMQ_URL")) or any(
+        a == "--url" or a.startswith("--url=") for a in given
+    )
+    try:
+        if getattr(args, "needs_broker", True):
+            check_url(args.url)
         code: int = args.func(args)
+    except CommandError as exc:
+        _error(str(exc))
+        return exc.exit_code
+    except ConfigurationError as exc:  # a value the user gave is wrong: a usage error
+        _error(for_command_line(str(exc)))
+        return EXIT_USAGE
     except DelayedRetryError as exc:
-        print(f"delayed-retry: error: {exc}", file=sys.stderr)
-        return 2
-    except (ConnectionError, OSError) as exc:
-        print(
-            f"delayed-retry: error: cannot reach the broker at {redact_url(args.url)!r}: {exc}. "
-            "Check --url or $RABBITMQ_URL",
-            file=sys.stderr,
-        )
-        return 2
+        _error(for_command_line(str(exc)))
+        return EXIT_FAILURE
+    except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
+        line = explain_connection_error(exc, args.url)
+        if line is None:
+            line = f"the broker at {redact_url(args.url)!r} failed the command: {exc!r}"
+        _error(line)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
+        _error("interrupted; nothing acted on was lost (unacked messages went back)")
         return 130
     return code
 
