@@ -79,10 +79,10 @@ async def _serve(args: argparse.Namespace) -> int:
         audit_log=args.audit_log,
         management_url=args.management_url,
     )
-    runner = web.AppRunner(create_app(settings), access_log=None)
+    runner = web.AppRunner(create_app(settings), access_log=None, shutdown_timeout=5)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, args.host, args.port, shutdown_timeout=5)
+        site = web.TCPSite(runner, args.host, args.port)
         try:
             await site.start()
         except OSError as exc:

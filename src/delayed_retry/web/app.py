@@ -33,7 +33,7 @@ from delayed_retry.web.jobs import Action, AuditLog, Job, JobManager, JobRequest
 from delayed_retry.web.lot import ParkingLot
 from delayed_retry.web.records import ParkedFilter, ParkedRecord
 from delayed_retry.web.render import format_age, format_duration, header_rows, histogram, view_body
-from delayed_retry.web.security import security_middleware
+from delayed_retry.web.security import USER, security_middleware
 from delayed_retry.web.settings import WebSettings
 
 __all__ = ["STATE", "WebState", "create_app"]
@@ -183,7 +183,7 @@ def _render(request: web.Request, template: str, status: int = 200, **context: A
         url=lambda name, **q: _url(request, name, **q),
         settings=state.settings,
         queues=state.queues,
-        user=request.get("user"),
+        user=request.get(USER),
         **context,
     )
     return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
@@ -380,7 +380,7 @@ async def action_form(request: web.Request) -> web.Response:
     _, jobs = state.parts()
     form = await request.post()
     try:
-        job = await _submit_form(state, jobs, form, user=request["user"])
+        job = await _submit_form(state, jobs, form, user=request[USER])
     except DelayedRetryError as exc:
         return _render(request, "_notice.html", status=400, error=str(exc))
     return _render(request, "_job.html", status=202, job=job)
@@ -527,7 +527,7 @@ async def _api_action(request: web.Request, action: Action) -> web.Response:
         raise _bad_request(ValueError(f"the body is not JSON: {exc}")) from exc
     try:
         job_request = JobRequest.from_json(action, data)
-        job = await _start(state, jobs, job_request, user=request["user"])
+        job = await _start(state, jobs, job_request, user=request[USER])
     except DelayedRetryError as exc:
         raise _bad_request(exc) from exc
     status_url = str(request.app.router["api-job"].url_for(id=job.id))

@@ -20,6 +20,7 @@ from delayed_retry.web.settings import Credentials
 
 __all__ = [
     "SECURITY_HEADERS",
+    "USER",
     "authenticate",
     "check_bind",
     "host_allowed",
@@ -131,6 +132,9 @@ def authenticate(authorization: str | None, credentials: Credentials | None) -> 
     return None
 
 
+USER = web.RequestKey("delayed_retry_web_user", str)
+"""The request's user: a Basic user name, ``token``, or ``local`` when no credentials are set."""
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -144,15 +148,19 @@ def security_middleware(
         try:
             response = await _guarded(request, handler)
         except web.HTTPException as exc:
-            response = exc
+            for name, value in SECURITY_HEADERS.items():
+                exc.headers.setdefault(name, value)
+            raise
         for name, value in SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
         return response
 
     async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
         user = authenticate(request.headers.get("Authorization"), credentials)
+        # "local" (no credentials configured) is not authentication: check the Host.
+        authenticated = credentials is not None and user is not None
         if not host_allowed(
-            request.headers.get("Host"), trusted=trusted_hosts, authenticated=user is not None
+            request.headers.get("Host"), trusted=trusted_hosts, authenticated=authenticated
         ):
             raise web.HTTPMisdirectedRequest(text="unexpected Host header\n")
         if user is None:
@@ -174,7 +182,7 @@ def security_middleware(
                 raise web.HTTPForbidden(text="cross-origin request refused\n")
             if read_only:
                 raise web.HTTPForbidden(text="this web view is read-only (--read-only)\n")
-        request["user"] = user
+        request[USER] = user
         return await handler(request)
 
     return middleware
