@@ -62,7 +62,10 @@ async def test_api_lists_filters_and_replays_a_group(
     queue = lot.name("orders")
     parked = await park(lot, queue, ["timeout", "missing", "timeout", "timeout", "missing"])
     settings = _settings(lot, tmp_path, url=rabbitmq_url)
-    async with serve(settings) as base, aiohttp.ClientSession() as session:
+    async with (
+        serve(settings) as base,
+        aiohttp.ClientSession() as session,
+    ):
         async with session.get(f"{base}/api/parked", params={"queue": queue}) as response:
             assert response.status == 200
             listing = await response.json()
@@ -114,7 +117,9 @@ async def test_purge_by_ids_acts_on_those_only_and_replay_by_ids(
 ) -> None:
     queue = lot.name("orders")
     await park(lot, queue, ["timeout", "missing", "timeout"])
-    async with serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base:
+    async with (
+        serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base,
+    ):
         async with (
             aiohttp.ClientSession(headers={"Origin": base}) as session,
             session.post(
@@ -135,27 +140,29 @@ async def test_bad_requests_say_what_to_fix(
 ) -> None:
     queue = lot.name("orders")
     await park(lot, queue, ["timeout"])
-    async with serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base:
-        async with aiohttp.ClientSession(headers={"Origin": base}) as session:
-            cases: list[tuple[Any, str]] = [
-                ({"queue": queue}, "exactly one of"),
-                ({"queue": queue, "message_ids": []}, "non-empty list"),
-                ({"queue": queue, "filter": {"colour": "red"}}, "unknown filter colour"),
-                ({"queue": queue, "filter": {"older_than": "soon"}}, "not a duration"),
-                ({"queue": queue, "message_ids": ["x"], "rate": -1}, "rate"),
-                ([1, 2], "JSON object"),
-            ]
-            for body, expected in cases:
-                async with session.post(f"{base}/api/parked/replay", json=body) as response:
-                    assert response.status == 400, body
-                    assert expected in (await response.json())["error"], body
-            async with session.post(
-                f"{base}/api/parked/replay", json={"queue": "elsewhere", "message_ids": ["x"]}
-            ) as response:
-                assert response.status == 404
-                assert "not served here" in (await response.json())["error"]
-            async with session.get(f"{base}/api/parked", params={"queue": "elsewhere"}) as r:
-                assert r.status == 404
+    async with (
+        serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base,
+        aiohttp.ClientSession(headers={"Origin": base}) as session,
+    ):
+        cases: list[tuple[Any, str]] = [
+            ({"queue": queue}, "exactly one of"),
+            ({"queue": queue, "message_ids": []}, "non-empty list"),
+            ({"queue": queue, "filter": {"colour": "red"}}, "unknown filter colour"),
+            ({"queue": queue, "filter": {"older_than": "soon"}}, "not a duration"),
+            ({"queue": queue, "message_ids": ["x"], "rate": -1}, "rate"),
+            ([1, 2], "JSON object"),
+        ]
+        for body, expected in cases:
+            async with session.post(f"{base}/api/parked/replay", json=body) as response:
+                assert response.status == 400, body
+                assert expected in (await response.json())["error"], body
+        async with session.post(
+            f"{base}/api/parked/replay", json={"queue": "elsewhere", "message_ids": ["x"]}
+        ) as response:
+            assert response.status == 404
+            assert "not served here" in (await response.json())["error"]
+        async with session.get(f"{base}/api/parked", params={"queue": "elsewhere"}) as r:
+            assert r.status == 404
     # Nothing moved.
     assert await ids_in(lot, queue + ".parking") == ["timeout-100"]
 
@@ -166,38 +173,43 @@ async def test_cross_origin_and_unauthenticated_requests_are_refused(
     queue = lot.name("orders")
     await park(lot, queue, ["timeout"])
     body = {"queue": queue, "message_ids": ["timeout-100"]}
-    async with serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base:
-        async with aiohttp.ClientSession() as session:
-            refused = [
-                {"Origin": "http://evil.example"},
-                {"Sec-Fetch-Site": "cross-site", "Origin": base},
-                {"Sec-Fetch-Site": "same-site"},
-                {"Origin": "null"},
-                {},
-            ]
-            for headers in refused:
-                async with session.post(
-                    f"{base}/api/parked/purge", json=body, headers=headers
-                ) as response:
-                    assert response.status == 403, headers
-            async with session.get(f"{base}/api/parked/purge") as response:
-                assert response.status == 405  # no state change on GET
-            # DNS rebinding: a page on another name that resolves to 127.0.0.1.
-            async with session.get(
-                f"{base}/api/parked", params={"queue": queue}, headers={"Host": "evil.example"}
+    async with (
+        serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base,
+        aiohttp.ClientSession() as session,
+    ):
+        refused = [
+            {"Origin": "http://evil.example"},
+            {"Sec-Fetch-Site": "cross-site", "Origin": base},
+            {"Sec-Fetch-Site": "same-site"},
+            {"Origin": "null"},
+            {},
+        ]
+        for headers in refused:
+            async with session.post(
+                f"{base}/api/parked/purge", json=body, headers=headers
             ) as response:
-                assert response.status == 421
-            async with session.get(f"{base}/") as response:
-                assert response.status == 200
-                assert "script-src 'self'" in response.headers["Content-Security-Policy"]
-                assert "unsafe-inline" not in response.headers["Content-Security-Policy"]
-                assert response.headers["X-Content-Type-Options"] == "nosniff"
-                assert response.headers["Cache-Control"] == "no-store"
+                assert response.status == 403, headers
+        async with session.get(f"{base}/api/parked/purge") as response:
+            assert response.status == 405  # no state change on GET
+        # DNS rebinding: a page on another name that resolves to 127.0.0.1.
+        async with session.get(
+            f"{base}/api/parked", params={"queue": queue}, headers={"Host": "evil.example"}
+        ) as response:
+            assert response.status == 421
+        async with session.get(f"{base}/") as response:
+            assert response.status == 200
+            assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+            assert "unsafe-inline" not in response.headers["Content-Security-Policy"]
+            assert response.headers["X-Content-Type-Options"] == "nosniff"
+            assert response.headers["Cache-Control"] == "no-store"
     assert await ids_in(lot, queue + ".parking") == ["timeout-100"]
 
     credentials = parse_credentials("ops:s3cret", token="tok-123")
     settings = _settings(lot, tmp_path, url=rabbitmq_url, credentials=credentials)
-    async with serve(settings) as base, aiohttp.ClientSession() as session:
+    async with (
+        serve(settings) as base,
+        aiohttp.ClientSession() as session,
+    ):
         async with session.get(f"{base}/api/parked", params={"queue": queue}) as response:
             assert response.status == 401
             assert response.headers["WWW-Authenticate"].startswith("Basic")
@@ -224,17 +236,19 @@ async def test_cross_origin_and_unauthenticated_requests_are_refused(
 async def test_read_only_refuses_actions(lot: Scenario, rabbitmq_url: str, tmp_path: Path) -> None:
     queue = lot.name("orders")
     await park(lot, queue, ["missing"])
-    async with serve(_settings(lot, tmp_path, url=rabbitmq_url, read_only=True)) as base:
-        async with aiohttp.ClientSession(headers={"Origin": base}) as session:
-            async with session.post(
-                f"{base}/api/parked/purge", json={"queue": queue, "message_ids": ["missing-100"]}
-            ) as response:
-                assert response.status == 403
-                assert "read-only" in await response.text()
-            async with session.get(f"{base}/parked", params={"queue": queue}) as response:
-                page = await response.text()
-            assert "missing-100" in page
-            assert "Purge" not in page
+    async with (
+        serve(_settings(lot, tmp_path, url=rabbitmq_url, read_only=True)) as base,
+        aiohttp.ClientSession(headers={"Origin": base}) as session,
+    ):
+        async with session.post(
+            f"{base}/api/parked/purge", json={"queue": queue, "message_ids": ["missing-100"]}
+        ) as response:
+            assert response.status == 403
+            assert "read-only" in await response.text()
+        async with session.get(f"{base}/parked", params={"queue": queue}) as response:
+            page = await response.text()
+        assert "missing-100" in page
+        assert "Purge" not in page
     assert await ids_in(lot, queue + ".parking") == ["missing-100"]
 
 
@@ -243,12 +257,15 @@ async def test_live_counts_arrive_as_server_sent_events(
 ) -> None:
     queue = lot.name("orders")
     await park(lot, queue, ["missing", "missing"])
-    async with serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base:
-        async with aiohttp.ClientSession() as session, session.get(f"{base}/events") as response:
-            assert response.headers["Content-Type"].startswith("text/event-stream")
-            event = b""
-            while not event.endswith(b"\n\n"):
-                event += await asyncio.wait_for(response.content.readline(), 10)
+    async with (
+        serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base,
+        aiohttp.ClientSession() as session,
+        session.get(f"{base}/events") as response,
+    ):
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        event = b""
+        while not event.endswith(b"\n\n"):
+            event += await asyncio.wait_for(response.content.readline(), 10)
     lines = event.decode().splitlines()
     assert lines[0] == "event: counts"
     counts = json.loads(lines[1].removeprefix("data: "))["counts"]
