@@ -1,0 +1,200 @@
+"""The web view in a real browser: Debian's chromium driven by Playwright.
+
+Each view is saved as a screenshot under ``test-artifacts/web/`` (ignored by git).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+from aiohttp import web
+from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+
+from chain_support import Scenario, eventually, open_scenario
+from delayed_retry.web import WebSettings
+from web_support import ids_in, park, serve
+
+pytestmark = [pytest.mark.broker, pytest.mark.browser]
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "web"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    """Headless chromium from Debian's package (scripts/bootstrap installs it)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/bootstrap (apt-get install chromium)")
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+async def lot(
+    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
+) -> AsyncIterator[Scenario]:
+    async with open_scenario(connection, unique, rabbitmq_url, "classic") as scenario:
+        scenario.track_queue(scenario.name("orders"), scenario.name("orders") + ".parking")
+        yield scenario
+
+
+async def _page(browser: Browser, problems: list[str]) -> Page:
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type in ("error", "warning"):
+            problems.append(message.text)
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    return page
+
+
+async def _shot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+async def test_browser_lists_filters_and_replays_a_group(
+    browser: Browser, lot: Scenario, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    queue = lot.name("orders")
+    await park(lot, queue, ["timeout", "missing", "timeout", "timeout", "missing"])
+    settings = WebSettings(
+        url=rabbitmq_url,
+        queues=(queue,),
+        topology=lot.topology,
+        audit_log=tmp_path / "audit.jsonl",
+        live_interval=0.5,
+    )
+    problems: list[str] = []
+    async with serve(settings) as base:
+        page = await _page(browser, problems)
+        await page.goto(base + "/")
+        row = page.locator("#parking tbody tr", has_text=queue)
+        await expect(row.locator("[data-live]")).to_have_text("5")
+        await expect(page.locator("#live")).to_have_class("live on")  # an SSE event arrived
+        await _shot(page, "overview")
+
+        await row.get_by_role("link", name=queue).click()
+        messages = page.locator("#messages tbody tr[data-key]")
+        await expect(messages).to_have_count(5)
+        await expect(page.locator("#groups tbody tr")).to_have_count(2)
+        await _shot(page, "queue")
+
+        await page.fill("input[name=exception]", "CustomerMissing")
+        await page.click("form.filters button[type=submit]")
+        await expect(messages).to_have_count(2)
+        assert sorted(await messages.evaluate_all("rows => rows.map(r => r.dataset.key)")) == [
+            "missing-101",
+            "missing-104",
+        ]
+        await _shot(page, "queue-filtered")
+
+        await page.get_by_role("link", name="missing-101").click()
+        body = page.locator("#body")
+        await expect(body).to_contain_text("<b>not bold</b>")  # shown as text, not markup
+        assert await body.locator("b").count() == 0
+        await expect(page.locator("#record")).to_contain_text("CustomerMissing")
+        await _shot(page, "message")
+
+        await page.goto(f"{base}/parked?queue={queue}")
+        timeout_row = page.locator("#groups tbody tr", has_text="GatewayTimeout")
+        await expect(timeout_row.locator("td.num")).to_have_text("3")
+        await timeout_row.get_by_role("button", name="Replay group").click()
+        job = page.locator("#jobs .job").first
+        await expect(job).to_have_attribute("data-state", "finished", timeout=30_000)
+        await expect(job.locator(".done")).to_have_text("3")
+        await _shot(page, "queue-replayed")
+
+    async def arrived() -> bool:
+        return await lot.depth(queue) == 3
+
+    await eventually(arrived, timeout=30)
+    assert sorted(await ids_in(lot, queue)) == ["timeout-100", "timeout-102", "timeout-103"]
+    assert sorted(await ids_in(lot, queue + ".parking")) == ["missing-101", "missing-104"]
+    audit = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [(a["event"], a["action"]) for a in audit] == [
+        ("accepted", "replay"),
+        ("finished", "replay"),
+    ]
+    assert problems == [], problems  # no CSP violation, no script error
+
+
+async def test_browser_purge_needs_the_typed_confirmation(
+    browser: Browser, lot: Scenario, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    queue = lot.name("orders")
+    await park(lot, queue, ["missing", "timeout"])
+    settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology)
+    problems: list[str] = []
+    async with serve(settings) as base:
+        page = await _page(browser, problems)
+        await page.goto(f"{base}/parked?queue={queue}")
+        await page.check("input[value='missing-100']")
+        await page.get_by_role("button", name="Purge selected").click()
+        await expect(page.locator("#jobs .notice")).to_contain_text("type the queue name")
+        assert sorted(await ids_in(lot, queue + ".parking")) == ["missing-100", "timeout-101"]
+
+        await page.fill("input[name=confirm]", queue)
+        await page.get_by_role("button", name="Purge selected").click()
+        job = page.locator("#jobs .job").first
+        await expect(job).to_have_attribute("data-state", "finished", timeout=30_000)
+        await _shot(page, "queue-purged")
+    assert await ids_in(lot, queue + ".parking") == ["timeout-101"]
+    # The failed first try logs a 400 in the console; nothing else may.
+    assert all("400" in p for p in problems), problems
+
+
+async def test_browser_cross_origin_post_is_refused(
+    browser: Browser, lot: Scenario, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    queue = lot.name("orders")
+    await park(lot, queue, ["missing"])
+    settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology)
+    async with serve(settings) as base:
+        # Another site on another port: a plain HTML form posting to the view (CSRF).
+        evil = web.Application()
+        form = (
+            f'<form method="post" action="{base}/actions">'
+            f'<input name="queue" value="{queue}"><input name="op" value="purge-selection">'
+            f'<input name="message_ids" value="missing-100"><input name="confirm" value="{queue}">'
+            '<button id="go">win a prize</button></form>'
+        )
+
+        async def evil_page(request: web.Request) -> web.Response:
+            return web.Response(text=form, content_type="text/html")
+
+        evil.router.add_get("/", evil_page)
+        runner = web.AppRunner(evil, shutdown_timeout=1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            host, port = runner.addresses[0][:2]
+            page = await browser.new_page()
+            await page.goto(f"http://{host}:{port}/")
+            async with page.expect_response(lambda r: r.url == f"{base}/actions") as info:
+                await page.click("#go")
+            response = await info.value
+            assert response.status == 403
+            await _shot(page, "cross-origin-refused")
+        finally:
+            await runner.cleanup()
+    assert await ids_in(lot, queue + ".parking") == ["missing-100"]
