@@ -32,11 +32,15 @@ CHROMIUM_ARGS = [
 ]
 
 
+def _require_chromium() -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/bootstrap (apt-get install chromium)")
+
+
 @pytest.fixture
 async def browser() -> AsyncIterator[Browser]:
     """Headless chromium from Debian's package (scripts/bootstrap installs it)."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: run scripts/bootstrap (apt-get install chromium)")
+    _require_chromium()
     async with async_playwright() as playwright:
         launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:

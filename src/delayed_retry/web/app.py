@@ -28,6 +28,7 @@ from multidict import MultiDictProxy
 
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
+from delayed_retry.headers import read_epoch_ms
 from delayed_retry.web.discovery import discover_queues
 from delayed_retry.web.jobs import Action, AuditLog, Job, JobManager, JobRequest
 from delayed_retry.web.lot import ParkingLot
@@ -328,7 +329,7 @@ async def message_page(request: web.Request) -> web.Response:
     history = [
         ("attempts", str(record.parked.attempts)),
         ("first failure", record.parked.first_failure_at),
-        ("last failure", h.get("x-retry-last-failure-at")),
+        ("last failure", read_epoch_ms(h.get("x-retry-last-failure-at"))),
         ("last error", h.get("x-retry-last-error")),
         ("replayed before", h.get("x-retry-replayed", 0)),
         ("original exchange", record.parked.original_exchange),

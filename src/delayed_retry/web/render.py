@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from delayed_retry.headers import read_epoch_ms
+
 __all__ = [
     "BodyView",
     "Histogram",
@@ -78,8 +80,10 @@ def format_duration(delta: timedelta | float) -> str:
     seconds = delta.total_seconds() if isinstance(delta, timedelta) else float(delta)
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 60:
-        return f"{seconds:.3g} s"
+        return f"{seconds:.0f} s"
     minutes, sec = divmod(int(seconds), 60)
     if minutes < 60:
         return f"{minutes} min {sec} s" if sec else f"{minutes} min"
@@ -106,6 +110,11 @@ def header_rows(headers: Mapping[str, Any]) -> list[tuple[str, str]]:
             text = "bytes:" + bytes(value[:256]).hex()
         elif isinstance(value, datetime):
             text = value.isoformat()
+        elif str(name).endswith("-at") and isinstance(value, int) and not isinstance(value, bool):
+            moment = read_epoch_ms(value)
+            text = (
+                f"{value} ({moment.isoformat(timespec='milliseconds')})" if moment else str(value)
+            )
         else:
             text = str(value)
         if len(text) > 2_000:

@@ -1,0 +1,193 @@
+"""The web view's pure parts: security checks, filters, failure groups, rendering, requests."""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from delayed_retry.errors import ConfigurationError
+from delayed_retry.web.jobs import JobRequest
+from delayed_retry.web.records import ParkedFilter, ParkedRecord, fingerprint, read_record
+from delayed_retry.web.render import format_duration, histogram, view_body
+from delayed_retry.web.security import authenticate, check_bind, host_allowed, same_origin
+from delayed_retry.web.settings import parse_credentials
+
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+def test_bind_beyond_loopback_needs_credentials() -> None:
+    check_bind("127.0.0.1", None)
+    check_bind("::1", None)
+    check_bind("localhost", None)
+    for host in ("0.0.0.0", "::", "192.0.2.7", "example.org"):
+        with pytest.raises(ConfigurationError, match="--auth"):
+            check_bind(host, None)
+    check_bind("0.0.0.0", parse_credentials("ops:pw"))
+
+
+def test_same_origin_rules() -> None:
+    here = {"scheme": "http", "host": "127.0.0.1:8080"}
+    assert same_origin({"Sec-Fetch-Site": "same-origin"}, **here)
+    assert not same_origin({"Sec-Fetch-Site": "same-site"}, **here)
+    assert not same_origin({"Sec-Fetch-Site": "none"}, **here)
+    # Sec-Fetch-Site decides when present, even with a matching Origin.
+    assert not same_origin(
+        {"Sec-Fetch-Site": "cross-site", "Origin": "http://127.0.0.1:8080"}, **here
+    )
+    assert same_origin({"Origin": "http://127.0.0.1:8080"}, **here)
+    assert not same_origin({"Origin": "http://127.0.0.1:8081"}, **here)
+    assert not same_origin({"Origin": "https://127.0.0.1:8080"}, **here)
+    assert not same_origin({"Origin": "null"}, **here)
+    assert not same_origin({}, **here)
+
+
+def test_host_header_is_checked_unless_authenticated() -> None:
+    assert host_allowed("127.0.0.1:8080", trusted=(), authenticated=False)
+    assert host_allowed("localhost:8080", trusted=(), authenticated=False)
+    assert host_allowed("[::1]:8080", trusted=(), authenticated=False)
+    assert not host_allowed("evil.example:8080", trusted=(), authenticated=False)
+    assert not host_allowed(None, trusted=(), authenticated=False)
+    assert host_allowed("ops.internal", trusted=("ops.internal",), authenticated=False)
+    assert host_allowed("ops.internal", trusted=(), authenticated=True)
+
+
+def test_authentication_basic_and_token() -> None:
+    creds = parse_credentials("ops:pa:ss", token="t0k")
+    assert creds is not None and creds.password == "pa:ss"
+    assert "pa:ss" not in repr(creds) and "t0k" not in repr(creds)
+
+    def basic(text: str) -> str:
+        return "Basic " + base64.b64encode(text.encode()).decode()
+
+    assert authenticate(basic("ops:pa:ss"), creds) == "ops"
+    assert authenticate(basic("ops:wrong"), creds) is None
+    assert authenticate(basic("other:pa:ss"), creds) is None
+    assert authenticate("Basic !!!notbase64", creds) is None
+    assert authenticate("Bearer t0k", creds) == "token"
+    assert authenticate("Bearer t0", creds) is None
+    assert authenticate(None, creds) is None
+    assert authenticate(None, None) == "local"
+    with pytest.raises(ConfigurationError, match="USER:PASSWORD"):
+        parse_credentials("no-colon")
+    with pytest.raises(ConfigurationError):
+        parse_credentials(":pw")
+
+
+def test_fingerprint_groups_messages_that_differ_only_in_values() -> None:
+    a = fingerprint("GatewayTimeout", "gateway did not answer in 10 s (order 105)", None)
+    b = fingerprint("GatewayTimeout", "gateway did not answer in 12 s (order 106)", None)
+    c = fingerprint("CustomerMissing", "gateway did not answer in 10 s (order 105)", None)
+    assert a == b and a != c
+    assert a[1] == "GatewayTimeout: gateway did not answer in <n> s (order <n>)"
+    uuid = fingerprint("E", "job 3f1c2a9e-8b7d-4c6e-9a0b-1d2e3f4a5b6c for 'bob' at x@y.org", None)
+    assert uuid[1] == "E: job <uuid> for <str> at <email>"
+    tb1 = 'Traceback\n  File "/app/pay.py", line 3, in charge\nE: x'
+    tb2 = 'Traceback\n  File "/app/ship.py", line 9, in send\nE: x'
+    assert fingerprint("E", "x", tb1)[0] != fingerprint("E", "x", tb2)[0]
+
+
+def _record(**headers: object) -> ParkedRecord:
+    base: dict[str, object] = {
+        "x-parked-reason": "max-retries",
+        "x-exception-type": "app.GatewayTimeout",
+        "x-exception-message": "no answer",
+        "x-parked-at": int((NOW - timedelta(hours=2)).timestamp() * 1000),
+        "tenant": "acme",
+    }
+    base.update(headers)
+    return read_record(
+        base,
+        message_id="m-1",
+        body=b'{"order": 42}',
+        exchange="",
+        routing_key="q",
+        content_type="application/json",
+    )
+
+
+def test_filters_match_each_field() -> None:
+    record = _record()
+    f = ParkedFilter.from_mapping
+    assert f({}).matches(record, now=NOW)
+    cases = [
+        ({"exception": "timeout"}, True),
+        ({"exception": "Missing"}, False),
+        ({"reason": "max-retries"}, True),
+        ({"reason": "stopped"}, False),
+        ({"older_than": "1h"}, True),
+        ({"older_than": "3h"}, False),
+        ({"newer_than": "3h"}, True),
+        ({"newer_than": "90m"}, False),
+        ({"header": "tenant=acme"}, True),
+        ({"header": "tenant=other"}, False),
+        ({"header": "tenant"}, True),
+        ({"header": "region"}, False),
+        ({"text": "order"}, True),
+        ({"text": "refund"}, False),
+    ]
+    for data, expected in cases:
+        assert f(data).matches(record, now=NOW) is expected, data
+    no_time = _record(**{"x-parked-at": None})
+    assert not f({"older_than": "1s"}).matches(no_time, now=NOW)
+    with pytest.raises(ConfigurationError, match="unknown filter colour"):
+        f({"colour": "red"})
+    with pytest.raises(ConfigurationError, match="90s, 15m"):
+        f({"older_than": "yesterday"})
+    assert f({"older_than": "2h", "text": ""}).to_mapping() == {"older_than": "7200s"}
+
+
+def test_body_views_are_safe() -> None:
+    text = view_body(b"<script>alert(1)</script>")
+    assert text.kind == "text" and text.text == "<script>alert(1)</script>"  # escaped later
+    binary = view_body(b"\x00\x01\xffABC")
+    assert binary.kind == "hex"
+    assert binary.text.startswith("00000000  00 01 ff 41 42 43")
+    assert binary.text.endswith("...ABC")
+    big = view_body(b"x" * 100_000)
+    assert big.truncated and big.shown == 16_384 and big.size == 100_000
+    pretty = view_body(b'{"a":1}', content_type="application/json")
+    assert pretty.kind == "json" and '"a": 1' in pretty.text
+    control = view_body(b"line\x1b[31mred")
+    assert control.kind == "hex"  # terminal escapes are not shown as text
+
+
+def test_histogram_keeps_empty_buckets() -> None:
+    moments = [NOW - timedelta(minutes=m) for m in (1, 1, 2, 50)]
+    h = histogram(moments, now=NOW, buckets=12)
+    assert len(h.counts) == 12 and sum(h.counts) == 4
+    assert h.bucket == timedelta(minutes=5)
+    assert h.counts[-1] == 3 and 0 in h.counts
+    assert histogram([], now=NOW).peak == 0
+    assert format_duration(90) == "1 min 30 s"
+    assert format_duration(timedelta(days=3, hours=4)) == "3 d 4 h"
+    assert format_duration(0.25) == "250 ms"
+
+
+def test_job_requests_follow_the_api_contract() -> None:
+    by_ids = JobRequest.from_json("replay", {"queue": "orders", "message_ids": ["a", "b"]})
+    assert by_ids.message_ids == ("a", "b") and by_ids.where is None
+    by_filter = JobRequest.from_json(
+        "purge", {"queue": "orders", "filter": {"exception": "Timeout"}}
+    )
+    assert by_filter.where == ParkedFilter(exception="Timeout")
+    paced = JobRequest.from_json(
+        "replay", {"queue": "q", "message_ids": ["a"], "rate": "5", "canary": 2}
+    )
+    assert paced.rate == 5.0 and paced.canary == 2
+    bad = [
+        (None, "JSON object"),
+        ({"message_ids": ["a"]}, '"queue"'),
+        ({"queue": "q", "message_ids": ["a"], "filter": {}}, "exactly one"),
+        ({"queue": "q", "message_ids": "a"}, "non-empty list"),
+        ({"queue": "q", "message_ids": [1]}, "non-empty list"),
+        ({"queue": "q", "filter": []}, "object"),
+        ({"queue": "q", "message_ids": ["a"], "rate": 0}, "rate"),
+        ({"queue": "q", "message_ids": ["a"], "rate": True}, "rate"),
+        ({"queue": "q", "message_ids": ["a"], "canary": 1000}, "canary"),
+        ({"queue": "q", "message_ids": ["a"], "extra": 1}, "unknown field extra"),
+    ]
+    for body, message in bad:
+        with pytest.raises(ConfigurationError, match=message):
+            JobRequest.from_json("replay", body)
