@@ -19,7 +19,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from chain_support import Scenario, eventually, open_scenario
 from delayed_retry.web import WebSettings, parse_credentials
-from web_support import ids_in, park, serve
+from web_support import ids_in, park, park_forever, serve
 
 pytestmark = pytest.mark.broker
 
@@ -270,3 +270,71 @@ async def test_live_counts_arrive_as_server_sent_events(
     assert lines[0] == "event: counts"
     counts = json.loads(lines[1].removeprefix("data: "))["counts"]
     assert counts[queue + ".parking"] == 2
+
+
+async def test_pages_and_the_set_as_it_was_at_the_click(
+    lot: Scenario, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    queue = lot.name("orders")
+    await park(lot, queue, ["missing"] * 5)
+    async with (
+        serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base,
+        aiohttp.ClientSession(headers={"Origin": base}) as session,
+    ):
+        seen: list[str] = []
+        for offset in (0, 2, 4):
+            async with session.get(
+                f"{base}/api/parked", params={"queue": queue, "offset": offset, "limit": 2}
+            ) as response:
+                page = await response.json()
+            assert page["matching"] == 5
+            seen += [i["message_id"] for i in page["items"]]
+        assert sorted(seen) == [f"missing-{n}" for n in range(100, 105)]
+
+        async with session.post(
+            f"{base}/api/parked/purge",
+            json={"queue": queue, "filter": {"exception": "CustomerMissing"}, "rate": 5},
+        ) as response:
+            assert response.status == 202
+            accepted = await response.json()
+        assert accepted["job"]["total"] == 5
+        # Parks after the click: same filter, but not part of the job's set.
+        await park(lot, queue, ["missing"], first_order=200)
+        job = await _job_done(session, base, accepted["status_url"])
+    assert job["state"] == "finished" and job["done"] == 5
+    assert await ids_in(lot, queue + ".parking") == ["missing-200"]
+
+
+async def test_canary_stops_a_replay_when_the_first_messages_park_again(
+    lot: Scenario, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    queue = lot.name("orders")
+    await park(lot, queue, ["missing", "missing", "missing"])
+    # The cause is not fixed: a consumer that still parks every message.
+    still_failing = await park_forever(lot, queue)
+    try:
+        async with (
+            serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base,
+            aiohttp.ClientSession(headers={"Origin": base}) as session,
+            session.post(
+                f"{base}/api/parked/replay",
+                json={
+                    "queue": queue,
+                    "message_ids": ["missing-100", "missing-101", "missing-102"],
+                    "canary": 1,
+                    "canary_wait": 3,
+                },
+            ) as response,
+        ):
+            assert response.status == 202, await response.text()
+            job = await _job_done(session, base, (await response.json())["status_url"])
+    finally:
+        await still_failing()
+    assert job["state"] == "stopped", job
+    assert job["done"] == 1
+    assert "parked again" in job["note"]
+    assert sorted(await ids_in(lot, queue + ".parking")) == [
+        "missing-100",
+        "missing-101",
+        "missing-102",
+    ]

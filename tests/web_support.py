@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import aio_pika
@@ -12,7 +13,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from aiohttp import web
 from tenacity import retry_if_exception_type
 
-from chain_support import Scenario, eventually
+from chain_support import Scenario
 from delayed_retry import with_delayed_retry
 from delayed_retry.web import WebSettings, create_app
 
@@ -38,7 +39,9 @@ class Parked:
     order: int
 
 
-async def park(scenario: Scenario, queue: str, kinds: Sequence[str]) -> list[Parked]:
+async def park(
+    scenario: Scenario, queue: str, kinds: Sequence[str], *, first_order: int = 100
+) -> list[Parked]:
     """Publish one message per kind into ``queue`` and let a real consumer park each one.
 
     ``timeout`` raises :class:`GatewayTimeout` (``gateway did not answer in 10 s (order N)``),
@@ -47,8 +50,8 @@ async def park(scenario: Scenario, queue: str, kinds: Sequence[str]) -> list[Par
     """
     channel = await scenario.connection.channel()
     declared = await channel.declare_queue(queue, durable=True)
-    parking = scenario.topology.default_parking_queue(queue)
-    before = await _depth(scenario, parking)
+    finished = asyncio.Event()
+    handled = 0
 
     @with_delayed_retry(
         queue=queue,
@@ -61,10 +64,18 @@ async def park(scenario: Scenario, queue: str, kinds: Sequence[str]) -> list[Par
             raise GatewayTimeout(f"gateway did not answer in 10 s (order {data['order']})")
         raise CustomerMissing(f"customer {data['order'] * 7} does not exist")
 
-    tag = await declared.consume(handle)
+    async def counted(message: AbstractIncomingMessage) -> None:
+        # The decorated handler returns once the parked copy is confirmed and the original acked.
+        nonlocal handled
+        await handle(message)
+        handled += 1
+        if handled == len(kinds):
+            finished.set()
+
+    tag = await declared.consume(counted)
     out = []
     for i, kind in enumerate(kinds):
-        order = 100 + i
+        order = first_order + i
         message_id = f"{kind}-{order}"
         body = json.dumps({"kind": kind, "order": order, "note": "<b>not bold</b>"}).encode()
         await channel.default_exchange.publish(
@@ -72,21 +83,30 @@ async def park(scenario: Scenario, queue: str, kinds: Sequence[str]) -> list[Par
             routing_key=queue,
         )
         out.append(Parked(message_id, kind, order))
-
-    async def all_parked() -> bool:
-        return await _depth(scenario, parking) >= before + len(kinds)
-
-    await eventually(all_parked, timeout=30)
+    await asyncio.wait_for(finished.wait(), 30)
     await declared.cancel(tag)
     await channel.close()
     return out
 
 
-async def _depth(scenario: Scenario, name: str) -> int:
-    try:
-        return await scenario.depth(name)
-    except Exception:  # the parking queue does not exist until something parks
-        return 0
+async def park_forever(scenario: Scenario, queue: str) -> Callable[[], Awaitable[None]]:
+    """Consume ``queue`` with a handler that parks every message; returns its stop function."""
+    channel = await scenario.connection.channel()
+    declared = await channel.declare_queue(queue, durable=True)
+
+    @with_delayed_retry(
+        queue=queue, topology=scenario.topology, retry=retry_if_exception_type(_NeverRetried)
+    )
+    async def handle(message: AbstractIncomingMessage) -> None:
+        raise CustomerMissing("customer still does not exist")
+
+    tag = await declared.consume(handle)
+
+    async def stop() -> None:
+        await declared.cancel(tag)
+        await channel.close()
+
+    return stop
 
 
 async def ids_in(scenario: Scenario, queue: str) -> list[str]:
