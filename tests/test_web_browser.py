@@ -54,8 +54,13 @@ async def lot(
     connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
 ) -> AsyncIterator[Scenario]:
     async with open_scenario(connection, unique, rabbitmq_url, "classic") as scenario:
-        scenario.track_queue(scenario.name("orders"), scenario.name("orders") + ".parking")
+        scenario.track_queue(_orders(scenario), _orders(scenario) + ".parking")
         yield scenario
+
+
+def _orders(lot: Scenario) -> str:
+    """A short work-queue name (it shows in the screenshots), unique like the chain's prefix."""
+    return f"orders-{lot.unique[-6:]}"
 
 
 async def _page(browser: Browser, problems: list[str]) -> Page:
@@ -78,7 +83,7 @@ async def _shot(page: Page, name: str) -> None:
 async def test_browser_lists_filters_and_replays_a_group(
     browser: Browser, lot: Scenario, rabbitmq_url: str, tmp_path: Path
 ) -> None:
-    queue = lot.name("orders")
+    queue = _orders(lot)
     await park(lot, queue, ["timeout", "missing", "timeout", "timeout", "missing"])
     settings = WebSettings(
         url=rabbitmq_url,
@@ -144,7 +149,7 @@ async def test_browser_lists_filters_and_replays_a_group(
 async def test_browser_purge_needs_the_typed_confirmation(
     browser: Browser, lot: Scenario, rabbitmq_url: str, tmp_path: Path
 ) -> None:
-    queue = lot.name("orders")
+    queue = _orders(lot)
     await park(lot, queue, ["missing", "timeout"])
     settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology)
     problems: list[str] = []
@@ -169,7 +174,7 @@ async def test_browser_purge_needs_the_typed_confirmation(
 async def test_browser_cross_origin_post_is_refused(
     browser: Browser, lot: Scenario, rabbitmq_url: str, tmp_path: Path
 ) -> None:
-    queue = lot.name("orders")
+    queue = _orders(lot)
     await park(lot, queue, ["missing"])
     settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology)
     async with serve(settings) as base:
