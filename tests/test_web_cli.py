@@ -73,3 +73,27 @@ async def test_web_serves_until_interrupted(rabbitmq_url: str, tmp_path: Path) -
                 await process.wait()
     finally:
         release_port(port)
+
+
+@pytest.mark.broker
+def test_web_without_queues_and_no_management_api_says_what_to_do(
+    rabbitmq_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    try:
+        code = main(
+            [
+                "--url",
+                rabbitmq_url,
+                "web",
+                "--port",
+                str(port),
+                "--management-url",
+                "http://127.0.0.1:1",
+            ]
+        )
+    finally:
+        release_port(port)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "management API" in err and "--queue" in err

@@ -191,3 +191,19 @@ def test_job_requests_follow_the_api_contract() -> None:
     for body, message in bad:
         with pytest.raises(ConfigurationError, match=message):
             JobRequest.from_json("replay", body)
+
+
+def test_discovery_keeps_work_queues_with_a_parking_queue() -> None:
+    from delayed_retry.topology import DelayTopology
+    from delayed_retry.web.discovery import management_url_for, work_queues_of
+
+    names = [
+        "orders",
+        "orders.parking",
+        "invoices.parking",
+        "delayed-retry.parking.alerts",
+        "delayed-retry.level.03",
+        "parking",
+    ]
+    assert work_queues_of(names, DelayTopology()) == ["invoices", "orders"]
+    assert management_url_for("amqps://u:p@mq.internal:5671/vh") == "https://mq.internal:15672"

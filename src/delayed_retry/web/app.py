@@ -135,13 +135,6 @@ def create_app(
 
 async def _broker_context(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    own = state.connection is None
-    if state.connection is None:
-        state.connection = await aio_pika.connect_robust(state.settings.url)
-    state.lot = ParkingLot(
-        state.connection, topology=state.settings.topology, scan_limit=state.settings.scan_limit
-    )
-    state.jobs = JobManager(state.lot, state.audit)
     if state.settings.queues:
         state.queues = list(state.settings.queues)
     else:
@@ -151,6 +144,13 @@ async def _broker_context(app: web.Application) -> AsyncIterator[None]:
             management_url=state.settings.management_url,
         )
         log.info("found parking queues for: %s", ", ".join(state.queues) or "none")
+    own = state.connection is None
+    if state.connection is None:
+        state.connection = await aio_pika.connect_robust(state.settings.url)
+    state.lot = ParkingLot(
+        state.connection, topology=state.settings.topology, scan_limit=state.settings.scan_limit
+    )
+    state.jobs = JobManager(state.lot, state.audit)
     try:
         yield
     finally:

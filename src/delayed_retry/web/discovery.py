@@ -7,6 +7,7 @@ queues of the vhost and keeps those named ``<queue>.parking``.
 
 from __future__ import annotations
 
+import base64
 import logging
 from urllib.parse import quote, unquote, urlsplit
 
@@ -43,12 +44,13 @@ async def discover_queues(
     parts = urlsplit(amqp_url)
     base = (management_url or management_url_for(amqp_url)).rstrip("/")
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
-    auth = aiohttp.BasicAuth(unquote(parts.username or "guest"), unquote(parts.password or "guest"))
+    user_password = f"{unquote(parts.username or 'guest')}:{unquote(parts.password or 'guest')}"
+    auth = {"Authorization": "Basic " + base64.b64encode(user_password.encode()).decode()}
     url = f"{base}/api/queues/{quote(vhost, safe='')}?columns=name"
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
-            session.get(url, auth=auth) as response,
+            session.get(url, headers=auth) as response,
         ):
             if response.status != 200:
                 raise ConfigurationError(
