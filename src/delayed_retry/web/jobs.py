@@ -260,7 +260,10 @@ class JobManager:
             )
             missing = len(remaining) - len(outcome.done) - len(outcome.failed)
             if missing:
-                job.note = f"{missing} selected message(s) were no longer parked"
+                job.note = (
+                    f"{missing} selected message(s) were no longer parked (replayed or purged "
+                    f"meanwhile, or beyond the first {self.lot.scan_limit} messages)"
+                )
             job.state = "failed" if job.failed else "finished"
         except Exception as exc:
             log.exception("job %s (%s on %r) failed", job.id, request.action, request.queue)

@@ -102,6 +102,11 @@ class ParkingLot:
         self._count_lock = asyncio.Lock()
 
     async def _underlay_connection(self) -> aiormq.abc.AbstractConnection:
+        transport = getattr(self._connection, "transport", None)
+        underlying = getattr(transport, "connection", None)
+        if isinstance(underlying, aiormq.abc.AbstractConnection) and not underlying.is_closed:
+            return underlying
+        # Reconnecting, or another connection type: a channel waits for and names it.
         channel = await self._connection.channel(publisher_confirms=False)
         try:
             underlay = await underlay_of(channel)
