@@ -9,12 +9,14 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 from aiohttp import web
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
 
 from chain_support import Scenario, eventually, open_scenario
+from delayed_retry import publish_delayed
 from delayed_retry.web import WebSettings
 from web_support import ids_in, park, serve
 
@@ -85,6 +87,17 @@ async def test_browser_lists_filters_and_replays_a_group(
 ) -> None:
     queue = _orders(lot)
     await park(lot, queue, ["timeout", "missing", "timeout", "timeout", "missing"])
+    # Two messages waiting in the chain (due in about a minute: level 15 of 1 ms units).
+    channel = await lot.connection.channel()
+    for n in range(2):
+        await publish_delayed(
+            channel,
+            aio_pika.Message(b"later", message_id=f"later-{n}"),
+            queue=queue,
+            delay=60,
+            topology=lot.topology,
+        )
+    await channel.close()
     settings = WebSettings(
         url=rabbitmq_url,
         queues=(queue,),
@@ -99,6 +112,10 @@ async def test_browser_lists_filters_and_replays_a_group(
         row = page.locator("#parking tbody tr", has_text=queue)
         await expect(row.locator("[data-live]")).to_have_text("5")
         await expect(page.locator("#live")).to_have_class("live on")  # an SSE event arrived
+        level = page.locator("#levels tbody tr")
+        await expect(level).to_have_count(1)
+        await expect(level.locator("[data-live]")).to_have_text("2")
+        await expect(page.locator("#waiting")).to_have_text("2")
         await _shot(page, "overview")
 
         await row.get_by_role("link", name=queue).click()

@@ -16,6 +16,14 @@
         el.textContent = value === null ? "missing" : String(value);
       }
     });
+    document.querySelectorAll("[data-live-sum]").forEach(function (el) {
+      var prefix = el.getAttribute("data-live-sum");
+      var total = 0;
+      Object.keys(counts).forEach(function (name) {
+        if (name.indexOf(prefix) === 0 && counts[name]) { total += counts[name]; }
+      });
+      el.textContent = String(total);
+    });
     if (dot) { dot.className = "live on"; dot.title = "live: " + data.at; }
   });
   source.onerror = function () { if (dot) { dot.className = "live off"; } };
