@@ -138,6 +138,9 @@ async def test_browser_lists_filters_and_replays_a_group(
         await expect(body).to_contain_text("<b>not bold</b>")  # shown as text, not markup
         assert await body.locator("b").count() == 0
         await expect(page.locator("#record")).to_contain_text("CustomerMissing")
+        headers = page.locator("#headers")
+        await expect(headers).to_contain_text("<img src=x onerror=alert(1)>")
+        assert await headers.locator("img").count() == 0
         await _shot(page, "message")
 
         await page.goto(f"{base}/parked?queue={queue}")

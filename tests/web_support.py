@@ -79,7 +79,12 @@ async def park(
         message_id = f"{kind}-{order}"
         body = json.dumps({"kind": kind, "order": order, "note": "<b>not bold</b>"}).encode()
         await channel.default_exchange.publish(
-            aio_pika.Message(body, message_id=message_id, content_type="application/json"),
+            aio_pika.Message(
+                body,
+                message_id=message_id,
+                content_type="application/json",
+                headers={"x-note": "<img src=x onerror=alert(1)>"},
+            ),
             routing_key=queue,
         )
         out.append(Parked(message_id, kind, order))
