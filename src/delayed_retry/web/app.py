@@ -277,6 +277,7 @@ async def overview_page(request: web.Request) -> web.Response:
         level_rows=_level_rows(state, data["counts"]),
         unroutable=state.settings.topology.unroutable_queue,
         total_waiting=sum(c or 0 for n, c in data["counts"].items() if n in data["levels"]),
+        audit=[e for e in reversed(state.audit.recent) if e.get("event") == "finished"][:10],
     )
 
 
