@@ -152,6 +152,7 @@ async def test_browser_lists_filters_and_replays_a_group(
         await expect(job.locator(".done")).to_have_text("3")
         await _shot(page, "queue-replayed")
         await page.goto(base + "/")
+        await expect(page).to_have_title("Overview · delayed-retry")
         await expect(page.locator("#audit tbody tr")).to_have_count(1)
         await expect(page.locator("#audit tbody tr")).to_contain_text("replay")
         await _shot(page, "overview-after-replay")
