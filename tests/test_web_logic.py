@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from delayed_retry.errors import ConfigurationError
+from delayed_retry.parking_lot import ParkedFilter, ParkedRecord, read_record
 from delayed_retry.web.jobs import JobRequest
-from delayed_retry.web.records import ParkedFilter, ParkedRecord, fingerprint, read_record
-from delayed_retry.web.render import format_duration, histogram, view_body
+from delayed_retry.web.records import filter_from_mapping, filter_to_mapping, group_label
+from delayed_retry.web.render import histogram, view_body
 from delayed_retry.web.security import authenticate, check_bind, host_allowed, same_origin
 from delayed_retry.web.settings import parse_credentials
 
@@ -75,24 +76,11 @@ def test_authentication_basic_and_token() -> None:
         parse_credentials(":pw")
 
 
-def test_fingerprint_groups_messages_that_differ_only_in_values() -> None:
-    a = fingerprint("GatewayTimeout", "gateway did not answer in 10 s (order 105)", None)
-    b = fingerprint("GatewayTimeout", "gateway did not answer in 12 s (order 106)", None)
-    c = fingerprint("CustomerMissing", "gateway did not answer in 10 s (order 105)", None)
-    assert a == b and a != c
-    assert a[1] == "GatewayTimeout: gateway did not answer in <n> s (order <n>)"
-    uuid = fingerprint("E", "job 3f1c2a9e-8b7d-4c6e-9a0b-1d2e3f4a5b6c for 'bob' at x@y.org", None)
-    assert uuid[1] == "E: job <uuid> for <str> at <email>"
-    tb1 = 'Traceback\n  File "/app/pay.py", line 3, in charge\nE: x'
-    tb2 = 'Traceback\n  File "/app/ship.py", line 9, in send\nE: x'
-    assert fingerprint("E", "x", tb1)[0] != fingerprint("E", "x", tb2)[0]
-
-
 def _record(**headers: object) -> ParkedRecord:
     base: dict[str, object] = {
         "x-parked-reason": "max-retries",
         "x-exception-type": "app.GatewayTimeout",
-        "x-exception-message": "no answer",
+        "x-exception-message": "gateway did not answer in 10 s (order 105)",
         "x-parked-at": int((NOW - timedelta(hours=2)).timestamp() * 1000),
         "tenant": "acme",
     }
@@ -107,13 +95,23 @@ def _record(**headers: object) -> ParkedRecord:
     )
 
 
-def test_filters_match_each_field() -> None:
+def test_group_labels_read_as_templates() -> None:
+    assert (
+        group_label(_record()) == "app.GatewayTimeout: gateway did not answer in <n> s (order <n>)"
+    )
+    other = _record(**{"x-exception-message": "job 3f1c2a9e-8b7d-4c6e-9a0b-1d2e3f4a5b6c for 'bob'"})
+    assert group_label(other) == "app.GatewayTimeout: job <uuid> for <str>"
+    assert group_label(_record(**{"x-exception-message": ""})) == "app.GatewayTimeout"
+
+
+def test_page_filters_map_onto_the_parking_lot_filter() -> None:
     record = _record()
-    f = ParkedFilter.from_mapping
+    f = filter_from_mapping
     assert f({}).matches(record, now=NOW)
     cases = [
-        ({"exception": "timeout"}, True),
-        ({"exception": "Missing"}, False),
+        ({"exception": "GatewayTimeout"}, True),
+        ({"exception": "app.GatewayTimeout"}, True),
+        ({"exception": "CustomerMissing"}, False),
         ({"reason": "max-retries"}, True),
         ({"reason": "stopped"}, False),
         ({"older_than": "1h"}, True),
@@ -126,6 +124,8 @@ def test_filters_match_each_field() -> None:
         ({"header": "region"}, False),
         ({"text": "order"}, True),
         ({"text": "refund"}, False),
+        ({"group": record.fingerprint}, True),
+        ({"group": "not-a-group"}, False),
     ]
     for data, expected in cases:
         assert f(data).matches(record, now=NOW) is expected, data
@@ -133,9 +133,13 @@ def test_filters_match_each_field() -> None:
     assert not f({"older_than": "1s"}).matches(no_time, now=NOW)
     with pytest.raises(ConfigurationError, match="unknown filter colour"):
         f({"colour": "red"})
-    with pytest.raises(ConfigurationError, match="90s, 15m"):
+    with pytest.raises(ConfigurationError, match="older_than"):
         f({"older_than": "yesterday"})
-    assert f({"older_than": "2h", "text": ""}).to_mapping() == {"older_than": "7200s"}
+    with pytest.raises(ConfigurationError, match="must be text"):
+        f({"reason": 3})
+    assert filter_to_mapping(f({"older_than": "2h", "text": ""})) == {"older_than": "7200s"}
+    round_trip = {"exception": "E", "header": "tenant=acme", "text": "x", "group": "g"}
+    assert filter_to_mapping(f(round_trip)) == round_trip
 
 
 def test_body_views_are_safe() -> None:
@@ -160,9 +164,6 @@ def test_histogram_keeps_empty_buckets() -> None:
     assert h.bucket == timedelta(minutes=5)
     assert h.counts[-1] == 3 and 0 in h.counts
     assert histogram([], now=NOW).peak == 0
-    assert format_duration(90) == "1 min 30 s"
-    assert format_duration(timedelta(days=3, hours=4)) == "3 d 4 h"
-    assert format_duration(0.25) == "250 ms"
 
 
 def test_job_requests_follow_the_api_contract() -> None:
@@ -171,7 +172,7 @@ def test_job_requests_follow_the_api_contract() -> None:
     by_filter = JobRequest.from_json(
         "purge", {"queue": "orders", "filter": {"exception": "Timeout"}}
     )
-    assert by_filter.where == ParkedFilter(exception="Timeout")
+    assert by_filter.where == ParkedFilter(exception_type="Timeout")
     paced = JobRequest.from_json(
         "replay", {"queue": "q", "message_ids": ["a"], "rate": "5", "canary": 2}
     )

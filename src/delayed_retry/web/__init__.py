@@ -8,7 +8,7 @@ See ``docs/web.md`` for what it shows, its JSON API and its threat model.
 
 from delayed_retry.web.app import create_app
 from delayed_retry.web.asgi import asgi_app
-from delayed_retry.web.records import ParkedFilter, fingerprint
+from delayed_retry.web.records import filter_from_mapping, filter_to_mapping
 from delayed_retry.web.settings import Credentials, WebSettings, parse_credentials
 
 __all__ = [
@@ -18,7 +18,7 @@ __all__ = [
     "WebSettings",
     "Credentials",
     "parse_credentials",
-    # what it filters and groups by
-    "ParkedFilter",
-    "fingerprint",
+    # the page's filter names <-> delayed_retry.parking_lot.ParkedFilter
+    "filter_from_mapping",
+    "filter_to_mapping",
 ]

@@ -26,14 +26,20 @@ from aio_pika.abc import AbstractConnection
 from aiohttp import web
 from multidict import MultiDictProxy
 
-from delayed_retry.durations import utcnow
+from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import read_epoch_ms
+from delayed_retry.parking_lot import ParkedFilter, ParkedRecord
 from delayed_retry.web.discovery import discover_queues
 from delayed_retry.web.jobs import Action, AuditLog, Job, JobManager, JobRequest
 from delayed_retry.web.lot import ParkingLot
-from delayed_retry.web.records import ParkedFilter, ParkedRecord
-from delayed_retry.web.render import format_age, format_duration, header_rows, histogram, view_body
+from delayed_retry.web.records import (
+    FILTER_FIELDS,
+    filter_from_mapping,
+    filter_to_mapping,
+    group_label,
+)
+from delayed_retry.web.render import format_age, header_rows, histogram, view_body
 from delayed_retry.web.security import USER, security_middleware
 from delayed_retry.web.settings import WebSettings
 
@@ -42,7 +48,6 @@ __all__ = ["STATE", "WebState", "create_app"]
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-_FILTER_FIELDS = ("exception", "reason", "older_than", "newer_than", "header", "text", "group")
 
 
 @dataclass
@@ -92,6 +97,7 @@ def _templates() -> jinja2.Environment:
     )
     env.filters["age"] = lambda moment: format_age(moment, now=utcnow())
     env.filters["duration"] = format_duration
+    env.filters["label"] = group_label
     env.filters["when"] = lambda moment: moment.isoformat(timespec="seconds") if moment else "?"
     return env
 
@@ -191,7 +197,7 @@ def _render(request: web.Request, template: str, status: int = 200, **context: A
 
 
 def _filter_from(query: Mapping[str, str]) -> ParkedFilter:
-    return ParkedFilter.from_mapping({k: query[k] for k in _FILTER_FIELDS if k in query})
+    return filter_from_mapping({k: query[k] for k in FILTER_FIELDS if k in query})
 
 
 def _int(query: Mapping[str, str], name: str, default: int, *, high: int) -> int:
@@ -208,20 +214,22 @@ def _int(query: Mapping[str, str], name: str, default: int, *, high: int) -> int
 
 
 def _record_json(record: ParkedRecord) -> dict[str, Any]:
-    p = record.parked
     return {
-        "message_id": p.message_id,
-        "key": record.key,
-        "queue": p.queue,
-        "exception_type": p.exception_type,
-        "exception_message": p.exception_message,
-        "reason": p.reason,
-        "attempts": p.attempts,
-        "parked_at": p.parked_at.isoformat() if p.parked_at else None,
-        "first_failure_at": p.first_failure_at.isoformat() if p.first_failure_at else None,
-        "group": record.group,
-        "group_label": record.group_label,
-        "body_size": record.body_size,
+        "message_id": record.message_id,
+        "key": record.id,
+        "queue": record.queue,
+        "exception_type": record.exception_type,
+        "exception_message": record.exception_message,
+        "reason": record.reason,
+        "attempts": record.attempts,
+        "parked_at": record.parked_at.isoformat() if record.parked_at else None,
+        "first_failure_at": record.first_failure_at.isoformat()
+        if record.first_failure_at
+        else None,
+        "replays": record.replays,
+        "group": record.fingerprint,
+        "group_label": group_label(record),
+        "body_size": len(record.body),
     }
 
 
@@ -293,6 +301,7 @@ async def queue_page(request: web.Request) -> web.Response:
         )
     except DelayedRetryError as exc:
         return _render(request, "error.html", status=400, error=str(exc), queue=queue)
+    parked = (await lot.counts([state.parking_queue(queue)]))[state.parking_queue(queue)]
     recent = [j for j in jobs.jobs.values() if j.request.queue == queue][-5:]
     return _render(
         request,
@@ -300,9 +309,10 @@ async def queue_page(request: web.Request) -> web.Response:
         queue=queue,
         parking_queue=state.parking_queue(queue),
         page=page,
-        where=where.to_mapping(),
-        base={k: v for k, v in where.to_mapping().items() if k != "group"},
-        filters=dict(where.to_mapping()),
+        parked=parked,
+        where=filter_to_mapping(where),
+        base={k: v for k, v in filter_to_mapping(where).items() if k != "group"},
+        filters=filter_to_mapping(where),
         jobs=list(reversed(recent)),
         now=utcnow(),
         prev_offset=max(offset - page.limit, 0) if offset > 0 else None,
@@ -328,13 +338,15 @@ async def message_page(request: web.Request) -> web.Response:
         )
     h = record.headers
     history = [
-        ("attempts", str(record.parked.attempts)),
-        ("first failure", record.parked.first_failure_at),
+        ("attempts", str(record.attempts)),
+        ("first failure", record.first_failure_at),
         ("last failure", read_epoch_ms(h.get("x-retry-last-failure-at"))),
         ("last error", h.get("x-retry-last-error")),
-        ("replayed before", h.get("x-retry-replayed", 0)),
-        ("original exchange", record.parked.original_exchange),
-        ("original routing key", record.parked.original_routing_key),
+        ("replayed before", record.replays),
+        ("last replayed", read_epoch_ms(h.get("x-retry-replayed-at"))),
+        ("replayed by", h.get("x-retry-replayed-by")),
+        ("original exchange", record.original_exchange),
+        ("original routing key", record.original_routing_key),
     ]
     deaths = h.get("x-death")
     return _render(
@@ -342,7 +354,7 @@ async def message_page(request: web.Request) -> web.Response:
         "message.html",
         queue=queue,
         record=record,
-        body=view_body(record.body, size=record.body_size, content_type=record.content_type),
+        body=view_body(record.body, content_type=record.content_type),
         headers=header_rows(h),
         history=history,
         deaths=deaths if isinstance(deaths, list) else [],
@@ -410,7 +422,7 @@ async def _submit_form(
     elif scope == "group":
         body["filter"] = {"group": _field(form, "group")}
     elif scope == "filter":
-        body["filter"] = {k: _field(form, k) for k in _FILTER_FIELDS if _field(form, k)}
+        body["filter"] = {k: _field(form, k) for k in FILTER_FIELDS if _field(form, k)}
     else:
         raise ConfigurationError(f"unknown scope {scope!r}; one, selection, group or filter")
     if action == "replay":
@@ -481,7 +493,6 @@ async def api_parked(request: web.Request) -> web.Response:
             "offset": page.offset,
             "limit": page.limit,
             "matching": page.matching,
-            "scanned": page.scanned,
             "truncated": page.truncated,
             "groups": [
                 {
@@ -509,7 +520,7 @@ async def api_message(request: web.Request) -> web.Response:
             text=json.dumps({"error": f"no parked message {key!r} in queue {queue!r}"}),
             content_type="application/json",
         )
-    body = view_body(record.body, size=record.body_size, content_type=record.content_type)
+    body = view_body(record.body, content_type=record.content_type)
     return web.json_response(
         {
             **_record_json(record),

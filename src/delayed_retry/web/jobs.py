@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError
+from delayed_retry.parking_lot import MoveProgress, ParkedFilter
 from delayed_retry.web.lot import ParkingLot
-from delayed_retry.web.records import ParkedFilter
+from delayed_retry.web.records import filter_from_mapping, filter_to_mapping
 
 __all__ = ["Action", "AuditLog", "Job", "JobManager", "JobRequest"]
 
@@ -84,7 +85,7 @@ class JobRequest:
             action=action,
             queue=queue,
             message_ids=tuple(ids) if ids is not None else None,
-            where=ParkedFilter.from_mapping(raw_filter) if raw_filter is not None else None,
+            where=filter_from_mapping(raw_filter) if raw_filter is not None else None,
             rate=rate,
             canary=int(canary or 0),
             canary_wait=float(wait if wait is not None else 5.0),
@@ -97,7 +98,7 @@ class JobRequest:
             "action": self.action,
             "queue": self.queue,
             "message_ids": list(self.message_ids) if self.message_ids is not None else None,
-            "filter": self.where.to_mapping() if self.where is not None else None,
+            "filter": filter_to_mapping(self.where) if self.where is not None else None,
             "rate": self.rate,
             "canary": self.canary,
             "to_queue": self.to_queue,
@@ -216,59 +217,50 @@ class JobManager:
     async def _run(self, job: Job, keys: list[str], parking_queue: str) -> None:
         request = job.request
 
-        async def progress(key: str, error: str | None) -> None:
-            if error is None:
-                job.done += 1
-            else:
-                job.failed += 1
-                job.errors.append(f"{key}: {error}")
+        def progress(step: MoveProgress) -> None:
+            job.done = step.done
 
-        to_queue = request.to_queue or request.queue
         try:
-            remaining = list(keys)
-            if request.action == "replay" and request.canary and len(remaining) > request.canary:
-                job.state = "canary"
-                first = await self.lot.act(
+            if not keys:
+                job.note = "nothing matched"
+            elif request.action == "replay":
+                if request.canary:
+                    job.state = "canary"
+                report = await self.lot.replay(
                     parking_queue,
-                    action="replay",
-                    keys=remaining,
-                    to_queue=to_queue,
+                    ids=keys,
+                    to_queue=request.to_queue or request.queue,
                     rate=request.rate,
-                    stop_after=request.canary,
+                    canary=request.canary,
+                    canary_wait=request.canary_wait,
+                    replayed_by=f"{job.user} (web)",
                     progress=progress,
                 )
-                await asyncio.sleep(request.canary_wait)
-                again = set(await self.lot.select(parking_queue, where=ParkedFilter()))
-                back = [k for k in first.done if k in again]
-                if back:
+                job.done = report.done
+                if report.stopped == "canary-parked-again":
                     job.state = "stopped"
                     job.note = (
-                        f"canary: {len(back)} of {len(first.done)} replayed message(s) parked "
-                        f"again within {request.canary_wait:g} s; the rest was not touched"
+                        f"canary: a replayed message parked again within "
+                        f"{request.canary_wait:g} s; the rest was not touched"
                     )
                     return
-                handled = set(first.done) | set(first.failed)
-                remaining = [k for k in remaining if k not in handled]
-                job.state = "running"
-            outcome = await self.lot.act(
-                parking_queue,
-                action=request.action,
-                keys=remaining,
-                to_queue=to_queue,
-                rate=request.rate,
-                progress=progress,
-            )
-            missing = len(remaining) - len(outcome.done) - len(outcome.failed)
-            if missing:
-                job.note = (
-                    f"{missing} selected message(s) were no longer parked (replayed or purged "
-                    f"meanwhile, or beyond the first {self.lot.scan_limit} messages)"
+            else:
+                report = await self.lot.purge(
+                    parking_queue, ids=keys, rate=request.rate, progress=progress
                 )
-            job.state = "failed" if job.failed else "finished"
+                job.done = report.done
+            missing = job.total - job.done
+            if missing > 0:
+                job.note = (
+                    f"{missing} selected message(s) were no longer parked (replayed or "
+                    "purged meanwhile)"
+                )
+            job.state = "finished"
         except Exception as exc:
             log.exception("job %s (%s on %r) failed", job.id, request.action, request.queue)
             job.state = "failed"
             job.errors.append(str(exc))
+            job.note = f"stopped after {job.done}; the rest stays parked"
         finally:
             job.finished_at = utcnow()
             self.audit.write(

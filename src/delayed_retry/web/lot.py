@@ -1,36 +1,39 @@
-"""The broker side of the web view: counts, browsing pages, acting on a selection.
+"""The broker side of the web view, on :mod:`delayed_retry.parking_lot`.
 
-Browsing takes messages unacked on a channel of its own and closes it, so the
-broker puts every one back; only the page being shown and one counter per
-failure group are kept in memory, however long the queue. Acting (replay,
-purge) takes messages the same way and settles only the selected ones: a
-replayed message is acked in the parking queue only after the broker
-confirmed its copy (at-least-once); everything else goes back when the
-channel closes.
+Reading and acting are the parking lot library's (the command line's too):
+reads take messages unacked on a channel of their own and the broker puts
+every one back; replay and purge are at-least-once. This module adds what a
+page needs in one pass over a parking queue (the page, the failure groups,
+arrival times, the matching count) and queue counts for the live overview.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import aiormq
-from aio_pika.abc import AbstractConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from delayed_retry.declare import declarer_for, underlay_of
-from delayed_retry.durations import utcnow
-from delayed_retry.errors import ConfigurationError
-from delayed_retry.parking import replay_headers
-from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
+from delayed_retry.declare import underlay_of
+from delayed_retry.parking_lot import (
+    MoveProgress,
+    MoveReport,
+    ParkedFilter,
+    ParkedRecord,
+    iter_parked,
+    purge_matching,
+    replay_matching,
+)
+from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.topology import DelayTopology
-from delayed_retry.web.records import ParkedFilter, ParkedRecord, read_record
+from delayed_retry.web.records import group_label
 
-__all__ = ["ActionOutcome", "GroupSummary", "Page", "ParkingLot"]
+__all__ = ["GroupSummary", "Page", "ParkingLot"]
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +48,10 @@ class GroupSummary:
     count: int = 0
     first_seen: datetime | None = None
     last_seen: datetime | None = None
-    example_key: str = ""
 
     def add(self, record: ParkedRecord) -> None:
         self.count += 1
-        seen = record.parked.parked_at
+        seen = record.parked_at
         if seen is not None:
             if self.first_seen is None or seen < self.first_seen:
                 self.first_seen = seen
@@ -59,31 +61,22 @@ class GroupSummary:
 
 @dataclass
 class Page:
-    """A page of matching messages, with totals over everything scanned."""
+    """A page of matching messages, with the groups and count of every matching one."""
 
     items: list[ParkedRecord]
     offset: int
     limit: int
     matching: int
-    scanned: int
     truncated: bool
     groups: list[GroupSummary]
     arrivals: list[datetime] = field(default_factory=list)
 
 
-@dataclass
-class ActionOutcome:
-    """What one pass of an action did."""
-
-    done: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
-
-
 class ParkingLot:
     """Read and act on parking queues through one aio-pika connection.
 
-    Use one per web application; each call opens the short-lived channels it
-    needs, so calls may run concurrently.
+    Use one per web application; every read or action opens channels of its
+    own, so they may run concurrently.
     """
 
     def __init__(
@@ -98,43 +91,29 @@ class ParkingLot:
         self.topology = topology
         self.scan_limit = scan_limit
         self.publish_timeout = publish_timeout
+        self._anchor: AbstractChannel | None = None
         self._count_channel: aiormq.abc.AbstractChannel | None = None
-        self._count_lock = asyncio.Lock()
+        self._lock = asyncio.Lock()
 
-    async def _underlay_connection(self) -> aiormq.abc.AbstractConnection:
-        transport = getattr(self._connection, "transport", None)
-        underlying = getattr(transport, "connection", None)
-        if isinstance(underlying, aiormq.abc.AbstractConnection) and not underlying.is_closed:
-            return underlying
-        # Reconnecting, or another connection type: a channel waits for and names it.
-        channel = await self._connection.channel(publisher_confirms=False)
-        try:
-            underlay = await underlay_of(channel)
-            return underlay.connection
-        finally:
-            await channel.close()
-
-    @asynccontextmanager
-    async def _channel(
-        self, *, confirms: bool = False
-    ) -> AsyncIterator[aiormq.abc.AbstractChannel]:
-        connection = await self._underlay_connection()
-        channel = await connection.channel(publisher_confirms=confirms)
-        try:
-            yield channel
-        finally:
-            if not channel.is_closed:
-                await channel.close()
+    async def channel(self) -> AbstractChannel:
+        """A channel of the connection, kept open; the library opens its own from it."""
+        async with self._lock:
+            if self._anchor is None or self._anchor.is_closed:
+                self._anchor = await self._connection.channel(publisher_confirms=False)
+            return self._anchor
 
     # -- counts ----------------------------------------------------------------
     async def counts(self, names: Collection[str]) -> dict[str, int | None]:
         """Messages ready in each queue (``None``: the queue does not exist)."""
         out: dict[str, int | None] = {}
-        async with self._count_lock:
+        anchor = await self.channel()
+        async with self._lock:
             for name in names:
                 if self._count_channel is None or self._count_channel.is_closed:
-                    connection = await self._underlay_connection()
-                    self._count_channel = await connection.channel(publisher_confirms=False)
+                    underlay = await underlay_of(anchor)
+                    self._count_channel = await underlay.connection.channel(
+                        publisher_confirms=False
+                    )
                 try:
                     ok = await self._count_channel.queue_declare(name, passive=True)
                     out[name] = int(ok.message_count or 0)
@@ -144,185 +123,128 @@ class ParkingLot:
         return out
 
     async def close(self) -> None:
-        """Close the channel kept for counting."""
-        if self._count_channel is not None and not self._count_channel.is_closed:
-            await self._count_channel.close()
+        """Close the channels kept open."""
+        for channel in (self._count_channel, self._anchor):
+            if channel is not None and not channel.is_closed:
+                await channel.close()
 
     # -- reading ---------------------------------------------------------------
-    async def _each(
-        self, channel: aiormq.abc.AbstractChannel, parking_queue: str, *, limit: int
-    ) -> AsyncIterator[tuple[aiormq.abc.DeliveredMessage, ParkedRecord]]:
+    @contextlib.asynccontextmanager
+    async def _records(
+        self, parking_queue: str, where: ParkedFilter
+    ) -> AsyncIterator[AsyncIterator[ParkedRecord]]:
+        records = iter_parked(
+            await self.channel(),
+            queue=parking_queue,
+            parking_queue=parking_queue,
+            where=where,
+            topology=self.topology,
+        )
         try:
-            await channel.queue_declare(parking_queue, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity as exc:
-            raise ConfigurationError(
-                f"parking queue {parking_queue!r} does not exist; check the queue name "
-                "(--queue) and that its consumers have parked something or declared it"
-            ) from exc
-        seen = 0
-        while seen < limit:
-            got = await channel.basic_get(parking_queue)
-            if got.delivery_tag is None:
-                return
-            seen += 1
-            props = got.header.properties
-            yield (
-                got,
-                read_record(
-                    props.headers,
-                    message_id=props.message_id,
-                    body=got.body,
-                    exchange=got.exchange,
-                    routing_key=got.routing_key,
-                    content_type=props.content_type,
-                ),
-            )
+            yield records
+        finally:
+            # Close the generator now (and with it its channel, returning every message)
+            # when the caller stops early, not whenever it is collected.
+            close = getattr(records, "aclose", None)
+            if close is not None:
+                await close()
 
     async def page(
-        self,
-        parking_queue: str,
-        *,
-        where: ParkedFilter,
-        offset: int = 0,
-        limit: int = 25,
+        self, parking_queue: str, *, where: ParkedFilter, offset: int = 0, limit: int = 25
     ) -> Page:
-        """One page of the messages matching ``where``, with group counts; nothing is removed."""
-        now = utcnow()
+        """One page of the messages ``where`` selects, with groups and count; nothing removed."""
         items: list[ParkedRecord] = []
         groups: dict[str, GroupSummary] = {}
         arrivals: list[datetime] = []
-        matching = scanned = 0
-        async with self._channel() as channel:
-            async for _, record in self._each(channel, parking_queue, limit=self.scan_limit):
-                scanned += 1
-                if record.parked.parked_at is not None and len(arrivals) < self.scan_limit:
-                    arrivals.append(record.parked.parked_at)
-                if not where.matches(record, now=now):
-                    continue
-                summary = groups.get(record.group)
+        matching = 0
+        truncated = False
+        async with self._records(parking_queue, where) as records:
+            async for record in records:
+                if matching >= self.scan_limit:
+                    truncated = True
+                    break
+                if record.parked_at is not None:
+                    arrivals.append(record.parked_at)
+                summary = groups.get(record.fingerprint)
                 if summary is None:
-                    summary = groups[record.group] = GroupSummary(
-                        group=record.group,
-                        label=record.group_label,
-                        exception_type=record.parked.exception_type,
-                        example_key=record.key,
+                    summary = groups[record.fingerprint] = GroupSummary(
+                        group=record.fingerprint,
+                        label=group_label(record),
+                        exception_type=record.exception_type,
                     )
                 summary.add(record)
                 if offset <= matching < offset + limit:
                     items.append(record)
                 matching += 1
-        ordered = sorted(groups.values(), key=lambda g: (-g.count, g.label))
         return Page(
             items=items,
             offset=offset,
             limit=limit,
             matching=matching,
-            scanned=scanned,
-            truncated=scanned >= self.scan_limit,
-            groups=ordered,
+            truncated=truncated,
+            groups=sorted(groups.values(), key=lambda g: (-g.count, g.label)),
             arrivals=arrivals,
         )
 
     async def find(self, parking_queue: str, key: str) -> ParkedRecord | None:
-        """The message with ``key`` (left in place), or ``None``."""
-        async with self._channel() as channel:
-            async for _, record in self._each(channel, parking_queue, limit=self.scan_limit):
-                if record.key == key:
-                    return record
+        """The message with id ``key`` (left in place), or ``None``."""
+        async with self._records(parking_queue, ParkedFilter(ids=frozenset({key}))) as records:
+            async for record in records:
+                return record
         return None
 
     async def select(self, parking_queue: str, *, where: ParkedFilter) -> list[str]:
-        """The keys of every message matching ``where`` now: the set an action works on."""
-        now = utcnow()
-        keys: list[str] = []
-        async with self._channel() as channel:
-            async for _, record in self._each(channel, parking_queue, limit=self.scan_limit):
-                if where.matches(record, now=now):
-                    keys.append(record.key)
-        return keys
+        """The ids of every message ``where`` selects now: the set an action works on."""
+        ids: list[str] = []
+        async with self._records(parking_queue, where) as records:
+            async for record in records:
+                ids.append(record.id)
+        return list(dict.fromkeys(ids))
 
     # -- acting ----------------------------------------------------------------
-    async def act(
+    async def replay(
         self,
         parking_queue: str,
         *,
-        action: str,
-        keys: Collection[str],
-        to_queue: str | None,
+        ids: Collection[str],
+        to_queue: str,
         rate: float | None,
-        stop_after: int | None = None,
-        progress: Callable[[str, str | None], Awaitable[None]] | None = None,
-    ) -> ActionOutcome:
-        """Replay or purge the messages whose key is in ``keys`` (each at most once).
+        canary: int,
+        canary_wait: float,
+        replayed_by: str,
+        progress: Callable[[MoveProgress], None],
+    ) -> MoveReport:
+        """Replay the messages with these ids to ``to_queue`` (see ``replay_matching``)."""
+        return await replay_matching(
+            await self.channel(),
+            queue=parking_queue,
+            parking_queue=parking_queue,
+            to_queue=to_queue,
+            where=ParkedFilter(ids=frozenset(ids)),
+            rate=rate,
+            canary=canary,
+            canary_wait=canary_wait,
+            progress=progress,
+            replayed_by=replayed_by,
+            topology=self.topology,
+            publish_timeout=self.publish_timeout,
+        )
 
-        Replay publishes a copy through the chain to ``to_queue`` with a fresh
-        retry budget and acks the parked message only after the confirm; a
-        failed publish leaves it parked. Purge acks it. ``rate`` caps messages
-        per second; ``stop_after`` ends the pass after that many (the canary).
-        Messages not selected are never settled: closing the channel returns them.
-        """
-        if action not in ("replay", "purge"):
-            raise ConfigurationError(f"action {action!r} must be 'replay' or 'purge'")
-        wanted = set(keys)
-        outcome = ActionOutcome()
-        if not wanted:
-            return outcome
-        if action == "replay":
-            if not to_queue:
-                raise ConfigurationError("replay needs the queue to send messages to")
-            self.topology.check_destination(to_queue)
-            connection = await self._underlay_connection()
-            await declarer_for(connection).destination(
-                connection, self.topology, to_queue, with_parking=False
-            )
-        interval = 1.0 / rate if rate else 0.0
-        next_at = time.monotonic()
-        async with self._channel(confirms=True) as channel:
-            async for got, record in self._each(channel, parking_queue, limit=self.scan_limit):
-                if record.key not in wanted:
-                    continue
-                wanted.discard(record.key)
-                if interval:
-                    delay = next_at - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    next_at = max(next_at, time.monotonic()) + interval
-                tag = got.delivery_tag
-                assert tag is not None
-                if action == "replay":
-                    assert to_queue is not None
-                    try:
-                        await self._replay_one(channel, got, to_queue)
-                    except Exception as exc:
-                        log.warning(
-                            "replay of %r from %r failed: %s", record.key, parking_queue, exc
-                        )
-                        outcome.failed[record.key] = str(exc)
-                        if progress:
-                            await progress(record.key, str(exc))
-                        if channel.is_closed:
-                            break
-                        continue
-                await channel.basic_ack(tag)
-                outcome.done.append(record.key)
-                if progress:
-                    await progress(record.key, None)
-                if not wanted or (stop_after is not None and len(outcome.done) >= stop_after):
-                    break
-        return outcome
-
-    async def _replay_one(
-        self, channel: aiormq.abc.AbstractChannel, got: aiormq.abc.DeliveredMessage, to_queue: str
-    ) -> None:
-        now = utcnow()
-        due_at = now + timedelta(0)
-        route = self.topology.route(self.topology.units_until(due_at, now=now), to_queue)
-        headers = replay_headers(got.header.properties.headers, due_at=due_at)
-        await publish_confirmed(
-            channel,
-            exchange=route.exchange,
-            routing_key=route.routing_key,
-            body=got.body,
-            properties=copy_properties(got.header.properties, headers),
-            timeout=self.publish_timeout,
+    async def purge(
+        self,
+        parking_queue: str,
+        *,
+        ids: Collection[str],
+        rate: float | None,
+        progress: Callable[[MoveProgress], None],
+    ) -> MoveReport:
+        """Purge the messages with these ids (see ``purge_matching``)."""
+        return await purge_matching(
+            await self.channel(),
+            queue=parking_queue,
+            parking_queue=parking_queue,
+            where=ParkedFilter(ids=frozenset(ids)),
+            rate=rate,
+            progress=progress,
+            topology=self.topology,
         )

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from delayed_retry.durations import format_duration
 from delayed_retry.headers import read_epoch_ms
 
 __all__ = [
     "BodyView",
     "Histogram",
     "format_age",
-    "format_duration",
     "header_rows",
     "histogram",
     "view_body",
@@ -73,25 +73,6 @@ def view_body(body: bytes, *, size: int | None = None, content_type: str | None 
         ascii_ = "".join(chr(b) if 32 <= b < 127 else "." for b in row)
         lines.append(f"{offset:08x}  {hexes:<47}  {ascii_}")
     return BodyView("hex", "\n".join(lines), total, len(chunk))
-
-
-def format_duration(delta: timedelta | float) -> str:
-    """``1.5 s``, ``12 min``, ``3 d 4 h``: a person's reading of a duration."""
-    seconds = delta.total_seconds() if isinstance(delta, timedelta) else float(delta)
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, sec = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {sec} s" if sec else f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 def format_age(moment: datetime | None, *, now: datetime) -> str:
