@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import aiohttp
 import pytest
 from aio_pika.abc import AbstractRobustConnection
@@ -338,3 +339,44 @@ async def test_canary_stops_a_replay_when_the_first_messages_park_again(
         "missing-101",
         "missing-102",
     ]
+
+
+async def test_unroutable_messages_replay_only_to_a_named_served_queue(
+    lot: Scenario, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    queue = lot.name("orders")
+    await park(lot, queue, ["missing"])  # declares the chain, its unroutable queue included
+    unroutable = lot.topology.unroutable_queue
+    channel = await lot.connection.channel()
+    await channel.default_exchange.publish(
+        aio_pika.Message(b"lost", message_id="lost-1", headers={"x-retry-due-at": 1}),
+        routing_key=unroutable,
+    )
+    await channel.close()
+    async with (
+        serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base,
+        aiohttp.ClientSession(headers={"Origin": base}) as session,
+    ):
+        async with session.get(f"{base}/api/parked", params={"queue": unroutable}) as r:
+            items = (await r.json())["items"]
+        assert [(i["message_id"], i["reason"]) for i in items] == [("lost-1", "unroutable")]
+        body: dict[str, Any] = {"queue": unroutable, "message_ids": ["lost-1"]}
+        async with session.post(f"{base}/api/parked/replay", json=body) as r:
+            assert r.status == 400
+            assert "to_queue" in (await r.json())["error"]
+        async with session.post(
+            f"{base}/api/parked/replay", json={**body, "to_queue": "somewhere-else"}
+        ) as r:
+            assert r.status == 400
+            assert "not served here" in (await r.json())["error"]
+        async with session.post(f"{base}/api/parked/replay", json={**body, "to_queue": queue}) as r:
+            assert r.status == 202
+            job = await _job_done(session, base, (await r.json())["status_url"])
+        assert job["state"] == "finished" and job["done"] == 1
+
+    async def arrived() -> bool:
+        return await lot.depth(queue) == 1
+
+    await eventually(arrived, timeout=30)
+    assert await ids_in(lot, queue) == ["lost-1"]
+    assert await lot.depth(unroutable) == 0
