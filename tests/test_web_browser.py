@@ -232,3 +232,25 @@ async def test_browser_cross_origin_post_is_refused(
         finally:
             await runner.cleanup()
     assert await ids_in(lot, queue + ".parking") == ["missing-100"]
+
+
+async def test_browser_pages_through_a_parking_lot(
+    browser: Browser, lot: Scenario, rabbitmq_url: str
+) -> None:
+    queue = _orders(lot)
+    await park(lot, queue, ["missing", "timeout", "missing"])
+    settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology, page_size=2)
+    problems: list[str] = []
+    async with serve(settings) as base:
+        page = await _page(browser, problems)
+        await page.goto(f"{base}/parked?queue={queue}")
+        rows = page.locator("#messages tbody tr[data-key]")
+        keys = "rows => rows.map(r => r.dataset.key)"
+        assert await rows.evaluate_all(keys) == ["missing-100", "timeout-101"]
+        await page.get_by_role("link", name="later →").click()
+        await expect(rows).to_have_count(1)
+        assert await rows.evaluate_all(keys) == ["missing-102"]
+        await expect(page.locator(".pager")).to_contain_text("3–3 of 3")
+        await page.get_by_role("link", name="← earlier").click()
+        await expect(rows).to_have_count(2)
+    assert problems == [], problems
