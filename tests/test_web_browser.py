@@ -191,7 +191,19 @@ async def test_browser_purge_needs_the_typed_confirmation(
         job = page.locator("#jobs .job").first
         await expect(job).to_have_attribute("data-state", "finished", timeout=30_000)
         await _shot(page, "queue-purged")
-    assert await ids_in(lot, queue + ".parking") == ["timeout-101"]
+
+        await page.goto(f"{base}/message?queue={queue}&key=timeout-101")
+        await page.get_by_role("button", name="Replay this message").click()
+        job = page.locator("#jobs .job").first
+        await expect(job).to_have_attribute("data-state", "finished", timeout=30_000)
+        await _shot(page, "message-replayed")
+
+    async def arrived() -> bool:
+        return await lot.depth(queue) == 1
+
+    await eventually(arrived, timeout=30)
+    assert await ids_in(lot, queue) == ["timeout-101"]
+    assert await lot.depth(queue + ".parking") == 0
     # The failed first try logs a 400 in the console; nothing else may.
     assert all("400" in p for p in problems), problems
 
