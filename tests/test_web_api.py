@@ -18,9 +18,10 @@ import aiohttp
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from chain_support import Scenario, eventually, open_scenario
 from delayed_retry.web import WebSettings, parse_credentials
-from web_support import ids_in, park, park_forever, serve
+from tests.support.chain import Scenario, open_scenario
+from tests.support.waiting import wait_until
+from tests.support.web import ids_in, park, park_forever, serve
 
 pytestmark = pytest.mark.broker
 
@@ -53,7 +54,7 @@ async def _job_done(session: aiohttp.ClientSession, base: str, status_url: str) 
             result.update(await response.json())
         return result["state"] in ("finished", "failed", "stopped")
 
-    await eventually(finished, timeout=30)
+    await wait_until(finished, timeout=30)
     return result
 
 
@@ -104,7 +105,7 @@ async def test_api_lists_filters_and_replays_a_group(
     async def arrived() -> bool:
         return await lot.depth(queue) == 3
 
-    await eventually(arrived, timeout=30)
+    await wait_until(arrived, timeout=30)
     assert sorted(await ids_in(lot, queue)) == ["timeout-100", "timeout-102", "timeout-103"]
     assert sorted(await ids_in(lot, queue + ".parking")) == ["missing-101", "missing-104"]
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
@@ -377,6 +378,6 @@ async def test_unroutable_messages_replay_only_to_a_named_served_queue(
     async def arrived() -> bool:
         return await lot.depth(queue) == 1
 
-    await eventually(arrived, timeout=30)
+    await wait_until(arrived, timeout=30)
     assert await ids_in(lot, queue) == ["lost-1"]
     assert await lot.depth(unroutable) == 0

@@ -14,11 +14,12 @@ from aio_pika.abc import AbstractRobustConnection
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from chain_support import Scenario, eventually, open_scenario
 from delayed_retry.testing import free_port, release_port
 from delayed_retry.web import WebSettings
 from delayed_retry.web.asgi import asgi_app
-from web_support import ids_in, park
+from tests.support.chain import Scenario, open_scenario
+from tests.support.waiting import wait_until
+from tests.support.web import ids_in, park
 
 pytestmark = pytest.mark.broker
 
@@ -52,7 +53,7 @@ async def test_mounted_in_starlette_under_a_path(
         async def started() -> bool:
             return server.started
 
-        await eventually(started, timeout=30)
+        await wait_until(started, timeout=30)
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{base}/retries/") as response:
                 assert response.status == 200
@@ -84,7 +85,7 @@ async def test_mounted_in_starlette_under_a_path(
                 async with session.get(base + status_url) as r:
                     return bool((await r.json())["state"] == "finished")
 
-            await eventually(finished, timeout=30)
+            await wait_until(finished, timeout=30)
             async with session.get(f"{base}/retries/events") as r:
                 event = b""
                 while not event.endswith(b"\n\n"):

@@ -15,10 +15,11 @@ from aio_pika.abc import AbstractRobustConnection
 from aiohttp import web
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
 
-from chain_support import Scenario, eventually, open_scenario
 from delayed_retry import publish_delayed
 from delayed_retry.web import WebSettings
-from web_support import ids_in, park, serve
+from tests.support.chain import Scenario, open_scenario
+from tests.support.waiting import wait_until
+from tests.support.web import ids_in, park, serve
 
 pytestmark = [pytest.mark.broker, pytest.mark.browser]
 
@@ -160,7 +161,7 @@ async def test_browser_lists_filters_and_replays_a_group(
     async def arrived() -> bool:
         return await lot.depth(queue) == 3
 
-    await eventually(arrived, timeout=30)
+    await wait_until(arrived, timeout=30)
     assert sorted(await ids_in(lot, queue)) == ["timeout-100", "timeout-102", "timeout-103"]
     assert sorted(await ids_in(lot, queue + ".parking")) == ["missing-101", "missing-104"]
     audit = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
@@ -201,7 +202,7 @@ async def test_browser_purge_needs_the_typed_confirmation(
     async def arrived() -> bool:
         return await lot.depth(queue) == 1
 
-    await eventually(arrived, timeout=30)
+    await wait_until(arrived, timeout=30)
     assert await ids_in(lot, queue) == ["timeout-101"]
     assert await lot.depth(queue + ".parking") == 0
     # The failed first try logs a 400 in the console; nothing else may.

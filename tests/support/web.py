@@ -13,9 +13,9 @@ from aio_pika.abc import AbstractIncomingMessage
 from aiohttp import web
 from tenacity import retry_if_exception_type
 
-from chain_support import Scenario
 from delayed_retry import with_delayed_retry
 from delayed_retry.web import WebSettings, create_app
+from tests.support.chain import Scenario
 
 
 class GatewayTimeout(Exception):
