@@ -34,6 +34,7 @@ import aiormq.abc
 from delayed_retry.declare import declarer_for, underlay_of
 from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError
+from delayed_retry.fingerprint import fingerprint
 from delayed_retry.headers import (
     X_DUE_AT,
     X_EXCEPTION_MESSAGE,
@@ -179,14 +180,7 @@ def parse_parked(
 def _fingerprint(
     exception_type: str | None, reason: str, message: str | None, trace: str | None
 ) -> str:
-    try:
-        from delayed_retry.fingerprint import fingerprint  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:  # pragma: no cover - the shared fingerprint is not there yet
-        fingerprint = None
-    if fingerprint is not None:
-        return str(fingerprint(exception_type=exception_type, message=message, traceback=trace))
-    text = f"{exception_type or reason}"
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return str(fingerprint(exception_type=exception_type, message=message, traceback=trace))
 
 
 def read_record(

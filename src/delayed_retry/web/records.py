@@ -9,13 +9,13 @@ uses too), and :func:`filter_to_mapping` back into a query string.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from delayed_retry.durations import parse_duration
 from delayed_retry.errors import ConfigurationError
+from delayed_retry.fingerprint import fingerprint
 from delayed_retry.parking_lot import ParkedFilter, ParkedRecord
 
 __all__ = ["FILTER_FIELDS", "filter_from_mapping", "filter_to_mapping", "group_label"]
@@ -86,20 +86,10 @@ def filter_to_mapping(where: ParkedFilter) -> dict[str, str]:
     return out
 
 
-_TEMPLATE_RULES = (
-    (re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"), "<email>"),
-    (re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.I), "<url>"),
-    (re.compile(r"\b[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\b", re.I), "<uuid>"),
-    (re.compile(r"'[^']*'|\"[^\"]*\""), "<str>"),
-    (re.compile(r"\b0x[0-9a-f]+\b|\b[0-9a-f]{12,}\b", re.I), "<hex>"),
-    (re.compile(r"\d+(?:\.\d+)?"), "<n>"),
-)
-
-
 def group_label(record: ParkedRecord) -> str:
-    """How a failure group reads on the page: the exception type and its message's template."""
-    message = record.exception_message or ""
-    for pattern, placeholder in _TEMPLATE_RULES:
-        message = pattern.sub(placeholder, message)
-    kind = record.exception_type or record.reason
-    return f"{kind}: {message}" if message else kind
+    """How a failure group reads on the page: the fingerprint's one-line label."""
+    return fingerprint(
+        exception_type=record.exception_type or record.reason,
+        message=record.exception_message,
+        traceback=record.traceback,
+    ).label()
