@@ -101,7 +101,8 @@ def test_group_labels_come_from_the_failure_fingerprint() -> None:
     other = _record(**{"x-exception-message": "gateway did not answer in 12 s (order 106)"})
     assert other.fingerprint == _record().fingerprint
     traced = _record(**{"x-exception-traceback": 'File "/app/pay.py", line 3, in charge\nE'})
-    assert group_label(traced).startswith("app.GatewayTimeout in pay.py:charge: ")
+    assert group_label(traced).startswith("app.GatewayTimeout: gateway did not answer")
+    assert "pay.py in charge" in group_label(traced)
     assert traced.fingerprint != _record().fingerprint
 
 
