@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage
@@ -29,6 +29,11 @@ from delayed_retry import publishing
 from delayed_retry.declare import declarer_for
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import DelayOutOfRangeError, PublishError
+from delayed_retry.forwarding import (
+    X_FORWARD_ROUTING_KEY,
+    declare_forward_queue,
+    forward_queue_name,
+)
 from delayed_retry.headers import (
     X_DUE_AT,
     RetryState,
@@ -80,6 +85,7 @@ class HandOver:
     parking_queue: str | None
     publish_timeout: float
     trouble: Trouble = field(default_factory=Trouble)
+    return_to: Literal["queue", "exchange"] = "queue"
 
     async def forward(
         self,
@@ -224,13 +230,16 @@ class HandOver:
         scope: AttemptScope,
         now: datetime,
     ) -> Decision:
+        target, forward_key = await self._retry_target(message)
         try:
             due_at = now + timedelta(seconds=decision.delay)
-            route = self.topology.route(self.topology.units_until(due_at, now=now), self.queue)
+            route = self.topology.route(self.topology.units_until(due_at, now=now), target)
         except (DelayOutOfRangeError, OverflowError):
             return Decision.park("delay-out-of-range")
         headers = failure_headers(message.headers, state, exc, now=now, retries=state.retries + 1)
         headers[X_DUE_AT] = to_epoch_ms(due_at)
+        if forward_key is not None:
+            headers[X_FORWARD_ROUTING_KEY] = forward_key
         try:
             with scope.publishing(
                 headers, kind="retry", exchange=route.exchange, routing_key=route.routing_key
@@ -258,6 +267,25 @@ class HandOver:
             decision.delay,
         )
         return decision
+
+    async def _retry_target(self, message: AbstractIncomingMessage) -> tuple[str, str | None]:
+        """(chain destination, forward routing key or None) of a retry of ``message``.
+
+        With ``return_to="exchange"`` a retry goes to the exchange and key of
+        the delivery itself (broker-set, not read from headers), through its
+        forward queue. Deliveries straight to the queue (default exchange) or
+        out of the chain have no such exchange and return to the queue.
+        """
+        exchange = message.exchange
+        if (
+            self.return_to != "exchange"
+            or not exchange
+            or self.topology.is_chain_exchange(exchange)
+        ):
+            return self.queue, None
+        connection = message.channel.connection
+        await declare_forward_queue(connection, self.topology, exchange)
+        return forward_queue_name(self.topology, exchange), message.routing_key or ""
 
     async def _park(
         self,

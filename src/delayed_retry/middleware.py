@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Generic, ParamSpec, overload
+from typing import Any, Generic, Literal, ParamSpec, overload
 
 import aiormq
 import aiormq.abc
@@ -56,6 +56,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
+
+ReturnTo = Literal["queue", "exchange"]
 
 _current_state: contextvars.ContextVar[RetryState | None] = contextvars.ContextVar(
     "delayed_retry_state", default=None
@@ -103,6 +105,7 @@ class RetryOptions:
     instrumentation: Instrumentation
     trouble: Trouble = field(default_factory=Trouble, compare=False, repr=False)
     """Consecutive messages given back unhandled, for the backoff before each requeue."""
+    return_to: ReturnTo = "queue"
 
 
 class RetryingHandler(Generic[P]):
@@ -149,6 +152,7 @@ class RetryingHandler(Generic[P]):
             parking_queue=opts.parking_queue,
             publish_timeout=opts.publish_timeout,
             trouble=opts.trouble,
+            return_to=opts.return_to,
         )
 
     def _queue(self) -> str:
@@ -335,6 +339,7 @@ def with_delayed_retry(
     parking_queue: str | None = None,
     publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
     instrumentation: Instrumentation | None = None,
+    return_to: ReturnTo = "queue",
 ) -> Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]: ...
 
 
@@ -351,6 +356,7 @@ def with_delayed_retry(
     parking_queue: str | None = None,
     publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
     instrumentation: Instrumentation | None = None,
+    return_to: ReturnTo = "queue",
 ) -> RetryingHandler[P] | Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]:
     """Wrap an aio-pika consumer handler with delayed retries and parking.
 
@@ -372,7 +378,18 @@ def with_delayed_retry(
       publish_timeout: how long to wait for a publisher confirm.
       instrumentation: telemetry (default: OpenTelemetry through the global
         providers, a no-op until an SDK is configured).
+      return_to: ``"queue"`` (default) sends a retry back to the failing queue
+        only. ``"exchange"`` sends it back to the exchange and routing key it
+        was delivered with, through a forward queue: every queue bound there
+        for that key gets it again, so choose it only where that key reaches
+        the failing queue alone, and run a
+        :class:`~delayed_retry.forwarding.Forwarder` for that exchange.
     """
+    if return_to not in ("queue", "exchange"):
+        raise ConfigurationError(
+            f"return_to={return_to!r} must be 'queue' (the failing queue) or 'exchange' "
+            "(the exchange and routing key the message was delivered with)"
+        )
     if not isinstance(topology, DelayTopology):
         raise ConfigurationError(f"topology={topology!r} must be a DelayTopology")
     if queue is not None:
@@ -395,6 +412,7 @@ def with_delayed_retry(
         publish_timeout=to_seconds(publish_timeout, name="publish_timeout")
         or DEFAULT_PUBLISH_TIMEOUT,
         instrumentation=instrumentation or default_instrumentation(),
+        return_to=return_to,
     )
 
     def decorate(func: Callable[P, Awaitable[object]]) -> RetryingHandler[P]:
