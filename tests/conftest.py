@@ -28,7 +28,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # Anything that reaches or starts a RabbitMQ node is a broker test, so that
         # `-m "not broker"` runs without one.
         if {"rabbitmq_url", "node", "running_node", "cluster"} & set(fixtures) or (
-            item.get_closest_marker("soak") is not None  # its own process, with a broker
+            # The soak and the container tests bring brokers of their own.
+            item.get_closest_marker("soak") is not None
+            or item.get_closest_marker("container") is not None
         ):
             item.add_marker(pytest.mark.broker)
 
