@@ -8,10 +8,12 @@ carry out the policy's decision (publish the copy with confirms, then ack).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -35,7 +37,12 @@ from delayed_retry.headers import (
     RetryState,
     parse_retry_state,
 )
-from delayed_retry.observability.instrumentation import Instrumentation
+from delayed_retry.observability.instrumentation import (
+    AttemptScope,
+    Instrumentation,
+    Outcome,
+    PublishKind,
+)
 from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
@@ -59,7 +66,63 @@ P = ParamSpec("P")
 
 ReturnTo = Literal["queue", "exchange"]
 
-_current_state: contextvars.ContextVar[RetryState | None] = contextvars.ContextVar(
+
+class _StateCell:
+    """The retry state of one delivery, read from its headers only when something asks.
+
+    A message that succeeds on its first attempt never needs it: the success
+    path parses no headers. Header problems are logged when the state is read.
+    """
+
+    __slots__ = ("_message", "_queue", "_state")
+
+    def __init__(self, message: AbstractIncomingMessage, queue: str) -> None:
+        self._message = message
+        self._queue = queue
+        self._state: RetryState | None = None
+
+    def get(self) -> RetryState:
+        if self._state is None:
+            message = self._message
+            self._state = state = parse_retry_state(
+                message.headers,
+                exchange=message.exchange,
+                routing_key=message.routing_key,
+                queue=self._queue,
+            )
+            for problem in state.problems:
+                log.warning("message %s on queue %r: %s", message.message_id, self._queue, problem)
+        return self._state
+
+
+class _Quiet:
+    """Attempt scope and its context manager when telemetry records nothing: free to enter."""
+
+    def __enter__(self) -> AttemptScope:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def publishing(
+        self, headers: dict[str, Any], *, kind: PublishKind, exchange: str, routing_key: str
+    ) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def finish(
+        self,
+        outcome: Outcome,
+        *,
+        delay: float | None = None,
+        exc: BaseException | None = None,
+        reason: str | None = None,
+    ) -> None:
+        return None
+
+
+_QUIET = _Quiet()
+
+_current_state: contextvars.ContextVar[_StateCell | None] = contextvars.ContextVar(
     "delayed_retry_state", default=None
 )
 
@@ -83,7 +146,8 @@ class HandlerCancelledError(Exception):
 
 def current_retry_state() -> RetryState | None:
     """The retry state of the message being handled by this task, inside a wrapped handler."""
-    return _current_state.get()
+    cell = _current_state.get()
+    return None if cell is None else cell.get()
 
 
 def retry_state(message: AbstractIncomingMessage, *, queue: str | None = None) -> RetryState:
@@ -120,6 +184,12 @@ class RetryingHandler(Generic[P]):
         self.options = options
         # updated=(): copying a callable instance's __dict__ would overwrite fn and options.
         functools.update_wrapper(self, fn, updated=())
+        # The connection whose declarations are known done: checked without awaiting.
+        self._declared_on: weakref.ref[object] | None = None
+        # An instrumentation may say it records nothing now (OpenTelemetry without an SDK).
+        self._telemetry_on: Callable[[], bool] = getattr(
+            options.instrumentation, "enabled", _always
+        )
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", self.fn)
@@ -181,52 +251,53 @@ class RetryingHandler(Generic[P]):
         queue = self._queue()
         held = HeldMessage(message)
         call_args = (*args[:-1], held)
-        state: RetryState | None = None
+        # Read from the headers only when something needs it: the success path parses nothing.
+        cell = _StateCell(message, queue)
         try:
-            state = parse_retry_state(
-                message.headers,
-                exchange=message.exchange,
-                routing_key=message.routing_key,
-                queue=queue,
-            )
-            await self._handle(message, held, state, queue, call_args, kwargs)
+            await self._handle(message, held, cell, queue, call_args, kwargs)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # shutting down: the channel closes and the broker redelivers it
-            await self._rescue(message, queue, state, exc)
+            await self._rescue(message, queue, cell, exc)
         except Exception as exc:
-            await self._rescue(message, queue, state, exc)
+            await self._rescue(message, queue, cell, exc)
 
     async def _handle(
         self,
         message: AbstractIncomingMessage,
         held: HeldMessage,
-        state: RetryState,
+        cell: _StateCell,
         queue: str,
         call_args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> None:
         opts = self.options
-        channel = message.channel
-        # First use on this connection: declare what we need. A failure is given back
-        # to the queue after a backoff (_rescue): nothing is lost, nothing spins.
-        await declarer_for(channel.connection).destination(
-            channel.connection, opts.topology, queue, opts.parking_queue
+        connection = message.channel.connection
+        if self._declared_on is None or self._declared_on() is not connection:
+            # First use on this connection: declare what we need. A failure is given back
+            # to the queue after a backoff (_rescue): nothing is lost, nothing spins.
+            await declarer_for(connection).destination(
+                connection, opts.topology, queue, opts.parking_queue
+            )
+            self._declared_on = weakref.ref(connection)
+        if opts.topology.is_chain_exchange(message.exchange):
+            state = cell.get()
+            now = utcnow()
+            if (
+                state.due_at is not None
+                and state.due_at - now > early_tolerance(opts.topology)
+                and state.due_at - now <= opts.topology.max_delay
+            ):
+                await self._hand_over(queue).redelay(message, state.due_at)
+                return
+        observed: contextlib.AbstractContextManager[AttemptScope] = (
+            opts.instrumentation.attempt(message, cell.get(), queue=queue)
+            if self._telemetry_on()
+            else _QUIET
         )
-        for problem in state.problems:
-            log.warning("message %s on queue %r: %s", message.message_id, queue, problem)
-        now = utcnow()
-        if (
-            state.due_at is not None
-            and opts.topology.is_chain_exchange(message.exchange)
-            and state.due_at - now > early_tolerance(opts.topology)
-            and state.due_at - now <= opts.topology.max_delay
-        ):
-            await self._hand_over(queue).redelay(message, state.due_at)
-            return
-        with opts.instrumentation.attempt(message, state, queue=queue) as scope:
-            token = _current_state.set(state)
+        with observed as scope:
+            token = _current_state.set(cell)
             failure: Exception | None = None
             try:
                 await self.fn(*call_args, **kwargs)
@@ -266,6 +337,7 @@ class RetryingHandler(Generic[P]):
                 return
             # A reject or nack the handler asked for on its way out (message.process())
             # is dropped: the failure is retried or parked like any other.
+            state = cell.get()
             try:
                 decision = opts.policy.decide(state, failure, now=utcnow())
             except Exception as policy_exc:
@@ -282,7 +354,7 @@ class RetryingHandler(Generic[P]):
         self,
         message: AbstractIncomingMessage,
         queue: str,
-        state: RetryState | None,
+        cell: _StateCell,
         exc: BaseException,
     ) -> None:
         """Settle a message after the library itself failed: park it, else give it back later."""
@@ -307,7 +379,9 @@ class RetryingHandler(Generic[P]):
             opts.topology, queue, opts.parking_queue
         )
         if declared and getattr(channel, "publisher_confirms", False):
-            if state is None:
+            try:
+                state = cell.get()
+            except Exception:  # headers unreadable: park with the record alone
                 state = parse_retry_state(
                     None, exchange=message.exchange, routing_key=message.routing_key, queue=queue
                 )
@@ -321,6 +395,10 @@ class RetryingHandler(Generic[P]):
                     park_err,
                 )
         await hand_over.give_back_later(message, exc)
+
+
+def _always() -> bool:
+    return True
 
 
 @overload
