@@ -38,6 +38,7 @@ SUBCOMMAND_MODULES = (
     "delayed_retry.cli.alerts_cmd",
     "delayed_retry.cli.delivery_cmd",
     "delayed_retry.cli.migrate_cmd",
+    "delayed_retry.cli.web_cmd",
 )
 
 

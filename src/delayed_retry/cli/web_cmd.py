@@ -1,0 +1,102 @@
+"""``delayed-retry web``: serve the web view of the parking lots and the delay chain."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.cli.main import run
+from delayed_retry.errors import ConfigurationError
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    """Add the ``web`` command."""
+    parser = sub.add_parser(
+        "web",
+        help="serve a web view of parked messages and the delay chain",
+        description="Serve the web view: parking lots grouped by failure, the chain's levels, "
+        "replay and purge as background jobs. Listens on 127.0.0.1 unless --host is given; "
+        "any other address needs --auth or $DELAYED_RETRY_WEB_TOKEN.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
+    parser.add_argument("--port", type=int, default=8080, help="port (%(default)s)")
+    parser.add_argument(
+        "--queue",
+        action="append",
+        default=[],
+        metavar="QUEUE",
+        help="a work queue whose parking lot to show (repeat); default: find them through "
+        "the management API",
+    )
+    parser.add_argument(
+        "--auth",
+        metavar="USER:PASSWORD",
+        help="require HTTP Basic authentication (a bearer token can come from "
+        "$DELAYED_RETRY_WEB_TOKEN)",
+    )
+    parser.add_argument("--read-only", action="store_true", help="show only; refuse every action")
+    parser.add_argument(
+        "--audit-log",
+        type=Path,
+        default=Path("delayed-retry-audit.jsonl"),
+        help="append every replay and purge to this JSON-lines file (%(default)s)",
+    )
+    parser.add_argument("--management-url", help="management API for finding parking queues")
+    add_topology_args(parser)
+    parser.set_defaults(func=lambda args: run(_serve(args)))
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    try:
+        from aiohttp import web
+
+        from delayed_retry.web import WebSettings, create_app, parse_credentials
+        from delayed_retry.web.security import check_bind
+        from delayed_retry.web.settings import TOKEN_ENV
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the web view needs the 'web' extra ({exc.name} is missing); "
+            "run: pip install 'delayed-retry[web]'"
+        ) from exc
+    if not 0 < args.port < 65536:
+        raise ConfigurationError(f"--port {args.port} must be within 1..65535")
+    credentials = parse_credentials(args.auth, token=os.environ.get(TOKEN_ENV))
+    check_bind(args.host, credentials)
+    settings = WebSettings(
+        url=args.url,
+        queues=tuple(args.queue),
+        topology=topology_from_args(args),
+        credentials=credentials,
+        read_only=args.read_only,
+        audit_log=args.audit_log,
+        management_url=args.management_url,
+    )
+    runner = web.AppRunner(create_app(settings), access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, args.host, args.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot listen on {args.host}:{args.port}: {exc.strerror}; choose another --port"
+            ) from exc
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"delayed-retry web view on http://{host}:{args.port}/ (Ctrl-C to stop)", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+    return 0

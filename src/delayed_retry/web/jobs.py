@@ -1,0 +1,289 @@
+"""Replay and purge as background jobs with progress, a canary, and an audit log.
+
+A job acts on the set of messages as it was when it was accepted: a filter is
+resolved to message keys first, and only those keys are acted on, each at
+most once, even if more messages matching the filter park meanwhile. Every
+job is written to the audit log twice: when accepted and when finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from delayed_retry.durations import utcnow
+from delayed_retry.errors import ConfigurationError
+from delayed_retry.parking_lot import MoveProgress, ParkedFilter
+from delayed_retry.web.lot import ParkingLot
+from delayed_retry.web.records import filter_from_mapping, filter_to_mapping
+
+__all__ = ["Action", "AuditLog", "Job", "JobManager", "JobRequest"]
+
+log = logging.getLogger(__name__)
+audit_log = logging.getLogger("delayed_retry.web.audit")
+
+Action = Literal["replay", "purge"]
+MAX_RATE = 10_000.0
+MAX_CANARY = 100
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRequest:
+    """What to do: an action on a queue's parked messages, chosen by keys or by a filter."""
+
+    action: Action
+    queue: str
+    message_ids: tuple[str, ...] | None = None
+    where: ParkedFilter | None = None
+    rate: float | None = None
+    canary: int = 0
+    canary_wait: float = 5.0
+    to_queue: str | None = None
+
+    @classmethod
+    def from_json(cls, action: Action, data: Any) -> JobRequest:
+        """Parse an API body: ``{"queue": Q, "message_ids": [...]}`` or ``{"queue": Q,
+        "filter": {...}}``, with optional ``rate``, ``canary``, ``canary_wait``, ``to_queue``."""
+        if not isinstance(data, Mapping):
+            raise ConfigurationError('the body must be a JSON object like {"queue": "orders", ...}')
+        known = {"queue", "message_ids", "filter", "rate", "canary", "canary_wait", "to_queue"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown field {', '.join(unknown)}; use {', '.join(sorted(known))}"
+            )
+        queue = data.get("queue")
+        if not isinstance(queue, str) or not queue:
+            raise ConfigurationError('"queue" must name the work queue, for example "orders"')
+        ids = data.get("message_ids")
+        raw_filter = data.get("filter")
+        if (ids is None) == (raw_filter is None):
+            raise ConfigurationError(
+                'pass exactly one of "message_ids" (a list) or "filter" (an object)'
+            )
+        if ids is not None and (
+            not isinstance(ids, list) or not ids or not all(isinstance(i, str) and i for i in ids)
+        ):
+            raise ConfigurationError('"message_ids" must be a non-empty list of message ids')
+        if raw_filter is not None and not isinstance(raw_filter, Mapping):
+            raise ConfigurationError('"filter" must be an object such as {"exception": "Timeout"}')
+        rate = _number(data.get("rate"), "rate", low=0.01, high=MAX_RATE)
+        canary = _number(data.get("canary", 0), "canary", low=0, high=MAX_CANARY)
+        wait = _number(data.get("canary_wait", 5.0), "canary_wait", low=0, high=600)
+        to_queue = data.get("to_queue")
+        if to_queue is not None and (not isinstance(to_queue, str) or not to_queue):
+            raise ConfigurationError('"to_queue" must be a queue name')
+        return cls(
+            action=action,
+            queue=queue,
+            message_ids=tuple(ids) if ids is not None else None,
+            where=filter_from_mapping(raw_filter) if raw_filter is not None else None,
+            rate=rate,
+            canary=int(canary or 0),
+            canary_wait=float(wait if wait is not None else 5.0),
+            to_queue=to_queue,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """The request as the audit log records it."""
+        return {
+            "action": self.action,
+            "queue": self.queue,
+            "message_ids": list(self.message_ids) if self.message_ids is not None else None,
+            "filter": filter_to_mapping(self.where) if self.where is not None else None,
+            "rate": self.rate,
+            "canary": self.canary,
+            "to_queue": self.to_queue,
+        }
+
+
+def _number(value: Any, name: str, *, low: float, high: float) -> float | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigurationError(f'"{name}" must be a number between {low:g} and {high:g}')
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigurationError(f'"{name}"={value!r} must be a number') from None
+    if not low <= number <= high:
+        raise ConfigurationError(f'"{name}"={number:g} must be between {low:g} and {high:g}')
+    return number
+
+
+@dataclass
+class Job:
+    """A running or finished action, as the page and ``GET /api/jobs/ID`` show it."""
+
+    id: str
+    request: JobRequest
+    user: str
+    started_at: datetime
+    state: str = "selecting"
+    total: int = 0
+    done: int = 0
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+    finished_at: datetime | None = None
+    note: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "action": self.request.action,
+            "queue": self.request.queue,
+            "user": self.user,
+            "state": self.state,
+            "total": self.total,
+            "done": self.done,
+            "failed": self.failed,
+            "errors": self.errors[-5:],
+            "note": self.note,
+            "started_at": self.started_at.isoformat(),
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+        }
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("finished", "failed", "stopped")
+
+
+class AuditLog:
+    """Appends one JSON line per event to a file (if given) and logs it."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.recent: list[dict[str, Any]] = []
+
+    def write(self, entry: dict[str, Any]) -> None:
+        entry = {"at": utcnow().isoformat(), **entry}
+        line = json.dumps(entry, sort_keys=True, default=str)
+        audit_log.info("%s", line)
+        self.recent.append(entry)
+        del self.recent[:-200]
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as out:
+                out.write(line + "\n")
+
+
+class JobManager:
+    """Runs jobs in the background and keeps the recent ones for the page."""
+
+    def __init__(self, lot: ParkingLot, audit: AuditLog) -> None:
+        self.lot = lot
+        self.audit = audit
+        self.jobs: dict[str, Job] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._counter = itertools.count(1)
+
+    async def submit(self, request: JobRequest, *, user: str, parking_queue: str) -> Job:
+        """Resolve the selection now (the set as it is at the click), then start the job."""
+        job = Job(
+            id=f"{next(self._counter)}-{secrets.token_hex(3)}",
+            request=request,
+            user=user,
+            started_at=utcnow(),
+        )
+        if request.message_ids is not None:
+            keys = list(dict.fromkeys(request.message_ids))
+        else:
+            assert request.where is not None
+            keys = await self.lot.select(parking_queue, where=request.where)
+        job.total = len(keys)
+        job.state = "running"
+        self.jobs[job.id] = job
+        self.audit.write(
+            {
+                "event": "accepted",
+                "job": job.id,
+                "user": user,
+                "count": job.total,
+                **request.describe(),
+            }
+        )
+        task = asyncio.create_task(self._run(job, keys, parking_queue), name=f"web-job-{job.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return job
+
+    async def _run(self, job: Job, keys: list[str], parking_queue: str) -> None:
+        request = job.request
+
+        def progress(step: MoveProgress) -> None:
+            job.done = step.done
+
+        try:
+            if not keys:
+                job.note = "nothing matched"
+            elif request.action == "replay":
+                if request.canary:
+                    job.state = "canary"
+                report = await self.lot.replay(
+                    parking_queue,
+                    ids=keys,
+                    to_queue=request.to_queue or request.queue,
+                    rate=request.rate,
+                    canary=request.canary,
+                    canary_wait=request.canary_wait,
+                    replayed_by=f"{job.user} (web)",
+                    progress=progress,
+                )
+                job.done = report.done
+                if report.stopped == "canary-parked-again":
+                    job.state = "stopped"
+                    job.note = (
+                        f"canary: a replayed message parked again within "
+                        f"{request.canary_wait:g} s; the rest was not touched"
+                    )
+                    return
+            else:
+                report = await self.lot.purge(
+                    parking_queue, ids=keys, rate=request.rate, progress=progress
+                )
+                job.done = report.done
+            missing = job.total - job.done
+            if missing > 0:
+                job.note = (
+                    f"{missing} selected message(s) were no longer parked (replayed or "
+                    "purged meanwhile)"
+                )
+            job.state = "finished"
+        except Exception as exc:
+            log.exception("job %s (%s on %r) failed", job.id, request.action, request.queue)
+            job.state = "failed"
+            job.errors.append(str(exc))
+            job.note = f"stopped after {job.done}; the rest stays parked"
+        finally:
+            job.finished_at = utcnow()
+            self.audit.write(
+                {
+                    "event": "finished",
+                    "job": job.id,
+                    "user": job.user,
+                    "action": request.action,
+                    "queue": request.queue,
+                    "state": job.state,
+                    "selected": job.total,
+                    "done": job.done,
+                    "failed": job.failed,
+                    "note": job.note,
+                }
+            )
+
+    async def wait_all(self) -> None:
+        """Wait for every running job (used at shutdown and by tests)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def cancel_all(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await self.wait_all()

@@ -1,0 +1,250 @@
+"""The broker side of the web view, on :mod:`delayed_retry.parking_lot`.
+
+Reading and acting are the parking lot library's (the command line's too):
+reads take messages unacked on a channel of their own and the broker puts
+every one back; replay and purge are at-least-once. This module adds what a
+page needs in one pass over a parking queue (the page, the failure groups,
+arrival times, the matching count) and queue counts for the live overview.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Collection
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractConnection
+
+from delayed_retry.declare import underlay_of
+from delayed_retry.parking_lot import (
+    MoveProgress,
+    MoveReport,
+    ParkedFilter,
+    ParkedRecord,
+    iter_parked,
+    purge_matching,
+    replay_matching,
+)
+from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.topology import DelayTopology
+from delayed_retry.web.records import group_label
+
+__all__ = ["GroupSummary", "Page", "ParkingLot"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupSummary:
+    """One failure group among the matching messages."""
+
+    group: str
+    label: str
+    exception_type: str | None
+    count: int = 0
+    first_seen: datetime | None = None
+    last_seen: datetime | None = None
+
+    def add(self, record: ParkedRecord) -> None:
+        self.count += 1
+        seen = record.parked_at
+        if seen is not None:
+            if self.first_seen is None or seen < self.first_seen:
+                self.first_seen = seen
+            if self.last_seen is None or seen > self.last_seen:
+                self.last_seen = seen
+
+
+@dataclass
+class Page:
+    """A page of matching messages, with the groups and count of every matching one."""
+
+    items: list[ParkedRecord]
+    offset: int
+    limit: int
+    matching: int
+    truncated: bool
+    groups: list[GroupSummary]
+    arrivals: list[datetime] = field(default_factory=list)
+
+
+class ParkingLot:
+    """Read and act on parking queues through one aio-pika connection.
+
+    Use one per web application; every read or action opens channels of its
+    own, so they may run concurrently.
+    """
+
+    def __init__(
+        self,
+        connection: AbstractConnection,
+        *,
+        topology: DelayTopology,
+        scan_limit: int = 10_000,
+        publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+    ) -> None:
+        self._connection = connection
+        self.topology = topology
+        self.scan_limit = scan_limit
+        self.publish_timeout = publish_timeout
+        self._anchor: AbstractChannel | None = None
+        self._count_channel: aiormq.abc.AbstractChannel | None = None
+        self._lock = asyncio.Lock()
+
+    async def channel(self) -> AbstractChannel:
+        """A channel of the connection, kept open; the library opens its own from it."""
+        async with self._lock:
+            if self._anchor is None or self._anchor.is_closed:
+                self._anchor = await self._connection.channel(publisher_confirms=False)
+            return self._anchor
+
+    # -- counts ----------------------------------------------------------------
+    async def counts(self, names: Collection[str]) -> dict[str, int | None]:
+        """Messages ready in each queue (``None``: the queue does not exist)."""
+        out: dict[str, int | None] = {}
+        anchor = await self.channel()
+        async with self._lock:
+            for name in names:
+                if self._count_channel is None or self._count_channel.is_closed:
+                    underlay = await underlay_of(anchor)
+                    self._count_channel = await underlay.connection.channel(
+                        publisher_confirms=False
+                    )
+                try:
+                    ok = await self._count_channel.queue_declare(name, passive=True)
+                    out[name] = int(ok.message_count or 0)
+                except aiormq.exceptions.ChannelNotFoundEntity:
+                    out[name] = None
+                    self._count_channel = None
+        return out
+
+    async def close(self) -> None:
+        """Close the channels kept open."""
+        for channel in (self._count_channel, self._anchor):
+            if channel is not None and not channel.is_closed:
+                await channel.close()
+
+    # -- reading ---------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _records(
+        self, parking_queue: str, where: ParkedFilter
+    ) -> AsyncIterator[AsyncIterator[ParkedRecord]]:
+        records = iter_parked(
+            await self.channel(),
+            queue=parking_queue,
+            parking_queue=parking_queue,
+            where=where,
+            topology=self.topology,
+        )
+        try:
+            yield records
+        finally:
+            # Close the generator now (and with it its channel, returning every message)
+            # when the caller stops early, not whenever it is collected.
+            close = getattr(records, "aclose", None)
+            if close is not None:
+                await close()
+
+    async def page(
+        self, parking_queue: str, *, where: ParkedFilter, offset: int = 0, limit: int = 25
+    ) -> Page:
+        """One page of the messages ``where`` selects, with groups and count; nothing removed."""
+        items: list[ParkedRecord] = []
+        groups: dict[str, GroupSummary] = {}
+        arrivals: list[datetime] = []
+        matching = 0
+        truncated = False
+        async with self._records(parking_queue, where) as records:
+            async for record in records:
+                if matching >= self.scan_limit:
+                    truncated = True
+                    break
+                if record.parked_at is not None:
+                    arrivals.append(record.parked_at)
+                summary = groups.get(record.fingerprint)
+                if summary is None:
+                    summary = groups[record.fingerprint] = GroupSummary(
+                        group=record.fingerprint,
+                        label=group_label(record),
+                        exception_type=record.exception_type,
+                    )
+                summary.add(record)
+                if offset <= matching < offset + limit:
+                    items.append(record)
+                matching += 1
+        return Page(
+            items=items,
+            offset=offset,
+            limit=limit,
+            matching=matching,
+            truncated=truncated,
+            groups=sorted(groups.values(), key=lambda g: (-g.count, g.label)),
+            arrivals=arrivals,
+        )
+
+    async def find(self, parking_queue: str, key: str) -> ParkedRecord | None:
+        """The message with id ``key`` (left in place), or ``None``."""
+        async with self._records(parking_queue, ParkedFilter(ids=frozenset({key}))) as records:
+            async for record in records:
+                return record
+        return None
+
+    async def select(self, parking_queue: str, *, where: ParkedFilter) -> list[str]:
+        """The ids of every message ``where`` selects now: the set an action works on."""
+        ids: list[str] = []
+        async with self._records(parking_queue, where) as records:
+            async for record in records:
+                ids.append(record.id)
+        return list(dict.fromkeys(ids))
+
+    # -- acting ----------------------------------------------------------------
+    async def replay(
+        self,
+        parking_queue: str,
+        *,
+        ids: Collection[str],
+        to_queue: str,
+        rate: float | None,
+        canary: int,
+        canary_wait: float,
+        replayed_by: str,
+        progress: Callable[[MoveProgress], None],
+    ) -> MoveReport:
+        """Replay the messages with these ids to ``to_queue`` (see ``replay_matching``)."""
+        return await replay_matching(
+            await self.channel(),
+            queue=parking_queue,
+            parking_queue=parking_queue,
+            to_queue=to_queue,
+            where=ParkedFilter(ids=frozenset(ids)),
+            rate=rate,
+            canary=canary,
+            canary_wait=canary_wait,
+            progress=progress,
+            replayed_by=replayed_by,
+            topology=self.topology,
+            publish_timeout=self.publish_timeout,
+        )
+
+    async def purge(
+        self,
+        parking_queue: str,
+        *,
+        ids: Collection[str],
+        rate: float | None,
+        progress: Callable[[MoveProgress], None],
+    ) -> MoveReport:
+        """Purge the messages with these ids (see ``purge_matching``)."""
+        return await purge_matching(
+            await self.channel(),
+            queue=parking_queue,
+            parking_queue=parking_queue,
+            where=ParkedFilter(ids=frozenset(ids)),
+            rate=rate,
+            progress=progress,
+            topology=self.topology,
+        )

@@ -1,0 +1,273 @@
+"""The web view in a real browser: Debian's chromium driven by Playwright.
+
+Each view is saved as a screenshot under ``test-artifacts/web/`` (ignored by git).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+from aiohttp import web
+from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+
+from delayed_retry import publish_delayed
+from delayed_retry.web import WebSettings
+from tests.support.chain import Scenario, open_scenario
+from tests.support.waiting import wait_until
+from tests.support.web import ids_in, park, serve
+
+pytestmark = [pytest.mark.broker, pytest.mark.browser]
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "web"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def _require_chromium() -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/bootstrap (apt-get install chromium)")
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    """Headless chromium from Debian's package (scripts/bootstrap installs it)."""
+    _require_chromium()
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+async def lot(
+    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
+) -> AsyncIterator[Scenario]:
+    async with open_scenario(connection, unique, rabbitmq_url, "classic") as scenario:
+        scenario.track_queue(_orders(scenario), _orders(scenario) + ".parking")
+        yield scenario
+
+
+def _orders(lot: Scenario) -> str:
+    """A short work-queue name (it shows in the screenshots), unique like the chain's prefix."""
+    return f"orders-{lot.unique[-6:]}"
+
+
+async def _page(browser: Browser, problems: list[str]) -> Page:
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type in ("error", "warning"):
+            problems.append(message.text)
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    return page
+
+
+async def _shot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+async def test_browser_lists_filters_and_replays_a_group(
+    browser: Browser, lot: Scenario, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    queue = _orders(lot)
+    await park(lot, queue, ["timeout", "missing", "timeout", "timeout", "missing"])
+    # Two messages waiting in the chain (due in about a minute: level 15 of 1 ms units).
+    channel = await lot.connection.channel()
+    for n in range(2):
+        await publish_delayed(
+            channel,
+            aio_pika.Message(b"later", message_id=f"later-{n}"),
+            queue=queue,
+            delay=60,
+            topology=lot.topology,
+        )
+    await channel.close()
+    settings = WebSettings(
+        url=rabbitmq_url,
+        queues=(queue,),
+        topology=lot.topology,
+        audit_log=tmp_path / "audit.jsonl",
+        live_interval=0.5,
+    )
+    problems: list[str] = []
+    async with serve(settings) as base:
+        page = await _page(browser, problems)
+        await page.goto(base + "/")
+        row = page.locator("#parking tbody tr", has_text=queue)
+        await expect(row.locator("[data-live]")).to_have_text("5")
+        await expect(page.locator("#live")).to_have_class("live on")  # an SSE event arrived
+        level = page.locator("#levels tbody tr")
+        await expect(level).to_have_count(1)
+        await expect(level.locator("[data-live]")).to_have_text("2")
+        await expect(page.locator("#waiting")).to_have_text("2")
+        await _shot(page, "overview")
+
+        await row.get_by_role("link", name=queue).click()
+        messages = page.locator("#messages tbody tr[data-key]")
+        await expect(messages).to_have_count(5)
+        await expect(page.locator("#groups tbody tr")).to_have_count(2)
+        await _shot(page, "queue")
+
+        await page.fill("input[name=exception]", "CustomerMissing")
+        await page.click("form.filters button[type=submit]")
+        await expect(messages).to_have_count(2)
+        assert sorted(await messages.evaluate_all("rows => rows.map(r => r.dataset.key)")) == [
+            "missing-101",
+            "missing-104",
+        ]
+        await _shot(page, "queue-filtered")
+
+        await page.get_by_role("link", name="missing-101").click()
+        body = page.locator("#body")
+        await expect(body).to_contain_text("<b>not bold</b>")  # shown as text, not markup
+        assert await body.locator("b").count() == 0
+        await expect(page.locator("#record")).to_contain_text("CustomerMissing")
+        headers = page.locator("#headers")
+        await expect(headers).to_contain_text("<img src=x onerror=alert(1)>")
+        assert await headers.locator("img").count() == 0
+        await _shot(page, "message")
+
+        await page.goto(f"{base}/parked?queue={queue}")
+        timeout_row = page.locator("#groups tbody tr", has_text="GatewayTimeout")
+        await expect(timeout_row.locator("td.num")).to_have_text("3")
+        await timeout_row.get_by_role("button", name="Replay group").click()
+        job = page.locator("#jobs .job").first
+        await expect(job).to_have_attribute("data-state", "finished", timeout=30_000)
+        await expect(job.locator(".done")).to_have_text("3")
+        await _shot(page, "queue-replayed")
+        await page.goto(base + "/")
+        await expect(page).to_have_title("Overview · delayed-retry")
+        await expect(page.locator("#audit tbody tr")).to_have_count(1)
+        await expect(page.locator("#audit tbody tr")).to_contain_text("replay")
+        await _shot(page, "overview-after-replay")
+
+    async def arrived() -> bool:
+        return await lot.depth(queue) == 3
+
+    await wait_until(arrived, timeout=30)
+    assert sorted(await ids_in(lot, queue)) == ["timeout-100", "timeout-102", "timeout-103"]
+    assert sorted(await ids_in(lot, queue + ".parking")) == ["missing-101", "missing-104"]
+    audit = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [(a["event"], a["action"]) for a in audit] == [
+        ("accepted", "replay"),
+        ("finished", "replay"),
+    ]
+    assert problems == [], problems  # no CSP violation, no script error
+
+
+async def test_browser_purge_needs_the_typed_confirmation(
+    browser: Browser, lot: Scenario, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    queue = _orders(lot)
+    await park(lot, queue, ["missing", "timeout"])
+    settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology)
+    problems: list[str] = []
+    async with serve(settings) as base:
+        page = await _page(browser, problems)
+        await page.goto(f"{base}/parked?queue={queue}")
+        await page.check("input[value='missing-100']")
+        await page.get_by_role("button", name="Purge selected").click()
+        await expect(page.locator("#jobs .notice")).to_contain_text("type the queue name")
+        assert sorted(await ids_in(lot, queue + ".parking")) == ["missing-100", "timeout-101"]
+
+        await page.fill("input[name=confirm]", queue)
+        await page.get_by_role("button", name="Purge selected").click()
+        job = page.locator("#jobs .job").first
+        await expect(job).to_have_attribute("data-state", "finished", timeout=30_000)
+        await _shot(page, "queue-purged")
+
+        await page.goto(f"{base}/message?queue={queue}&key=timeout-101")
+        await page.get_by_role("button", name="Replay this message").click()
+        job = page.locator("#jobs .job").first
+        await expect(job).to_have_attribute("data-state", "finished", timeout=30_000)
+        await _shot(page, "message-replayed")
+
+    async def arrived() -> bool:
+        return await lot.depth(queue) == 1
+
+    await wait_until(arrived, timeout=30)
+    assert await ids_in(lot, queue) == ["timeout-101"]
+    assert await lot.depth(queue + ".parking") == 0
+    # The failed first try logs a 400 in the console; nothing else may.
+    assert all("400" in p for p in problems), problems
+
+
+async def test_browser_cross_origin_post_is_refused(
+    browser: Browser, lot: Scenario, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    queue = _orders(lot)
+    await park(lot, queue, ["missing"])
+    settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology)
+    async with serve(settings) as base:
+        # Another site on another port: a plain HTML form posting to the view (CSRF).
+        evil = web.Application()
+        form = (
+            f'<form method="post" action="{base}/actions">'
+            f'<input name="queue" value="{queue}"><input name="op" value="purge-selection">'
+            f'<input name="message_ids" value="missing-100"><input name="confirm" value="{queue}">'
+            '<button id="go">win a prize</button></form>'
+        )
+
+        async def evil_page(request: web.Request) -> web.Response:
+            return web.Response(text=form, content_type="text/html")
+
+        evil.router.add_get("/", evil_page)
+        runner = web.AppRunner(evil, shutdown_timeout=1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            host, port = runner.addresses[0][:2]
+            page = await browser.new_page()
+            await page.goto(f"http://{host}:{port}/")
+            async with page.expect_response(lambda r: r.url == f"{base}/actions") as info:
+                await page.click("#go")
+            response = await info.value
+            assert response.status == 403
+            await _shot(page, "cross-origin-refused")
+        finally:
+            await runner.cleanup()
+    assert await ids_in(lot, queue + ".parking") == ["missing-100"]
+
+
+async def test_browser_pages_through_a_parking_lot(
+    browser: Browser, lot: Scenario, rabbitmq_url: str
+) -> None:
+    queue = _orders(lot)
+    await park(lot, queue, ["missing", "timeout", "missing"])
+    settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology, page_size=2)
+    problems: list[str] = []
+    async with serve(settings) as base:
+        page = await _page(browser, problems)
+        await page.goto(f"{base}/parked?queue={queue}")
+        rows = page.locator("#messages tbody tr[data-key]")
+        keys = "rows => rows.map(r => r.dataset.key)"
+        await expect(rows).to_have_count(2)
+        first = await rows.evaluate_all(keys)
+        await page.get_by_role("link", name="later →").click()
+        await expect(rows).to_have_count(1)
+        second = await rows.evaluate_all(keys)
+        await expect(page.locator(".pager")).to_contain_text("3–3 of 3")
+        # Parking order decides the pages; together they hold each message once.
+        assert sorted(first + second) == ["missing-100", "missing-102", "timeout-101"]
+        await page.get_by_role("link", name="← earlier").click()
+        await expect(rows).to_have_count(2)
+        assert await rows.evaluate_all(keys) == first
+    assert problems == [], problems

@@ -1,0 +1,61 @@
+"""Finding parking queues through a real management API (a private node with the plugin)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import aio_pika
+import pytest
+
+from delayed_retry.errors import ConfigurationError
+from delayed_retry.testing import BrokerHarnessError, RabbitMQNode, free_port, release_port
+from delayed_retry.topology import DelayTopology
+from delayed_retry.web.discovery import discover_queues
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture(scope="module")
+def managed() -> Iterator[tuple[RabbitMQNode, str]]:
+    """A private node with rabbitmq_management on a free loopback port."""
+    port = free_port()
+    node = RabbitMQNode(
+        plugins=["rabbitmq_management"],
+        config={"management.tcp.port": str(port), "management.tcp.ip": "127.0.0.1"},
+    )
+    try:
+        try:
+            node.start()
+        except BrokerHarnessError as exc:
+            pytest.fail(f"could not start a node with the management plugin: {exc}")
+        yield node, f"http://127.0.0.1:{port}"
+    finally:
+        node.close()
+        release_port(port)
+
+
+async def test_discovery_lists_work_queues_that_have_a_parking_queue(
+    managed: tuple[RabbitMQNode, str],
+) -> None:
+    node, management = managed
+    connection = await aio_pika.connect(node.url)
+    async with connection:
+        channel = await connection.channel()
+        for name in ("orders", "orders.parking", "invoices.parking", "audit"):
+            await channel.declare_queue(name, durable=True)
+        found: list[str] = []
+        for _ in range(100):  # the management API's queue list lags declarations a little
+            found = await discover_queues(
+                node.url, topology=DelayTopology(), management_url=management
+            )
+            if len(found) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert found == ["invoices", "orders"]
+        for name in ("orders", "orders.parking", "invoices.parking", "audit"):
+            await channel.queue_delete(name)
+
+    wrong = node.url.replace("guest:guest", "guest:wrong")
+    with pytest.raises(ConfigurationError, match=r"answered 401.*--queue"):
+        await discover_queues(wrong, topology=DelayTopology(), management_url=management)
