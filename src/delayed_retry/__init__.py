@@ -34,6 +34,7 @@ from delayed_retry.monitor import ChainMonitor
 from delayed_retry.observe import Instrumentation, NoInstrumentation
 from delayed_retry.parking import ParkedMessage, ReplayResult, peek_parked, replay_parked
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
+from delayed_retry.router import ConsumerRejected, RetryRouter
 from delayed_retry.scheduling import publish_delayed
 from delayed_retry.telemetry import OpenTelemetryInstrumentation
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
@@ -48,6 +49,9 @@ __all__ = [
     "RetryState",
     "retry_state",
     "current_retry_state",
+    # retries for consumers in any language
+    "RetryRouter",
+    "ConsumerRejected",
     # scheduling
     "publish_delayed",
     # parking

@@ -14,6 +14,8 @@ Picture for ``prefix="delayed-retry"``::
          └─ alternate-exchange ─► delayed-retry.unroutable ─► queue delayed-retry.unroutable
     delayed-retry.parking ──(key Q)──► Q.parking
                           └──(#)────► delayed-retry.parking.alerts
+    delayed-retry.rejected ──► queue delayed-retry.rejected ──► RetryRouter
+        (the x-dead-letter-exchange of queues whose consumers only reject)
 """
 
 from __future__ import annotations
@@ -186,6 +188,21 @@ class DelayTopology:
         return f"{self.prefix}.unroutable"
 
     @property
+    def rejected_exchange(self) -> str:
+        """Dead-letter exchange for consumers in any language: a queue's ``x-dead-letter-exchange``.
+
+        Messages a consumer rejects (``basic.reject``/``nack`` without requeue)
+        from a queue with this dead-letter exchange land in :attr:`rejected_queue`,
+        where :class:`~delayed_retry.router.RetryRouter` retries or parks them.
+        """
+        return f"{self.prefix}.rejected"
+
+    @property
+    def rejected_queue(self) -> str:
+        """Where rejected messages wait for the router."""
+        return f"{self.prefix}.rejected"
+
+    @property
     def parking_exchange(self) -> str:
         """Exchange for parked messages; routing key is the queue that gave up."""
         return f"{self.prefix}.parking"
@@ -273,6 +290,7 @@ class DelayTopology:
             ExchangeSpec(self.unroutable_exchange, "fanout", None),
             ExchangeSpec(self.delivery_exchange, "topic", self.unroutable_exchange),
             ExchangeSpec(self.parking_exchange, "topic", self.unroutable_exchange),
+            ExchangeSpec(self.rejected_exchange, "fanout", self.unroutable_exchange),
         ]
         specs += [
             ExchangeSpec(self.level_name(level), "topic", self.unroutable_exchange)
@@ -306,6 +324,13 @@ class DelayTopology:
                 self.unroutable_queue,
                 self._queue_arguments(None, None),
                 ((self.unroutable_exchange, ""),),
+            )
+        )
+        specs.append(
+            QueueSpec(
+                self.rejected_queue,
+                self._queue_arguments(None, None),
+                ((self.rejected_exchange, ""),),
             )
         )
         alerts: QueueArguments = {

@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES = (
     "delayed_retry.cli.parking_cmd",
     "delayed_retry.cli.spark_cmd",
     "delayed_retry.cli.alerts_cmd",
+    "delayed_retry.cli.router_cmd",
 )
 
 
