@@ -25,6 +25,7 @@ SUBCOMMAND_MODULES = (
     "delayed_retry.cli.spark_cmd",
     "delayed_retry.cli.alerts_cmd",
     "delayed_retry.cli.router_cmd",
+    "delayed_retry.cli.chain_cmd",
 )
 
 
