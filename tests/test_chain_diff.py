@@ -10,6 +10,7 @@ from delayed_retry.chain_diff import (
     LiveChain,
     LiveExchange,
     LiveQueue,
+    Policy,
     compare,
     expected_bindings,
 )
@@ -86,19 +87,50 @@ def test_other_arguments_are_named_with_both_values() -> None:
 
 def test_policies_that_cut_delays_or_drop_messages_are_reported() -> None:
     live = live_as_declared()
-    queues = dict(live.queues)
-    queues["p.level.03"] = replace(queues["p.level.03"], policies=("short", "harmless"))
-    queues["p.level.02"] = replace(queues["p.level.02"], policies=("long-ttl",))
-    policies = {
-        "short": {"message-ttl": 1, "max-length": 5},
-        "harmless": {"dead-letter-exchange": "elsewhere"},
-        "long-ttl": {"message-ttl": 10_000},  # the queue's own 4 ms wins
-    }
-    diffs = compare(T, replace(live, queues=queues, policies=policies))
-    assert len(diffs) == 1
-    assert diffs[0].object == "queue 'p.level.03'"
-    assert "policy 'short' applies to it with message-ttl=1, max-length=5" in diffs[0].problem
-    assert "names starting with 'p.'" in diffs[0].fix
+    policies = (
+        Policy(
+            name="short", pattern=r"^p\.level\.03$", definition={"message-ttl": 1, "max-length": 5}
+        ),
+        # Lower priority than "short" on level 03: does not apply there.
+        Policy(name="all-ttl", pattern="^p", priority=-1, definition={"message-ttl": 1}),
+        Policy(
+            name="classic-only",
+            pattern="^p",
+            priority=9,
+            apply_to="classic_queues",
+            definition={"expires": 1},
+        ),
+        Policy(
+            name="exchanges",
+            pattern="^p",
+            priority=9,
+            apply_to="exchanges",
+            definition={"expires": 1},
+        ),
+        # The queues' own shorter TTL wins over this one.
+        Policy(name="long-ttl", pattern=r"^p\.level\.0[012]$", definition={"message-ttl": 10_000}),
+        Policy(
+            name="harmless", pattern=r"^p\.unroutable$", definition={"dead-letter-exchange": "x"}
+        ),
+    )
+    diffs = compare(T, replace(live, policies=policies))
+    assert sorted(d.object for d in diffs) == [
+        "queue 'p.level.03'",
+        "queue 'p.parking.alerts'",
+        "queue 'p.rejected'",
+    ]
+    by_object = {d.object: d for d in diffs}
+    assert "queue 'p.level.02'" not in by_object and "queue 'p.unroutable'" not in by_object
+    level3 = by_object["queue 'p.level.03'"]
+    assert "policy 'short' applies to it with message-ttl=1, max-length=5" in level3.problem
+    assert "names starting with 'p.'" in level3.fix
+    # "all-ttl" is the only one matching the rejected queue.
+    assert "policy 'all-ttl'" in by_object["queue 'p.rejected'"].problem
+    # The classic alerts queue gets "classic-only" (priority 9) instead.
+    assert (
+        "policy 'classic-only' applies to it with expires=1"
+        in by_object["queue 'p.parking.alerts'"].problem
+    )
 
 
 def test_stray_bindings_on_the_chain_are_reported() -> None:

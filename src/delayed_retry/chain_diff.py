@@ -8,6 +8,7 @@ the broker reports, read by :mod:`delayed_retry.management`) and returns one
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,8 @@ __all__ = [
     "LiveChain",
     "LiveExchange",
     "LiveQueue",
+    "Policy",
+    "applying_policies",
     "compare",
     "expected_bindings",
 ]
@@ -59,28 +62,77 @@ class LiveExchange:
     type: str
     durable: bool = True
     arguments: Mapping[str, Any] = field(default_factory=dict)
-    policy: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class LiveQueue:
-    """A queue as the broker reports it; ``policies`` are the names of those that apply."""
+    """A queue as the broker reports it."""
 
     name: str
     durable: bool = True
     arguments: Mapping[str, Any] = field(default_factory=dict)
-    policies: tuple[str, ...] = ()
     messages: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
+class Policy:
+    """A policy (or an operator policy) of the vhost, as the management API lists it."""
+
+    name: str
+    pattern: str
+    apply_to: str = "all"
+    priority: int = 0
+    definition: Mapping[str, Any] = field(default_factory=dict)
+    operator: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class LiveChain:
-    """What the broker holds on a vhost: exchanges, queues, bindings and policy definitions."""
+    """What the broker holds on a vhost: exchanges, queues, bindings and policies."""
 
     exchanges: Mapping[str, LiveExchange]
     queues: Mapping[str, LiveQueue]
     bindings: frozenset[Binding]
-    policies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    policies: tuple[Policy, ...] = ()
+
+
+def _applies(policy: Policy, name: str, kind: str, queue_type: str | None) -> bool:
+    targets = {
+        "all": ("queue", "exchange"),
+        "queues": ("queue",),
+        "exchanges": ("exchange",),
+        "classic_queues": ("queue",),
+        "quorum_queues": ("queue",),
+        "streams": ("queue",),
+    }.get(policy.apply_to, ())
+    if kind not in targets:
+        return False
+    if policy.apply_to in ("classic_queues", "quorum_queues", "streams"):
+        wanted = {"classic_queues": "classic", "quorum_queues": "quorum", "streams": "stream"}
+        if queue_type != wanted[policy.apply_to]:
+            return False
+    try:
+        return re.search(policy.pattern, name) is not None  # the broker's re:run searches too
+    except re.error:
+        return False
+
+
+def applying_policies(
+    policies: Iterable[Policy], name: str, *, kind: str, queue_type: str | None = None
+) -> list[Policy]:
+    """The policies the broker applies to ``name``: the highest-priority match of each sort.
+
+    Computed from the policy list rather than read from the object, whose
+    reported policy lags behind by the management plugin's statistics interval.
+    """
+    out = []
+    for operator in (False, True):
+        matches = [
+            p for p in policies if p.operator == operator and _applies(p, name, kind, queue_type)
+        ]
+        if matches:
+            out.append(max(matches, key=lambda p: p.priority))
+    return out
 
 
 @dataclass(frozen=True)
@@ -137,11 +189,11 @@ def _mismatched(wanted: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]
 
 
 def _policy_differences(
-    topology: DelayTopology, name: str, policies: Iterable[str], live: LiveChain, ttl: int | None
+    topology: DelayTopology, name: str, live: LiveChain, queue_type: str, ttl: int | None
 ) -> list[Difference]:
     out = []
-    for policy in policies:
-        definition = live.policies.get(policy, {})
+    for policy in applying_policies(live.policies, name, kind="queue", queue_type=queue_type):
+        definition = policy.definition
         harmful = []
         for key in HARMFUL_POLICY_KEYS:
             if key not in definition:
@@ -154,10 +206,11 @@ def _policy_differences(
             out.append(
                 Difference(
                     f"queue {name!r}",
-                    f"policy {policy!r} applies to it with {', '.join(harmful)}, which "
+                    f"{'operator policy' if policy.operator else 'policy'} {policy.name!r} "
+                    f"applies to it with {', '.join(harmful)}, which "
                     "cuts delays short or drops waiting messages",
                     f"change the policy's pattern so it does not match names starting with "
-                    f"'{topology.prefix}.' (rabbitmqctl set_policy {policy} ...)",
+                    f"'{topology.prefix}.' (rabbitmqctl set_policy {policy.name} ...)",
                 )
             )
     return out
@@ -204,7 +257,8 @@ def compare(
         if bad:
             out.append(Difference(what, f"arguments differ: {'; '.join(bad)}", other_settings))
         ttl = spec.arguments.get("x_message_ttl")
-        out += _policy_differences(topology, spec.name, got_q.policies, live, ttl)
+        queue_type = str(spec.arguments.get("x_queue_type", "classic"))
+        out += _policy_differences(topology, spec.name, live, queue_type, ttl)
     for queue in queues:
         if queue not in live.queues:
             out.append(

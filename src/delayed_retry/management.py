@@ -16,7 +16,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from delayed_retry.chain_diff import Binding, LiveChain, LiveExchange, LiveQueue
+from delayed_retry.chain_diff import Binding, LiveChain, LiveExchange, LiveQueue, Policy
 
 __all__ = [
     "DEFAULT_MANAGEMENT_PORT",
@@ -114,7 +114,6 @@ async def read_live_chain(client: ManagementClient, vhost: str, prefix: str) -> 
             type=e.get("type", ""),
             durable=bool(e.get("durable", True)),
             arguments=e.get("arguments") or {},
-            policy=e.get("policy") or None,
         )
         for e in exchanges_raw
         if e.get("name", "").startswith(prefix)
@@ -124,7 +123,6 @@ async def read_live_chain(client: ManagementClient, vhost: str, prefix: str) -> 
             name=q["name"],
             durable=bool(q.get("durable", True)),
             arguments=q.get("arguments") or {},
-            policies=tuple(p for p in (q.get("policy"), q.get("operator_policy")) if p),
             messages=q.get("messages"),
         )
         for q in queues_raw
@@ -134,5 +132,16 @@ async def read_live_chain(client: ManagementClient, vhost: str, prefix: str) -> 
         for b in bindings_raw
         if b.get("source")  # the default exchange's implicit bindings
     )
-    policies = {p["name"]: p.get("definition") or {} for p in [*policies_raw, *operator_raw]}
+    policies = tuple(
+        Policy(
+            name=p["name"],
+            pattern=p.get("pattern", ""),
+            apply_to=p.get("apply-to", "all"),
+            priority=int(p.get("priority") or 0),
+            definition=p.get("definition") or {},
+            operator=operator,
+        )
+        for raw, operator in ((policies_raw, False), (operator_raw, True))
+        for p in raw
+    )
     return LiveChain(exchanges=exchanges, queues=queues, bindings=bindings, policies=policies)
