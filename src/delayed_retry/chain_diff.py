@@ -26,6 +26,7 @@ __all__ = [
     "applying_policies",
     "compare",
     "expected_bindings",
+    "topology_options",
 ]
 
 HARMFUL_POLICY_KEYS = ("message-ttl", "expires", "max-length", "max-length-bytes")
@@ -147,12 +148,19 @@ class Difference:
         return f"{self.object}: {self.problem}. Fix: {self.fix}"
 
 
+def topology_options(topology: DelayTopology) -> str:
+    """The command-line options that describe ``topology``."""
+    if topology.naming == "nservicebus-v2":
+        return f"--prefix {topology.prefix} --nservicebus"
+    return (
+        f"--prefix {topology.prefix} --levels {topology.levels} "
+        f"--unit-ms {topology.unit_ms} --queue-type {topology.queue_type}"
+    )
+
+
 def _declare_hint(topology: DelayTopology, queues: Iterable[str] = ()) -> str:
     binds = "".join(f" --bind {q}" for q in queues)
-    return (
-        f"delayed-retry declare --prefix {topology.prefix} --levels {topology.levels} "
-        f"--unit-ms {topology.unit_ms} --queue-type {topology.queue_type}{binds}"
-    )
+    return f"delayed-retry declare {topology_options(topology)}{binds}"
 
 
 def expected_bindings(topology: DelayTopology, queues: Iterable[str] = ()) -> set[Binding]:

@@ -15,7 +15,7 @@ from typing import Any
 import aiormq
 from aio_pika.abc import AbstractConnection
 
-from delayed_retry.chain_diff import Difference
+from delayed_retry.chain_diff import Difference, topology_options
 from delayed_retry.topology import DelayTopology, QueueSpec, amqp_arguments
 
 __all__ = ["QueueDepth", "level_depths", "probe_over_amqp", "queue_depth"]
@@ -74,10 +74,7 @@ async def probe_over_amqp(
         f"the chain under prefix {topology.prefix!r} was declared with other settings; check "
         "--prefix/--levels/--unit-ms/--queue-type, or migrate its messages to a new prefix"
     )
-    declare = (
-        f"delayed-retry declare --prefix {topology.prefix} --levels {topology.levels} "
-        f"--unit-ms {topology.unit_ms} --queue-type {topology.queue_type}"
-    )
+    declare = f"delayed-retry declare {topology_options(topology)}"
     out: list[Difference] = []
     for ex in topology.exchanges():
         what = f"exchange {ex.name!r}"
