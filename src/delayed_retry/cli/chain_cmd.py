@@ -43,7 +43,7 @@ def format_span(seconds: float) -> str:
 
 
 def register(sub: Any) -> None:
-    """Add ``topology verify`` and ``topology show``."""
+    """Add ``topology verify``, ``topology show`` and ``topology migrate``."""
     group = sub.add_parser(
         "topology",
         help="verify the live chain against the configuration, show what waits, migrate",
@@ -89,6 +89,10 @@ def register(sub: Any) -> None:
     show.add_argument("--all", action="store_true", help="also list empty levels")
     show.add_argument("--json", action="store_true", help="print the result as JSON")
     show.set_defaults(func=lambda args: run(_show(args)))
+
+    from delayed_retry.cli.migrate_cmd import register_migrate
+
+    register_migrate(verbs)
 
 
 async def _verify(args: argparse.Namespace) -> int:
