@@ -26,6 +26,7 @@ SUBCOMMAND_MODULES = (
     "delayed_retry.cli.alerts_cmd",
     "delayed_retry.cli.router_cmd",
     "delayed_retry.cli.chain_cmd",
+    "delayed_retry.cli.teardown_cmd",
 )
 
 
