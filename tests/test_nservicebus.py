@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import aio_pika
 import aiormq
@@ -28,6 +28,9 @@ from aio_pika.abc import (
 
 from chain_support import WAIT
 from delayed_retry import ConfigurationError, DelayTopology, publish_delayed
+from delayed_retry.chain_sources import SourceChain
+from delayed_retry.headers import X_DUE_AT, read_epoch_ms
+from delayed_retry.migration import migrate_chain
 from delayed_retry.topology import amqp_arguments
 
 NSB = DelayTopology.nservicebus(prefix="p")
@@ -182,3 +185,29 @@ async def _next(queue: AbstractQueue) -> AbstractIncomingMessage:
             await message.ack()
             return message
     raise AssertionError(f"queue {queue.name!r} was closed")
+
+
+@pytest.mark.broker
+async def test_migrate_out_of_the_nservicebus_chain(
+    private_broker: AbstractRobustConnection,
+) -> None:
+    channel = await private_broker.channel()
+    await _declare_like_nservicebus(channel)
+    sales = await channel.declare_queue("Sales", durable=True)
+    level = await channel.get_exchange("nsb.v2.delay-level-11")
+    await level.publish(aio_pika.Message(b"later"), routing_key=nsb_routing_key(3600, "Sales"))
+    await level.publish(aio_pika.Message(b"lost?"), routing_key=nsb_routing_key(3600, "Gone"))
+    target = DelayTopology(prefix="ours", levels=24, queue_type="classic")
+
+    started = datetime.now(UTC)
+    report = await migrate_chain(private_broker, source=SourceChain.nservicebus(), target=target)
+    assert (report.moved, report.left) == (1, 1)
+    assert "destination 'Gone' unusable" in next(iter(report.levels[11].problems))
+
+    moved = await (await channel.get_queue(target.level_name(21))).get(timeout=WAIT)
+    assert moved is not None and moved.body == b"later"
+    due = read_epoch_ms((moved.headers or {})[X_DUE_AT])
+    # No record in an NServiceBus message: the latest it could be due, 2048 s + 1552 s.
+    assert due is not None
+    assert started + timedelta(seconds=3600) <= due <= datetime.now(UTC) + timedelta(seconds=3601)
+    assert (await sales.declare()).message_count == 0
