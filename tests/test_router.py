@@ -225,3 +225,27 @@ def test_parse_wait(spec: str, first: float) -> None:
 def test_parse_wait_refuses_what_it_cannot_read(spec: str) -> None:
     with pytest.raises(ConfigurationError, match="--wait"):
         parse_wait(spec)
+
+
+async def test_an_expired_message_is_parked_at_once(chain: Scenario) -> None:
+    """No consumer failed on it (the team's queue has a TTL): parked, not retried."""
+    name = chain.name("short-lived")
+    chain.track_queue(name, chain.topology.default_parking_queue(name))
+    await chain.ch.declare_queue(
+        name,
+        durable=True,
+        arguments={
+            "x-message-ttl": 1,
+            "x-dead-letter-exchange": chain.topology.rejected_exchange,
+        },
+    )
+    await _router(chain.topology, name).start(await chain.connection.channel())
+    await chain.ch.default_exchange.publish(aio_pika.Message(b"stale"), routing_key=name)
+    parking = chain.topology.default_parking_queue(name)
+    await chain.wait_for_depth(parking, 1)
+    parked = await (await chain.ch.get_queue(parking)).get(timeout=WAIT)
+    assert parked is not None
+    headers = parked.headers or {}
+    assert headers[X_PARKED_REASON] == "not-retryable"
+    assert headers["x-exception-message"] == f"message dead-lettered (expired) by queue {name!r}"
+    await parked.ack()
