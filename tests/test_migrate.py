@@ -73,15 +73,17 @@ async def test_migrate_from_an_older_chain_of_ours(
 ) -> None:
     old, new = chains
     orders = (await old.queue("orders", queue_type="classic")).name
-    for delay in (timedelta(hours=1), timedelta(minutes=10)):
-        await publish_delayed(
-            old.ch, aio_pika.Message(b"due later"), queue=orders, delay=delay, topology=old.topology
-        )
-    # One whose destination does not exist: it must stay where it is.
+    await old.topology.declare(old.ch)
+    # One whose destination does not exist: it must stay where it is,
+    # and, ahead in its queue, must not hold up the message behind it.
     stray = old.topology.route(3600, "no-such-queue")
     await (await old.ch.get_exchange(stray.exchange)).publish(
         aio_pika.Message(b"nowhere"), routing_key=stray.routing_key
     )
+    for delay in (timedelta(hours=1), timedelta(minutes=10)):
+        await publish_delayed(
+            old.ch, aio_pika.Message(b"due later"), queue=orders, delay=delay, topology=old.topology
+        )
     old_11, old_09 = old.topology.level_name(11), old.topology.level_name(9)
     await old.wait_for_depth(old_11, 2)
     await old.wait_for_depth(old_09, 1)

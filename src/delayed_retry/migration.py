@@ -33,7 +33,11 @@ __all__ = ["LevelReport", "MigrationReport", "migrate_chain", "source_depths"]
 
 log = logging.getLogger(__name__)
 
-MAX_PASSES = 64
+MAX_PASSES = 3
+"""Passes over the levels: the first moves almost everything; later ones catch what the source
+dead-lettered into an already drained level meanwhile. Few, because every pass hands a message
+that cannot move back to its queue once more, and RabbitMQ 4.x counts that toward a quorum
+queue's delivery limit."""
 
 
 @dataclass
@@ -101,7 +105,7 @@ async def migrate_chain(
     bound: dict[str, str | None] = {}  # destination -> problem (None: bound)
     report = MigrationReport()
     try:
-        for _ in range(MAX_PASSES):
+        for pass_number in range(MAX_PASSES):
             moved_this_pass = 0
             for level in range(source.levels - 1, -1, -1):
                 name = source.level_name(level)
@@ -110,7 +114,9 @@ async def migrate_chain(
                 if not depth:
                     continue
                 queue = await channel.get_queue(name, ensure=False)
-                # At most `depth` gets: a message sent back stays, and is not met twice.
+                # Messages that cannot move are held unacked until the level is scanned, so
+                # the next get reaches the message behind them, then all go back at once.
+                held: list[AbstractIncomingMessage] = []
                 for _ in range(depth):
                     message = await queue.get(no_ack=False, fail=False)
                     if message is None:
@@ -134,7 +140,12 @@ async def migrate_chain(
                         if on_move is not None:
                             on_move(1)
                     else:
-                        level_report.problems[problem] = level_report.problems.get(problem, 0) + 1
+                        held.append(message)
+                        if pass_number == 0:  # later passes meet the same messages again
+                            count = level_report.problems.get(problem, 0)
+                            level_report.problems[problem] = count + 1
+                for message in held:
+                    await message.nack(requeue=True)
             if moved_this_pass == 0:
                 break
         for level_report in report.levels.values():
@@ -157,7 +168,7 @@ async def _move(
     declare: Callable[[str], Awaitable[None]],
     timeout: float,
 ) -> str | None:
-    """Move one message; return ``None`` when moved, else why it was sent back."""
+    """Move one message; return ``None`` when moved (and acked), else why it stays."""
     now = utcnow()
     plan = plan_move(
         source,
@@ -167,11 +178,11 @@ async def _move(
         now=now,
     )
     if plan.problem is not None or plan.tail is None or plan.due_at is None:
-        return await _send_back(message, plan.problem or "unreadable routing key")
+        return await _stays(message, plan.problem or "unreadable routing key")
     queue = destinations.get(plan.tail, default_destination)
     if queue is None:
         if source.tail == "routing-key":
-            return await _send_back(
+            return await _stays(
                 message, f"no destination queue for routing key {plan.tail!r} (--to or --map)"
             )
         queue = plan.tail
@@ -183,11 +194,11 @@ async def _move(
         except DelayedRetryError as exc:
             bound[queue] = f"destination {queue!r} unusable: {exc}"
     if bound[queue] is not None:
-        return await _send_back(message, str(bound[queue]))
+        return await _stays(message, str(bound[queue]))
     try:
         units = target.units_until(plan.due_at, now=utcnow())
     except DelayedRetryError:
-        return await _send_back(message, f"due beyond the target chain's {target.max_delay}")
+        return await _stays(message, f"due beyond the target chain's {target.max_delay}")
     route = target.route(units, queue)
     headers = sanitize_headers(message.headers)
     headers[X_DUE_AT] = to_epoch_ms(plan.due_at)
@@ -201,15 +212,14 @@ async def _move(
             headers=headers,
             timeout=timeout,
         )
-    except (PublishError, aiormq.exceptions.AMQPError, ConnectionError) as exc:
-        await _send_back(message, str(exc))
+    except (PublishError, aiormq.exceptions.AMQPError, ConnectionError):
+        # Stop here: the channel closes and returns this message (and any held) unmoved.
         raise
     await message.ack()
     return None
 
 
-async def _send_back(message: AbstractIncomingMessage, problem: str) -> str:
-    """Return a message that cannot move to its source queue, where it keeps waiting."""
+async def _stays(message: AbstractIncomingMessage, problem: str) -> str:
+    """Note why a message cannot move; the caller returns it to its source queue."""
     log.warning("message %s stays in the source chain: %s", message.message_id, problem)
-    await message.nack(requeue=True)
     return problem
