@@ -93,11 +93,11 @@ class ManagementClient:
         return await asyncio.to_thread(self._get_sync, path)
 
 
-async def read_live_chain(client: ManagementClient, vhost: str, prefix: str) -> LiveChain:
-    """Exchanges, queues and bindings of ``vhost`` and the policies that apply to them.
+async def read_live_chain(client: ManagementClient, vhost: str) -> LiveChain:
+    """Exchanges, queues, bindings and policies of ``vhost``.
 
-    Exchanges are limited to names starting with ``prefix``; queues and
-    bindings are read whole, since a chain binds queues of any name.
+    Read whole: a chain binds queues of any name, and NServiceBus naming puts
+    the levels outside the prefix.
     """
     v = quote(vhost, safe="")
     exchanges_raw = await client.get(f"/api/exchanges/{v}")
@@ -116,7 +116,7 @@ async def read_live_chain(client: ManagementClient, vhost: str, prefix: str) -> 
             arguments=e.get("arguments") or {},
         )
         for e in exchanges_raw
-        if e.get("name", "").startswith(prefix)
+        if e.get("name")  # the default exchange has no name
     }
     queues = {
         q["name"]: LiveQueue(

@@ -103,7 +103,7 @@ async def _verify(args: argparse.Namespace) -> int:
     if not args.no_management:
         try:
             client = ManagementClient(args.management_url or management_url_for(args.url))
-            live = await read_live_chain(client, vhost_of(args.url), topology.prefix)
+            live = await read_live_chain(client, vhost_of(args.url))
         except ManagementUnavailable as exc:
             note = f"{exc}. Checked existence and arguments over AMQP only"
         else:
