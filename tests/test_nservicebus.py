@@ -13,7 +13,7 @@ message enters at the level of its highest set bit.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 
 import aio_pika
@@ -31,6 +31,7 @@ from delayed_retry import ConfigurationError, DelayTopology, publish_delayed
 from delayed_retry.chain_sources import SourceChain
 from delayed_retry.headers import X_DUE_AT, read_epoch_ms
 from delayed_retry.migration import migrate_chain
+from delayed_retry.testing import RabbitMQNode
 from delayed_retry.topology import amqp_arguments
 
 NSB = DelayTopology.nservicebus(prefix="p")
@@ -126,21 +127,20 @@ async def _declare_like_nservicebus(channel: AbstractChannel) -> None:
     await delivery.bind("nsb.v2.delay-level-00", routing_key=key)
 
 
-@pytest.fixture
-async def private_broker() -> AsyncIterator[AbstractRobustConnection]:
-    """A private node: the nsb.v2 names are fixed, so they must not touch a shared broker."""
-    from delayed_retry.testing import RabbitMQNode
+@pytest.fixture(scope="module")
+def nsb_node() -> Iterator[RabbitMQNode]:
+    """A private node for this module: the nsb.v2 names are fixed, so never a shared broker."""
+    with RabbitMQNode() as node:
+        yield node
 
-    node = RabbitMQNode()
-    await asyncio.to_thread(node.start)
+
+@pytest.fixture
+async def private_broker(nsb_node: RabbitMQNode) -> AsyncIterator[AbstractRobustConnection]:
+    connection = await aio_pika.connect_robust(nsb_node.url)
     try:
-        connection = await aio_pika.connect_robust(node.url)
-        try:
-            yield connection
-        finally:
-            await connection.close()
+        yield connection
     finally:
-        await asyncio.to_thread(node.close)
+        await connection.close()
 
 
 @pytest.mark.broker
