@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 from delayed_retry import ConfigurationError, DelayOutOfRangeError
 from delayed_retry.durations import (
+    format_duration,
     from_epoch_ms,
+    parse_duration,
     resolve_due_at,
     to_epoch_ms,
     to_seconds,
@@ -88,3 +90,68 @@ def test_epoch_ms_never_moves_a_due_time_earlier(moment: datetime) -> None:
     assert from_epoch_ms(ms) >= moment
     assert from_epoch_ms(ms) - moment < timedelta(milliseconds=1)
     assert to_epoch_ms(from_epoch_ms(ms)) == ms
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90s", 90.0),
+        ("15m", 900.0),
+        ("1h", 3600.0),
+        ("2d", 172800.0),
+        ("1.5s", 1.5),
+        ("250ms", 0.25),
+        ("90", 90.0),
+        ("1.5", 1.5),
+        ("0", 0.0),
+        (" 1h30m ", 5400.0),
+        ("1h 30m", 5400.0),
+        ("2D", 172800.0),
+        ("1w", 604800.0),
+        (".5s", 0.5),
+    ],
+)
+def test_parse_duration_accepts_what_people_type(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "  ", "-5s", "5x", "h", "1.2.3s", "s5", "1h-30m", "nan", "inf", "1e3", "5 s x"]
+)
+def test_parse_duration_refuses_with_the_forms_it_takes(text: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"--delay='.*' is not a duration.*90s, 15m") as e:
+        parse_duration(text, name="--delay")
+    assert repr(text) in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0 ms"),
+        (0.25, "250 ms"),
+        (0.0015, "1.5 ms"),
+        (1.5, "1.5 s"),
+        (45, "45 s"),
+        (59.96, "60 s"),
+        (90, "1 m 30 s"),
+        (900, "15 m"),
+        (3600, "1 h"),
+        (5400, "1 h 30 m"),
+        (3 * 86400 + 4 * 3600 + 59, "3 d 4 h"),
+        (2 * 86400, "2 d"),
+        (timedelta(hours=2), "2 h"),
+        (-90, "-1 m 30 s"),
+        (34359738.368, "397 d 16 h"),
+    ],
+)
+def test_format_duration_reads_like_people_write(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+@given(st.floats(min_value=1, max_value=1e9))
+def test_format_duration_round_trips_through_parse_within_its_precision(seconds: float) -> None:
+    shown = format_duration(seconds).replace(" ", "")
+    back = parse_duration(shown)
+    assert back <= seconds + 0.05
+    # two units shown: the loss is below one of the smaller unit (a day loses < 1 h)
+    assert seconds - back < max(0.05 * seconds, 0.06)

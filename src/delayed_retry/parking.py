@@ -9,101 +9,35 @@ parking queue belongs to), never to a queue a header names.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
 
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel
 
-from delayed_retry.declare import declarer_for, underlay_of
-from delayed_retry.durations import Duration, to_seconds, utcnow
+from delayed_retry.declare import underlay_of
+from delayed_retry.durations import Duration
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.headers import (
-    X_DUE_AT,
-    X_EXCEPTION_MESSAGE,
-    X_EXCEPTION_TYPE,
-    X_PARKED_AT,
-    X_PARKED_REASON,
-    X_RETRY,
-    encode_body_preview,
-    parse_retry_state,
-    read_epoch_ms,
-    scheduled_headers,
+from delayed_retry.parking_lot import (
+    X_REPLAYED,
+    ParkedMessage,
+    parse_parked,
+    replay_headers,
+    replay_matching,
 )
-from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, publish_copy
+from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
-__all__ = ["ParkedMessage", "ReplayResult", "parse_parked", "peek_parked", "replay_parked"]
+__all__ = [
+    "X_REPLAYED",
+    "ParkedMessage",
+    "ReplayResult",
+    "parse_parked",
+    "peek_parked",
+    "replay_headers",
+    "replay_parked",
+]
 
 log = logging.getLogger(__name__)
-
-X_REPLAYED = "x-retry-replayed"
-"""How many times a message has been replayed from parking."""
-
-_RECORD_HEADERS = (
-    X_PARKED_REASON,
-    X_PARKED_AT,
-    X_EXCEPTION_TYPE,
-    X_EXCEPTION_MESSAGE,
-    "x-exception-traceback",
-    "x-retry-header-problems",
-    "x-parked-note",
-)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ParkedMessage:
-    """The failure record of a parked message, as people want to read it."""
-
-    message_id: str | None
-    queue: str | None
-    reason: str
-    exception_type: str | None
-    exception_message: str | None
-    attempts: int
-    first_failure_at: datetime | None
-    parked_at: datetime | None
-    original_exchange: str
-    original_routing_key: str
-    body_preview: str
-
-
-def parse_parked(
-    headers: Mapping[str, Any] | None,
-    *,
-    message_id: str | None,
-    body: bytes,
-    exchange: str | None = None,
-    routing_key: str | None = None,
-) -> ParkedMessage:
-    """Read a parking record from headers; foreign messages read as reason ``unknown``."""
-    h: Mapping[str, Any] = headers if isinstance(headers, Mapping) else {}
-    state = parse_retry_state(h, exchange=exchange, routing_key=routing_key, queue=None)
-    reason = h.get(X_PARKED_REASON)
-    if not isinstance(reason, str):
-        # Caught by the chain's alternate exchange (its destination queue is gone): the
-        # delivery names the last level it passed, not the unroutable exchange, but the
-        # due time it carried through the chain tells where it came from.
-        from_chain = X_DUE_AT in h or (exchange or "").endswith(".unroutable")
-        reason = "unroutable" if from_chain else "unknown"
-    parked_at = read_epoch_ms(h.get(X_PARKED_AT))
-    exc_type = h.get(X_EXCEPTION_TYPE)
-    exc_msg = h.get(X_EXCEPTION_MESSAGE)
-    return ParkedMessage(
-        message_id=message_id,
-        queue=state.queue,
-        reason=reason,
-        exception_type=exc_type if isinstance(exc_type, str) else None,
-        exception_message=exc_msg if isinstance(exc_msg, str) else None,
-        attempts=state.attempt,
-        first_failure_at=state.first_failure_at,
-        parked_at=parked_at,
-        original_exchange=state.original_exchange,
-        original_routing_key=state.original_routing_key,
-        body_preview=encode_body_preview(body),
-    )
 
 
 def _parking_name(topology: DelayTopology, queue: str, parking_queue: str | None) -> str:
@@ -164,18 +98,6 @@ class ReplayResult:
     to_queue: str
 
 
-def replay_headers(headers: Mapping[str, Any] | None, *, due_at: datetime) -> dict[str, Any]:
-    """Headers of a replayed message: retry count reset, parking record removed, replay counted."""
-    out = scheduled_headers(headers, due_at=due_at)
-    previous = out.get(X_REPLAYED)
-    count = previous if isinstance(previous, int) and not isinstance(previous, bool) else 0
-    for name in _RECORD_HEADERS:
-        out.pop(name, None)
-    out[X_RETRY] = 0
-    out[X_REPLAYED] = count + 1
-    return out
-
-
 async def replay_parked(
     channel: AbstractChannel,
     *,
@@ -192,40 +114,19 @@ async def replay_parked(
     Each message gets a fresh retry budget. It is taken from the parking
     queue, published with confirms, and only then acked: a crash replays a
     message twice at worst. ``delay`` spreads nothing: every message comes
-    due after the same delay. Returns how many were replayed.
+    due after the same delay. The caller's channel is only used to reach its
+    connection: the work happens on channels of the replay's own. For
+    filters, a rate, a canary or a dry run use
+    :func:`delayed_retry.parking_lot.replay_matching`.
     """
-    seconds = to_seconds(delay)
-    target = to_queue or queue
-    topology.check_destination(target)
-    underlay = await underlay_of(channel)
-    await declarer_for(underlay.connection).destination(
-        underlay.connection, topology, target, with_parking=False
+    report = await replay_matching(
+        channel,
+        queue=queue,
+        parking_queue=parking_queue,
+        to_queue=to_queue,
+        limit=limit,
+        delay=delay,
+        topology=topology,
+        publish_timeout=publish_timeout,
     )
-    source = await channel.declare_queue(
-        _parking_name(topology, queue, parking_queue), passive=True
-    )
-    count = 0
-    while limit is None or count < limit:
-        message: AbstractIncomingMessage | None = await source.get(no_ack=False, fail=False)
-        if message is None:
-            break
-        now = utcnow()
-        due_at = now + timedelta(seconds=seconds)
-        route = topology.route(topology.units_until(due_at, now=now), target)
-        headers = replay_headers(message.headers, due_at=due_at)
-        try:
-            await publish_copy(
-                underlay,
-                message,
-                exchange=route.exchange,
-                routing_key=route.routing_key,
-                headers=headers,
-                timeout=publish_timeout,
-            )
-        except BaseException:
-            await message.nack(requeue=True)
-            raise
-        await message.ack()
-        count += 1
-    log.info("replayed %d message(s) from the parking queue of %r to %r", count, queue, target)
-    return ReplayResult(count, target)
+    return ReplayResult(report.done, report.to_queue or to_queue or queue)

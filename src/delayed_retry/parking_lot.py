@@ -1,0 +1,822 @@
+"""Operate on a parking lot: filter, browse, group, replay and purge parked messages.
+
+This is the library behind ``delayed-retry parking ...`` and the web view.
+Use :class:`ParkedFilter` to say which parked messages you mean (it is pure:
+``matches(record)`` decides), :func:`browse_parked` to show one page of them,
+:func:`group_parked` to see the failure groups, and :func:`replay_matching` /
+:func:`purge_matching` to act on them.
+
+Every operation works on the parking queue *as it was when asked*: it looks
+at no more messages than the queue held when it started, so messages parked
+meanwhile are left alone. Reading never removes anything: messages are taken
+unacked on a channel of the operation's own and the broker puts back every
+one not acted on. Acting is at-least-once: a replayed message leaves the
+parking queue only after the broker confirmed its copy, a purged one only
+when the operation acks it; a failing operation moves or loses nothing (at
+worst one message is replayed twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import aiormq
+import aiormq.abc
+
+from delayed_retry.declare import declarer_for, underlay_of
+from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
+from delayed_retry.errors import ConfigurationError
+from delayed_retry.headers import (
+    X_DUE_AT,
+    X_EXCEPTION_MESSAGE,
+    X_EXCEPTION_TRACEBACK,
+    X_EXCEPTION_TYPE,
+    X_FIRST_FAILURE_AT,
+    X_LAST_ERROR,
+    X_LAST_FAILURE_AT,
+    X_PARKED_AT,
+    X_PARKED_REASON,
+    X_QUEUE,
+    X_RETRY,
+    encode_body_preview,
+    parse_retry_state,
+    read_epoch_ms,
+    scheduled_headers,
+)
+from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+
+__all__ = [
+    "X_REPLAYED",
+    "X_REPLAYED_AT",
+    "X_REPLAYED_BY",
+    "X_REPLAY_CANARY",
+    "FailureGroup",
+    "MoveProgress",
+    "MoveReport",
+    "ParkedFilter",
+    "ParkedMessage",
+    "ParkedPage",
+    "ParkedRecord",
+    "browse_parked",
+    "group_parked",
+    "iter_parked",
+    "parse_parked",
+    "purge_matching",
+    "read_record",
+    "replay_headers",
+    "replay_matching",
+]
+
+log = logging.getLogger(__name__)
+
+X_REPLAYED = "x-retry-replayed"
+"""How many times a message has been replayed from parking (an int)."""
+X_REPLAYED_AT = "x-retry-replayed-at"
+"""When it was last replayed, milliseconds since the Unix epoch."""
+X_REPLAYED_BY = "x-retry-replayed-by"
+"""Who replayed it last, when known (the command line writes ``user@host``)."""
+X_REPLAY_CANARY = "x-retry-replay-canary"
+"""Token on a canary copy, so the replay can tell when it parks again."""
+
+_RECORD_HEADERS = (
+    X_PARKED_REASON,
+    X_PARKED_AT,
+    X_EXCEPTION_TYPE,
+    X_EXCEPTION_MESSAGE,
+    X_EXCEPTION_TRACEBACK,
+    "x-retry-header-problems",
+    "x-parked-note",
+)
+# A replay starts a fresh retry budget in every respect: the count and every time the
+# decorator's stop/wait policies read are dropped (the decorator writes them again).
+_BUDGET_HEADERS = (X_RETRY, X_FIRST_FAILURE_AT, X_LAST_FAILURE_AT, X_LAST_ERROR, X_QUEUE)
+
+
+# -- records ------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class ParkedMessage:
+    """The failure record of a parked message, as people want to read it."""
+
+    message_id: str | None
+    queue: str | None
+    reason: str
+    exception_type: str | None
+    exception_message: str | None
+    attempts: int
+    first_failure_at: datetime | None
+    parked_at: datetime | None
+    original_exchange: str
+    original_routing_key: str
+    body_preview: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParkedRecord(ParkedMessage):
+    """A parked message in full: its failure record, headers and body.
+
+    ``id`` names it for ``show``/``replay --id``: its ``message_id``, or
+    ``sha256:`` and the start of its body's digest when it has none.
+    ``fingerprint`` groups records that failed the same way.
+    """
+
+    id: str
+    headers: Mapping[str, Any] = field(repr=False)
+    body: bytes = field(repr=False)
+    content_type: str | None = None
+    traceback: str | None = None
+    replays: int = 0
+    fingerprint: str = ""
+
+    def age(self, *, now: datetime) -> timedelta | None:
+        """How long ago it was parked, or ``None`` when the record does not say."""
+        return None if self.parked_at is None else now - self.parked_at
+
+
+def parse_parked(
+    headers: Mapping[str, Any] | None,
+    *,
+    message_id: str | None,
+    body: bytes,
+    exchange: str | None = None,
+    routing_key: str | None = None,
+) -> ParkedMessage:
+    """Read a parking record from headers; foreign messages read as reason ``unknown``."""
+    h: Mapping[str, Any] = headers if isinstance(headers, Mapping) else {}
+    state = parse_retry_state(h, exchange=exchange, routing_key=routing_key, queue=None)
+    reason = h.get(X_PARKED_REASON)
+    if not isinstance(reason, str):
+        # Caught by the chain's alternate exchange (its destination queue is gone): the
+        # delivery names the last level it passed, not the unroutable exchange, but the
+        # due time it carried through the chain tells where it came from.
+        from_chain = X_DUE_AT in h or (exchange or "").endswith(".unroutable")
+        reason = "unroutable" if from_chain else "unknown"
+    exc_type = h.get(X_EXCEPTION_TYPE)
+    exc_msg = h.get(X_EXCEPTION_MESSAGE)
+    return ParkedMessage(
+        message_id=message_id,
+        queue=state.queue,
+        reason=reason,
+        exception_type=exc_type if isinstance(exc_type, str) else None,
+        exception_message=exc_msg if isinstance(exc_msg, str) else None,
+        attempts=state.attempt,
+        first_failure_at=state.first_failure_at,
+        parked_at=read_epoch_ms(h.get(X_PARKED_AT)),
+        original_exchange=state.original_exchange,
+        original_routing_key=state.original_routing_key,
+        body_preview=encode_body_preview(body),
+    )
+
+
+def _fingerprint(
+    exception_type: str | None, reason: str, message: str | None, trace: str | None
+) -> str:
+    try:
+        from delayed_retry.fingerprint import fingerprint  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # pragma: no cover - the shared fingerprint is not there yet
+        fingerprint = None
+    if fingerprint is not None:
+        return str(fingerprint(exception_type=exception_type, message=message, traceback=trace))
+    text = f"{exception_type or reason}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def read_record(
+    headers: Mapping[str, Any] | None,
+    *,
+    message_id: str | None,
+    body: bytes,
+    exchange: str | None = None,
+    routing_key: str | None = None,
+    content_type: str | None = None,
+) -> ParkedRecord:
+    """The full :class:`ParkedRecord` of a parked message; never raises on odd headers."""
+    h: Mapping[str, Any] = headers if isinstance(headers, Mapping) else {}
+    base = parse_parked(
+        h, message_id=message_id, body=body, exchange=exchange, routing_key=routing_key
+    )
+    trace = h.get(X_EXCEPTION_TRACEBACK)
+    replays = h.get(X_REPLAYED)
+    ident = message_id or "sha256:" + hashlib.sha256(body).hexdigest()[:16]
+    return ParkedRecord(
+        **{f: getattr(base, f) for f in ParkedMessage.__dataclass_fields__},
+        id=ident,
+        headers=dict(h),
+        body=body,
+        content_type=content_type,
+        traceback=trace if isinstance(trace, str) else None,
+        replays=replays if isinstance(replays, int) and not isinstance(replays, bool) else 0,
+        fingerprint=_fingerprint(
+            base.exception_type,
+            base.reason,
+            base.exception_message,
+            trace if isinstance(trace, str) else None,
+        ),
+    )
+
+
+# -- the filter ---------------------------------------------------------------
+def _header_text(value: object) -> str:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParkedFilter:
+    """Which parked messages an operation means; every given criterion must match.
+
+    An empty filter matches everything. ``exception_type`` matches the
+    qualified name or its last part (``TimeoutError`` matches
+    ``asyncio.TimeoutError``); ``reason`` matches exactly; ``older_than`` and
+    ``newer_than`` are ages since parking (a record without a parking time
+    matches neither); ``headers`` are ``(name, substring)`` pairs;
+    ``body_contains`` is a substring of the body read as UTF-8;
+    ``fingerprint`` is a failure group's key; ``ids`` are record ids.
+    """
+
+    ids: frozenset[str] = frozenset()
+    exception_type: str | None = None
+    reason: str | None = None
+    older_than: timedelta | None = None
+    newer_than: timedelta | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    body_contains: str | None = None
+    fingerprint: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("older_than", "newer_than"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, timedelta):
+                object.__setattr__(self, name, timedelta(seconds=to_seconds(value, name=name)))
+        if not isinstance(self.ids, frozenset):
+            object.__setattr__(self, "ids", frozenset(self.ids))
+        for pair in self.headers:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and pair[0]):
+                raise ConfigurationError(
+                    f"header filter {pair!r} is not a (name, substring) pair; write name=text"
+                )
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether it matches every record."""
+        return self == ParkedFilter()
+
+    def matches(self, record: ParkedRecord, *, now: datetime | None = None) -> bool:
+        """Whether ``record`` is selected; ``now`` (default: the current time) dates ages."""
+        if self.ids and record.id not in self.ids and record.message_id not in self.ids:
+            return False
+        if self.exception_type is not None:
+            kind = record.exception_type or ""
+            if kind != self.exception_type and kind.rsplit(".", 1)[-1] != self.exception_type:
+                return False
+        if self.reason is not None and record.reason != self.reason:
+            return False
+        if self.fingerprint is not None and record.fingerprint != self.fingerprint:
+            return False
+        if self.older_than is not None or self.newer_than is not None:
+            age = record.age(now=now or utcnow())
+            if age is None:
+                return False
+            if self.older_than is not None and not age > self.older_than:
+                return False
+            if self.newer_than is not None and not age < self.newer_than:
+                return False
+        for name, text in self.headers:
+            if name not in record.headers or text not in _header_text(record.headers[name]):
+                return False
+        if self.body_contains is not None:
+            return self.body_contains in record.body.decode("utf-8", "replace")
+        return True
+
+
+# -- reading ------------------------------------------------------------------
+def _parking_name(topology: DelayTopology, queue: str, parking_queue: str | None) -> str:
+    return parking_queue or topology.default_parking_queue(queue)
+
+
+@asynccontextmanager
+async def _own_channel(
+    channel: Any, *, confirms: bool
+) -> AsyncIterator[aiormq.abc.AbstractChannel]:
+    """A channel of the operation's own: closing it returns every message not acked."""
+    underlay = await underlay_of(channel)
+    own = await underlay.connection.channel(publisher_confirms=confirms)
+    try:
+        yield own
+    finally:
+        if not own.is_closed:
+            await own.close()
+
+
+async def _depth(own: aiormq.abc.AbstractChannel, parking: str) -> int:
+    try:
+        declared = await own.queue_declare(parking, passive=True)
+    except aiormq.exceptions.ChannelNotFoundEntity as exc:
+        raise ConfigurationError(
+            f"parking queue {parking!r} does not exist; check the queue name (--queue, "
+            "--parking-queue) and the vhost in the URL"
+        ) from exc
+    return int(declared.message_count or 0)
+
+
+async def _take(
+    own: aiormq.abc.AbstractChannel, parking: str, *, asked_at: datetime
+) -> AsyncIterator[tuple[aiormq.abc.DeliveredMessage, ParkedRecord]]:
+    """The messages of ``parking`` that were there at ``asked_at``, taken unacked, in order.
+
+    Every message taken stays unacked on ``own`` until it is acked or the
+    channel closes, so none is taken twice and the scan ends when the queue
+    has nothing more to give. Messages parked after ``asked_at`` (their
+    record says so) are put back untouched: the set is the one asked about.
+    The declare-ok message count cannot bound the scan: on quorum queues it
+    leaves out messages a closed channel just returned.
+    """
+    while True:
+        got = await own.basic_get(parking, no_ack=False)
+        if got.delivery_tag is None:
+            return
+        props = got.header.properties
+        record = read_record(
+            props.headers,
+            message_id=props.message_id,
+            body=got.body,
+            exchange=got.exchange,
+            routing_key=got.routing_key,
+            content_type=props.content_type,
+        )
+        if record.parked_at is not None and record.parked_at > asked_at:
+            continue
+        yield got, record
+
+
+async def iter_parked(
+    channel: Any,
+    *,
+    queue: str,
+    parking_queue: str | None = None,
+    where: ParkedFilter = ParkedFilter(),
+    topology: DelayTopology = DEFAULT_TOPOLOGY,
+    now: datetime | None = None,
+) -> AsyncIterator[ParkedRecord]:
+    """Every parked message of ``queue`` that ``where`` selects, left in place.
+
+    Use it to go through a whole parking lot one record at a time (memory
+    holds one record); use :func:`browse_parked` for a page.
+    """
+    when = now or utcnow()
+    parking = _parking_name(topology, queue, parking_queue)
+    async with _own_channel(channel, confirms=False) as own:
+        await _depth(own, parking)
+        async for _got, record in _take(own, parking, asked_at=when):
+            if where.matches(record, now=when):
+                yield record
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParkedPage:
+    """One page of parked records, and where the next one starts (``None``: no more)."""
+
+    records: tuple[ParkedRecord, ...]
+    offset: int
+    next_offset: int | None
+    depth: int
+    """Messages the broker counted in the parking queue when the page was read (on quorum
+    queues it may leave out messages another reader just returned)."""
+
+
+async def browse_parked(
+    channel: Any,
+    *,
+    queue: str,
+    parking_queue: str | None = None,
+    where: ParkedFilter = ParkedFilter(),
+    offset: int = 0,
+    limit: int = 50,
+    topology: DelayTopology = DEFAULT_TOPOLOGY,
+    now: datetime | None = None,
+) -> ParkedPage:
+    """The ``limit`` selected records after the first ``offset`` selected ones, left in place.
+
+    Only the page is kept in memory; the records before it are read and
+    dropped. Pass ``next_offset`` back for the next page.
+    """
+    if limit < 1 or offset < 0:
+        raise ConfigurationError(f"limit={limit} must be at least 1 and offset={offset} at least 0")
+    when = now or utcnow()
+    parking = _parking_name(topology, queue, parking_queue)
+    async with _own_channel(channel, confirms=False) as own:
+        depth = await _depth(own, parking)
+        seen = 0
+        page: list[ParkedRecord] = []
+        more = False
+        async for _got, record in _take(own, parking, asked_at=when):
+            if not where.matches(record, now=when):
+                continue
+            seen += 1
+            if seen <= offset:
+                continue
+            if len(page) == limit:
+                more = True
+                break
+            page.append(record)
+    return ParkedPage(
+        records=tuple(page),
+        offset=offset,
+        next_offset=offset + len(page) if more else None,
+        depth=depth,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailureGroup:
+    """Parked messages that failed the same way (one fingerprint)."""
+
+    fingerprint: str
+    count: int
+    reason: str
+    exception_type: str | None
+    example: ParkedMessage
+    oldest_parked_at: datetime | None
+    newest_parked_at: datetime | None
+
+
+async def group_parked(
+    channel: Any,
+    *,
+    queue: str,
+    parking_queue: str | None = None,
+    where: ParkedFilter = ParkedFilter(),
+    topology: DelayTopology = DEFAULT_TOPOLOGY,
+) -> list[FailureGroup]:
+    """The failure groups of the selected parked messages, largest first."""
+    groups: dict[str, FailureGroup] = {}
+    async for record in iter_parked(
+        channel, queue=queue, parking_queue=parking_queue, where=where, topology=topology
+    ):
+        group = groups.get(record.fingerprint)
+        if group is None:
+            example = ParkedMessage(
+                **{f: getattr(record, f) for f in ParkedMessage.__dataclass_fields__}
+            )
+            groups[record.fingerprint] = FailureGroup(
+                fingerprint=record.fingerprint,
+                count=1,
+                reason=record.reason,
+                exception_type=record.exception_type,
+                example=example,
+                oldest_parked_at=record.parked_at,
+                newest_parked_at=record.parked_at,
+            )
+            continue
+        times = [t for t in (group.oldest_parked_at, record.parked_at) if t is not None]
+        newest = [t for t in (group.newest_parked_at, record.parked_at) if t is not None]
+        groups[record.fingerprint] = replace(
+            group,
+            count=group.count + 1,
+            oldest_parked_at=min(times) if times else None,
+            newest_parked_at=max(newest) if newest else None,
+        )
+    return sorted(groups.values(), key=lambda g: (-g.count, g.fingerprint))
+
+
+# -- acting -------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class MoveProgress:
+    """Where a replay or purge is, given to the ``progress`` callback after each message."""
+
+    action: Literal["replay", "purge"]
+    done: int
+    """Messages replayed or purged so far (would be, in a dry run)."""
+    scanned: int
+    """Messages looked at so far."""
+    depth: int
+    """Messages the broker counted in the parking queue at the start: a progress total."""
+    record: ParkedRecord | None
+    """The record just acted on (``None`` for a skipped one)."""
+    dry_run: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoveReport:
+    """What a replay or purge did (or, in a dry run, would have done)."""
+
+    action: Literal["replay", "purge"]
+    done: int
+    scanned: int
+    depth: int
+    dry_run: bool
+    to_queue: str | None = None
+    stopped: str | None = None
+    """Why it stopped before the end, or ``None`` when it went through the whole set."""
+    canary_ids: tuple[str, ...] = ()
+
+
+def replay_headers(
+    headers: Mapping[str, Any] | None,
+    *,
+    due_at: datetime,
+    now: datetime | None = None,
+    replayed_by: str | None = None,
+) -> dict[str, Any]:
+    """Headers of a replayed message: a fresh retry budget and a record of the replay.
+
+    The parking record and every retry header the decorator's policies read
+    (count, first and last failure, last error, queue) are removed, so the
+    message is retried as if it had never failed; ``x-retry-replayed``
+    counts replays, ``x-retry-replayed-at`` says when, ``x-retry-replayed-by``
+    who (when given).
+    """
+    out = scheduled_headers(headers, due_at=due_at)
+    previous = out.get(X_REPLAYED)
+    count = previous if isinstance(previous, int) and not isinstance(previous, bool) else 0
+    for name in (*_RECORD_HEADERS, *_BUDGET_HEADERS, X_REPLAYED_BY, X_REPLAY_CANARY):
+        out.pop(name, None)
+    out[X_RETRY] = 0
+    out[X_REPLAYED] = count + 1
+    out[X_REPLAYED_AT] = to_epoch_ms(now or utcnow())
+    if replayed_by:
+        out[X_REPLAYED_BY] = replayed_by[:200]
+    return out
+
+
+class _Pacer:
+    """Spaces actions to at most ``rate`` per second (``None``: as fast as possible)."""
+
+    def __init__(self, rate: float | None) -> None:
+        if rate is not None and not rate > 0:
+            raise ConfigurationError(
+                f"rate={rate!r} must be a positive number of messages per second"
+            )
+        self._rate = rate
+        self._start: float | None = None
+        self._count = 0
+
+    async def wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._start is None:
+            self._start = loop.time()
+        if self._rate is not None:
+            delay = self._start + self._count / self._rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        self._count += 1
+
+
+async def _canary_parked_again(
+    channel: Any, parking: str, token: str, *, deadline: float, poll: float
+) -> bool:
+    """Whether a copy carrying ``token`` parks again before ``deadline`` (loop time)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        async with _own_channel(channel, confirms=False) as own:
+            await _depth(own, parking)
+            async for _got, record in _take(own, parking, asked_at=utcnow()):
+                if record.headers.get(X_REPLAY_CANARY) == token:
+                    return True
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(min(poll, max(deadline - loop.time(), 0)))
+
+
+async def _move(
+    channel: Any,
+    *,
+    action: Literal["replay", "purge"],
+    queue: str,
+    parking_queue: str | None,
+    where: ParkedFilter,
+    limit: int | None,
+    rate: float | None,
+    dry_run: bool,
+    progress: Callable[[MoveProgress], None] | None,
+    topology: DelayTopology,
+    send: Callable[[aiormq.abc.AbstractChannel, aiormq.abc.DeliveredMessage, str | None], Any]
+    | None,
+    canary: int = 0,
+    canary_check: Callable[[str], Any] | None = None,
+    to_queue: str | None = None,
+) -> MoveReport:
+    if limit is not None and limit < 0:
+        raise ConfigurationError(f"limit={limit} must be zero or more")
+    pacer = _Pacer(rate)
+    now = utcnow()
+    parking = _parking_name(topology, queue, parking_queue)
+    done = scanned = 0
+    canary_ids: list[str] = []
+    token = uuid.uuid4().hex if canary and not dry_run else None
+    async with _own_channel(channel, confirms=action == "replay") as own:
+        depth = await _depth(own, parking)
+        stopped: str | None = None
+        async for got, record in _take(own, parking, asked_at=now):
+            if limit is not None and done >= limit:
+                stopped = "limit"
+                break
+            scanned += 1
+            if not where.matches(record, now=now):
+                # Held unacked until the end, so it is not taken again; the broker puts it back.
+                if progress is not None:
+                    progress(
+                        MoveProgress(
+                            action=action,
+                            done=done,
+                            scanned=scanned,
+                            depth=depth,
+                            record=None,
+                            dry_run=dry_run,
+                        )
+                    )
+                continue
+            await pacer.wait()
+            in_canary = token is not None and len(canary_ids) < canary
+            if not dry_run:
+                if send is not None:
+                    await send(own, got, token if in_canary else None)
+                await own.basic_ack(got.delivery_tag or 0)
+            done += 1
+            if progress is not None:
+                progress(
+                    MoveProgress(
+                        action=action,
+                        done=done,
+                        scanned=scanned,
+                        depth=depth,
+                        record=record,
+                        dry_run=dry_run,
+                    )
+                )
+            if in_canary:
+                canary_ids.append(record.id)
+                full = len(canary_ids) == canary and token is not None
+                if full and canary_check is not None and await canary_check(token or ""):
+                    stopped = "canary-parked-again"
+                    break
+        # Fewer selected messages than the canary size: check the ones sent.
+        short = token is not None and 0 < len(canary_ids) < canary and stopped is None
+        if short and canary_check is not None and token is not None and await canary_check(token):
+            stopped = "canary-parked-again"
+    log.info(
+        "%s%s %d of %d scanned message(s) in %r%s",
+        "dry run: would " if dry_run else "",
+        action,
+        done,
+        scanned,
+        parking,
+        f" (stopped: {stopped})" if stopped else "",
+    )
+    return MoveReport(
+        action=action,
+        done=done,
+        scanned=scanned,
+        depth=depth,
+        dry_run=dry_run,
+        to_queue=to_queue,
+        stopped=stopped,
+        canary_ids=tuple(canary_ids),
+    )
+
+
+async def _check_queue(channel: Any, name: str) -> None:
+    async with _own_channel(channel, confirms=False) as own:
+        try:
+            await own.queue_declare(name, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+            raise ConfigurationError(
+                f"queue {name!r} does not exist, so nothing can be replayed to it; check the "
+                "name (--queue, --to) and the vhost in the URL"
+            ) from exc
+
+
+async def replay_matching(
+    channel: Any,
+    *,
+    queue: str,
+    parking_queue: str | None = None,
+    to_queue: str | None = None,
+    where: ParkedFilter = ParkedFilter(),
+    limit: int | None = None,
+    rate: float | None = None,
+    delay: Duration = 0,
+    canary: int = 0,
+    canary_wait: Duration = 60,
+    canary_poll: Duration = 1,
+    dry_run: bool = False,
+    progress: Callable[[MoveProgress], None] | None = None,
+    replayed_by: str | None = None,
+    topology: DelayTopology = DEFAULT_TOPOLOGY,
+    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+) -> MoveReport:
+    """Send the selected parked messages of ``queue`` back to ``to_queue`` (default ``queue``).
+
+    Use it once the cause of a failure group is fixed. Each message goes
+    through the delay chain (due after ``delay``) with a fresh retry budget
+    (see :func:`replay_headers`), and is acked in the parking queue only
+    after the broker confirmed the copy. ``rate`` caps messages per second.
+    ``canary=N`` replays the first N, waits until they are due and then up
+    to ``canary_wait`` seconds, and stops (``MoveReport.stopped`` is
+    ``"canary-parked-again"``) if any of them parks again: the rest stay
+    parked. ``dry_run`` moves nothing and reports what would move. Messages
+    are looked at in queue order, at most as many as the queue held at the
+    start; ``limit`` caps how many are replayed.
+    """
+    seconds = to_seconds(delay)
+    wait_seconds = to_seconds(canary_wait, name="canary_wait")
+    poll_seconds = max(to_seconds(canary_poll, name="canary_poll"), 0.05)
+    if canary < 0:
+        raise ConfigurationError(f"canary={canary} must be zero or more messages")
+    target = to_queue or queue
+    topology.check_destination(target)
+    # Checked before anything is taken: an over-long delay refuses the whole replay.
+    if timedelta(seconds=seconds) > topology.max_delay:
+        topology.units_until(utcnow() + timedelta(seconds=seconds), now=utcnow())
+    await _check_queue(channel, target)
+    parking = _parking_name(topology, queue, parking_queue)
+    if not dry_run:
+        underlay = await underlay_of(channel)
+        await declarer_for(underlay.connection).destination(
+            underlay.connection, topology, target, with_parking=False
+        )
+
+    async def send(
+        own: aiormq.abc.AbstractChannel, got: aiormq.abc.DeliveredMessage, token: str | None
+    ) -> None:
+        now = utcnow()
+        due_at = now + timedelta(seconds=seconds)
+        route = topology.route(topology.units_until(due_at, now=now), target)
+        headers = replay_headers(
+            got.header.properties.headers, due_at=due_at, now=now, replayed_by=replayed_by
+        )
+        if token is not None:
+            headers[X_REPLAY_CANARY] = token
+        await publish_confirmed(
+            own,
+            exchange=route.exchange,
+            routing_key=route.routing_key,
+            body=got.body,
+            properties=copy_properties(got.header.properties, headers),
+            timeout=publish_timeout,
+        )
+
+    async def canary_check(token: str) -> bool:
+        deadline = asyncio.get_running_loop().time() + seconds + wait_seconds
+        return await _canary_parked_again(
+            channel, parking, token, deadline=deadline, poll=poll_seconds
+        )
+
+    return await _move(
+        channel,
+        action="replay",
+        queue=queue,
+        parking_queue=parking_queue,
+        where=where,
+        limit=limit,
+        rate=rate,
+        dry_run=dry_run,
+        progress=progress,
+        topology=topology,
+        send=send,
+        canary=canary,
+        canary_check=canary_check,
+        to_queue=target,
+    )
+
+
+async def purge_matching(
+    channel: Any,
+    *,
+    queue: str,
+    parking_queue: str | None = None,
+    where: ParkedFilter = ParkedFilter(),
+    limit: int | None = None,
+    rate: float | None = None,
+    dry_run: bool = False,
+    progress: Callable[[MoveProgress], None] | None = None,
+    topology: DelayTopology = DEFAULT_TOPOLOGY,
+) -> MoveReport:
+    """Delete the selected parked messages of ``queue`` for good.
+
+    Use it for messages that will never succeed (archive them first if
+    anyone may ask). Only the selected messages are acked; everything else
+    is put back. The caller is responsible for having asked the operator.
+    """
+    return await _move(
+        channel,
+        action="purge",
+        queue=queue,
+        parking_queue=parking_queue,
+        where=where,
+        limit=limit,
+        rate=rate,
+        dry_run=dry_run,
+        progress=progress,
+        topology=topology,
+        send=None,
+    )
