@@ -14,7 +14,7 @@ from delayed_retry.chain_diff import (
     compare,
     expected_bindings,
 )
-from delayed_retry.cli.chain_cmd import format_span
+from delayed_retry.cli.chain_cmd import format_at_most
 from delayed_retry.topology import amqp_arguments
 
 T = DelayTopology(prefix="p", levels=4)
@@ -152,12 +152,6 @@ def test_stray_bindings_on_the_chain_are_reported() -> None:
     assert all("rabbitmqadmin delete binding" in d.fix for d in diffs)
 
 
-def test_format_span() -> None:
-    assert [format_span(s) for s in (0.25, 1.5, 90, 3600, 5400, 86400 * 3 + 4 * 3600)] == [
-        "250 ms",
-        "1.5 s",
-        "90 s",
-        "1 h",
-        "1 h 30 min",
-        "3 d 4 h",
-    ]
+def test_upper_bounds_are_shown_rounded_up() -> None:
+    shown = [format_at_most(s) for s in (0.25, 1.5, 90, 3600, 4194.303, 86400 * 3 + 4 * 3600 + 1)]
+    assert shown == ["250 ms", "1.5 s", "1 m 30 s", "1 h", "1 h 10 m", "3 d 5 h"]

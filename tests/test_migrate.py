@@ -92,7 +92,7 @@ async def test_migrate_from_an_older_chain_of_ours(
     source = ["--from", "delayed-retry", "--from-prefix", old.topology.prefix, *OLD_OPTIONS]
     assert await asyncio.to_thread(main, [*base, *source, "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert f"{old_11}: 2 message(s), due within 1 h 8 min" in out
+    assert f"{old_11}: 2 message(s), due within 1 h 9 m" in out
     assert "dry run: would move 3 message(s)" in out
     assert await old.depth(old_11) == 2  # nothing read
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -14,6 +15,7 @@ from delayed_retry.chain_diff import Difference, compare
 from delayed_retry.chain_probe import level_depths, probe_over_amqp, queue_depth
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import redact, run
+from delayed_retry.durations import format_duration
 from delayed_retry.management import (
     ManagementClient,
     ManagementUnavailable,
@@ -23,23 +25,15 @@ from delayed_retry.management import (
 )
 from delayed_retry.topology import DelayTopology
 
-__all__ = ["format_span", "register"]
+__all__ = ["format_at_most", "register"]
 
 
-def format_span(seconds: float) -> str:
-    """A duration for people: ``250 ms``, ``1.5 s``, ``36 min``, ``3 h 12 min``, ``24 d 21 h``."""
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.3g} s"
-    minutes = seconds / 60
-    if minutes < 60:
-        return f"{minutes:.0f} min"
-    hours, minutes = divmod(round(minutes), 60)
-    if hours < 24:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
+def format_at_most(seconds: float) -> str:
+    """An upper bound for people, rounded *up* to the precision shown: 4194 s is ``1 h 10 m``."""
+    for size, step in ((86400, 3600), (3600, 60), (60, 1)):
+        if seconds >= size:
+            return format_duration(math.ceil(seconds / step) * step)
+    return format_duration(seconds)
 
 
 def register(sub: Any) -> None:
@@ -208,8 +202,8 @@ def _print_show(
 ) -> None:
     print(
         f"chain {topology.prefix!r}: {topology.levels} levels of "
-        f"{format_span(topology.unit_ms / 1000)} ({topology.queue_type}), longest delay "
-        f"{format_span(topology.max_delay.total_seconds())}"
+        f"{format_duration(topology.unit_ms / 1000)} ({topology.queue_type}), longest delay "
+        f"{format_duration(topology.max_delay.total_seconds())}"
     )
     shown = [r for r in rows if args.all or r["messages"] != 0]
     if shown:
@@ -217,18 +211,17 @@ def _print_show(
         for r in shown:
             low, high = r["entering_delays_s"]
             count = "missing" if r["messages"] is None else str(r["messages"])
-            due = "" if not r["messages"] else f"within {format_span(r['due_within_s'])}"
-            span = f"{format_span(low)} – {format_span(high)}"
-            print(
-                f"{r['level']:>5}  {format_span(r['holds_s']):>10}  {span:>23}  {count:>8}  {due}"
-            )
+            due = "" if not r["messages"] else f"within {format_at_most(r['due_within_s'])}"
+            span = f"{format_duration(low)} – {format_at_most(high)}"
+            hold = format_duration(r["holds_s"])
+            print(f"{r['level']:>5}  {hold:>10}  {span:>23}  {count:>8}  {due}")
     hidden = len(rows) - len(shown)
     if hidden:
         print(f"({hidden} empty level(s) hidden; --all lists them)")
     waiting = sum(r["messages"] or 0 for r in rows)
     if waiting:
         latest = max(r["due_within_s"] for r in rows if r["messages"])
-        print(f"{waiting} message(s) waiting, all due within {format_span(latest)}")
+        print(f"{waiting} message(s) waiting, all due within {format_at_most(latest)}")
     else:
         print("no message waiting in the chain")
     print("   ".join(f"{k}: {'missing' if v is None else v}" for k, v in others.items()))

@@ -11,7 +11,7 @@ from typing import Any
 import aio_pika
 
 from delayed_retry.chain_sources import SourceChain
-from delayed_retry.cli.chain_cmd import format_span
+from delayed_retry.cli.chain_cmd import format_at_most
 from delayed_retry.cli.common import topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.errors import ConfigurationError
@@ -166,9 +166,8 @@ def _print_dry_run(
         print(json.dumps({"dry_run": True, "would_move": total, "levels": rows}, indent=2))
         return 0
     for r in rows:
-        print(
-            f"{r['queue']}: {r['messages']} message(s), due within {format_span(r['due_within_s'])}"
-        )
+        within = format_at_most(r["due_within_s"])
+        print(f"{r['queue']}: {r['messages']} message(s), due within {within}")
     print(
         f"dry run: would move {total} message(s) from the {source.label} into "
         f"{target.prefix!r}; nothing was read or moved",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import re
 import signal
 from typing import Any
 
@@ -15,14 +14,12 @@ from tenacity.wait import wait_base
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
+from delayed_retry.durations import parse_duration
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.policy import DEFAULT_WAIT
 from delayed_retry.router import RetryRouter
 
 __all__ = ["parse_wait", "register"]
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 WAIT_HELP = (
     "backoff: 'exponential:INITIAL:MAX' (doubling from INITIAL up to MAX, plus up to 1 s of "
@@ -32,12 +29,7 @@ WAIT_HELP = (
 
 
 def _seconds(text: str, spec: str) -> float:
-    match = _DURATION.match(text)
-    if match is None:
-        raise ConfigurationError(
-            f"--wait {spec!r}: {text!r} is not a duration; write it like 500ms, 90s, 15m, 1h or 2d"
-        )
-    return float(match[1]) * _UNITS[match[2] or "s"]
+    return parse_duration(text, name=f"--wait {spec!r}: {text!r}")
 
 
 def parse_wait(spec: str) -> wait_base:
