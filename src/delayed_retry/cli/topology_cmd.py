@@ -8,6 +8,7 @@ from typing import Any
 import aio_pika
 import aiormq
 
+from delayed_retry.chain_probe import queue_depth
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.errors import ConfigurationError
@@ -51,7 +52,7 @@ async def _declare(args: argparse.Namespace) -> int:
     connection = await aio_pika.connect(args.url)
     async with connection:
         for queue in args.bind:
-            if await _count(connection, queue) is not None:
+            if await queue_depth(connection, queue) is not None:
                 continue
             if not args.create:
                 raise ConfigurationError(
