@@ -47,6 +47,8 @@ class Binding:
     destination_type: str  # "queue" or "exchange"
     destination: str
     key: str
+    # How the management API names the binding (to delete it); not part of its identity.
+    properties_key: str = field(default="", compare=False)
 
     def describe(self) -> str:
         return (
@@ -295,7 +297,7 @@ def _stray_bindings(topology: DelayTopology, extra: Iterable[Binding]) -> list[D
         remove = (
             f"remove it (rabbitmqadmin delete binding source={binding.source} "
             f"destination={binding.destination} destination_type={binding.destination_type} "
-            f"properties_key=<its properties key>)"
+            f"properties_key={binding.properties_key or binding.key or '~'})"
         )
         if binding.source in levels:
             out.append(

@@ -128,7 +128,13 @@ async def read_live_chain(client: ManagementClient, vhost: str) -> LiveChain:
         for q in queues_raw
     }
     bindings = frozenset(
-        Binding(b["source"], b["destination_type"], b["destination"], b["routing_key"])
+        Binding(
+            b["source"],
+            b["destination_type"],
+            b["destination"],
+            b["routing_key"],
+            properties_key=b.get("properties_key") or "",
+        )
         for b in bindings_raw
         if b.get("source")  # the default exchange's implicit bindings
     )
