@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from datetime import timedelta
 
 from delayed_retry.topology import DelayTopology
@@ -14,7 +15,11 @@ def add_topology_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--prefix``, ``--levels``, ``--unit-ms`` and ``--queue-type`` to ``parser``."""
     defaults = DelayTopology()
     group = parser.add_argument_group("delay topology (must match the consumers')")
-    group.add_argument("--prefix", default=defaults.prefix, help="name prefix (%(default)s)")
+    group.add_argument(
+        "--prefix",
+        default=None,
+        help=f"name prefix (default: $DELAYED_RETRY_PREFIX or {defaults.prefix})",
+    )
     group.add_argument("--levels", type=int, default=defaults.levels, help="levels (%(default)s)")
     group.add_argument(
         "--unit-ms", type=int, default=defaults.unit_ms, help="delay unit in ms (%(default)s)"
@@ -38,7 +43,7 @@ def topology_from_args(args: argparse.Namespace) -> DelayTopology:
     if getattr(args, "nservicebus", False):
         return DelayTopology.nservicebus(prefix=args.prefix)
     return DelayTopology(
-        prefix=args.prefix,
+        prefix=args.prefix or os.environ.get("DELAYED_RETRY_PREFIX") or DelayTopology().prefix,
         levels=args.levels,
         unit=timedelta(milliseconds=args.unit_ms),
         queue_type=args.queue_type,

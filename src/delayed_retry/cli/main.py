@@ -1,7 +1,11 @@
 """Entry point: builds the parser from the subcommand modules and runs the chosen one.
 
 Each module in :data:`SUBCOMMAND_MODULES` has ``register(subparsers)``, which
-adds its commands and sets ``func`` (``(args) -> int``) on each.
+adds its commands and sets ``func`` (``(args) -> int``) on each. Add a command
+group with one line there. Shared output, errors and option types live in
+:mod:`delayed_retry.cli.output`, connecting in :mod:`delayed_retry.cli.connection`.
+
+Exit codes: 0 ok, 1 failure, 2 usage (bad options or values).
 """
 
 from __future__ import annotations
@@ -13,15 +17,21 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from urllib.parse import urlsplit, urlunsplit
 
+import aiormq
+
+from delayed_retry.cli.connection import check_url, explain_connection_error, redact
+from delayed_retry.cli.output import EXIT_FAILURE, CommandError, for_command_line
 from delayed_retry.errors import DelayedRetryError
 
-__all__ = ["SUBCOMMAND_MODULES", "build_parser", "main"]
+__all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "redact", "run"]
 
 SUBCOMMAND_MODULES = (
     "delayed_retry.cli.topology_cmd",
+    "delayed_retry.cli.status_cmd",
+    "delayed_retry.cli.publish_cmd",
     "delayed_retry.cli.parking_cmd",
+    "delayed_retry.cli.demo_cmd",
     "delayed_retry.cli.spark_cmd",
     "delayed_retry.cli.alerts_cmd",
     "delayed_retry.cli.router_cmd",
@@ -30,16 +40,20 @@ SUBCOMMAND_MODULES = (
 )
 
 
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, with every subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="delayed-retry",
         description="Delayed retries, parking and scheduling in RabbitMQ: operate the chain.",
+        epilog="Exit codes: 0 ok, 1 failure, 2 usage. Durations: 250ms, 90s, 15m, 1h, 2d.",
     )
     parser.add_argument(
         "--url",
-        default=os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-        help="broker URL (default: $RABBITMQ_URL or amqp://guest:guest@127.0.0.1:5672/)",
+        default=None,
+        help=f"broker URL, amqp:// or amqps:// (default: $RABBITMQ_URL or {DEFAULT_URL})",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -48,38 +62,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _quiet_logging(verbose: bool) -> None:
+    # The command reports failures itself, in one line: libraries' own ERROR lines
+    # (aiormq logs every failed connect) only show with --verbose.
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not verbose:
+        for name in ("aiormq", "aio_pika", "asyncio"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _error(message: str) -> None:
+    print(f"delayed-retry: error: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit code (0 ok, 1 failure, 2 usage)."""
+    parser = build_parser()
     try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) and usage errors (2), already printed
+        return int(exc.code or 0)
+    _quiet_logging(args.verbose)
+    args.url_given = bool(args.url or os.environ.get("RABBITMQ_URL"))
+    args.url = args.url or os.environ.get("RABBITMQ_URL") or DEFAULT_URL
+    try:
+        if getattr(args, "needs_broker", True):
+            check_url(args.url)
         code: int = args.func(args)
+    except CommandError as exc:
+        _error(str(exc))
+        return exc.exit_code
     except DelayedRetryError as exc:
-        print(f"delayed-retry: error: {exc}", file=sys.stderr)
-        return 2
-    except (ConnectionError, OSError) as exc:
-        print(
-            f"delayed-retry: error: cannot reach the broker at {redact(args.url)!r}: {exc}. "
-            "Check --url or $RABBITMQ_URL",
-            file=sys.stderr,
-        )
-        return 2
+        _error(for_command_line(str(exc)))
+        return EXIT_FAILURE
+    except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
+        line = explain_connection_error(exc, args.url)
+        if line is None:
+            line = f"the broker at {redact(args.url)!r} failed the command: {exc!r}"
+        _error(line)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
+        _error("interrupted; nothing acted on was lost (unacked messages went back)")
         return 130
     return code
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***``, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def run(coro: object) -> int:

@@ -1,86 +1,409 @@
-"""``delayed-retry parking list|replay``: the on-call engineer's view of parked messages."""
+"""``delayed-retry parking list|show|replay|purge``: the on-call engineer's parking lot.
+
+Reading never removes anything. Replay and purge are at-least-once: a
+message leaves the parking queue only after its copy is confirmed (replay)
+or the operator confirmed (purge); a failing command moves nothing more.
+"""
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import socket
+import sys
+from datetime import timedelta
 from typing import Any
 
-import aio_pika
-
+from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.cli.connection import connect
 from delayed_retry.cli.main import run
-from delayed_retry.parking import peek_parked, replay_parked
+from delayed_retry.cli.output import (
+    CommandError,
+    UsageError,
+    add_json_option,
+    confirm,
+    duration_type,
+    emit_json,
+    header_type,
+    print_table,
+    progress_bar,
+    rate_type,
+    to_jsonable,
+)
+from delayed_retry.durations import format_duration, utcnow
+from delayed_retry.parking_lot import (
+    MoveProgress,
+    MoveReport,
+    ParkedFilter,
+    ParkedRecord,
+    browse_parked,
+    group_parked,
+    purge_matching,
+    replay_matching,
+)
 
 __all__ = ["register"]
 
 
+def _add_queue_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--queue", required=True, help="the work queue whose parking lot to use")
+    parser.add_argument("--parking-queue", help="parking queue name if not QUEUE.parking")
+
+
+def _add_filter_args(parser: argparse.ArgumentParser, *, ids: bool = True) -> None:
+    group = parser.add_argument_group("which parked messages (all given must match)")
+    if ids:
+        group.add_argument(
+            "--id", dest="ids", action="append", default=[], metavar="ID", help="a record id"
+        )
+    group.add_argument("--exception", metavar="TYPE", help="exception type, e.g. TimeoutError")
+    group.add_argument("--reason", help="parked reason, e.g. max-retries, not-retryable")
+    group.add_argument(
+        "--older-than", type=duration_type, metavar="AGE", help="parked before, e.g. 2h"
+    )
+    group.add_argument(
+        "--newer-than", type=duration_type, metavar="AGE", help="parked within, e.g. 15m"
+    )
+    group.add_argument(
+        "--header",
+        type=header_type,
+        action="append",
+        default=[],
+        metavar="NAME=TEXT",
+        help="header NAME contains TEXT (repeatable)",
+    )
+    group.add_argument("--body-contains", metavar="TEXT", help="the body contains TEXT")
+    group.add_argument("--group", metavar="FINGERPRINT", help="a failure group from 'parking list'")
+
+
+def _filter(args: argparse.Namespace) -> ParkedFilter:
+    return ParkedFilter(
+        ids=frozenset(getattr(args, "ids", ())),
+        exception_type=args.exception,
+        reason=args.reason,
+        older_than=None if args.older_than is None else timedelta(seconds=args.older_than),
+        newer_than=None if args.newer_than is None else timedelta(seconds=args.newer_than),
+        headers=tuple(args.header),
+        body_contains=args.body_contains,
+        fingerprint=args.group,
+    )
+
+
 def register(sub: Any) -> None:
     """Add the parking commands."""
-    parking = sub.add_parser("parking", help="look at and replay parked messages")
+    parking = sub.add_parser(
+        "parking",
+        help="look at, replay and purge parked messages",
+        description="The parking lot of a queue: messages that used up their retries.",
+    )
     commands = parking.add_subparsers(dest="parking_command", required=True, metavar="ACTION")
 
     listing = commands.add_parser(
         "list",
-        help="show parked messages of a queue without removing them",
-        description="Show the failure record of parked messages, leaving them in place.",
+        help="failure groups and parked messages, left in place",
+        description="Show the failure groups of a queue's parked messages and a page of their "
+        "records (reason, exception, attempts, age). Nothing is removed.",
     )
-    listing.add_argument("--queue", required=True, help="the queue whose parked messages to show")
-    listing.add_argument("--parking-queue", help="parking queue name if not QUEUE.parking")
-    listing.add_argument("--limit", type=int, default=20, help="at most this many (%(default)s)")
+    _add_queue_args(listing)
+    _add_filter_args(listing)
+    listing.add_argument("--limit", type=int, default=20, help="records to show (%(default)s)")
+    listing.add_argument("--offset", type=int, default=0, help="skip this many records first")
+    add_json_option(listing)
     add_topology_args(listing)
     listing.set_defaults(func=lambda args: run(_list(args)))
 
+    show = commands.add_parser(
+        "show",
+        help="one parked message in full: record, headers, body",
+        description="Show one parked message: its failure record, traceback, headers and body "
+        "(binary bodies as base64). Nothing is removed.",
+    )
+    show.add_argument("id", metavar="ID", help="the record id 'parking list' shows")
+    _add_queue_args(show)
+    add_json_option(show)
+    add_topology_args(show)
+    show.set_defaults(func=lambda args: run(_show(args)))
+
     replay = commands.add_parser(
         "replay",
-        help="send parked messages back to their queue with a fresh retry budget",
+        help="send parked messages back with a fresh retry budget",
         description="Move parked messages of QUEUE back to QUEUE (or --to) through the delay "
-        "chain. Each is acked in the parking queue only after the broker confirmed the copy.",
+        "chain, with a fresh retry budget. Each leaves the parking queue only after the broker "
+        "confirmed its copy. Without --id or a filter, every parked message is replayed.",
     )
-    replay.add_argument("--queue", required=True, help="the queue whose parked messages to replay")
-    replay.add_argument("--parking-queue", help="parking queue name if not QUEUE.parking")
+    _add_queue_args(replay)
+    _add_filter_args(replay)
     replay.add_argument("--to", dest="to_queue", help="send to this queue instead of QUEUE")
     replay.add_argument("--limit", type=int, help="replay at most this many (default: all)")
-    replay.add_argument("--delay", type=float, default=0.0, help="seconds before they come due")
+    replay.add_argument("--rate", type=rate_type, help="at most this many, e.g. 50/s")
+    replay.add_argument(
+        "--delay", type=duration_type, default=0.0, help="come due after, e.g. 90s, 1h (now)"
+    )
+    replay.add_argument(
+        "--canary", type=int, default=0, metavar="N", help="replay N first; stop if one parks again"
+    )
+    replay.add_argument(
+        "--canary-wait",
+        type=duration_type,
+        default=60.0,
+        metavar="DURATION",
+        help="how long canaries have to be handled once due (60s)",
+    )
+    replay.add_argument(
+        "--dry-run", action="store_true", help="print what would move; move nothing"
+    )
+    add_json_option(replay)
     add_topology_args(replay)
     replay.set_defaults(func=lambda args: run(_replay(args)))
 
+    purge = commands.add_parser(
+        "purge",
+        help="delete parked messages for good (asks first)",
+        description="Delete the selected parked messages. Asks for confirmation unless --yes. "
+        "Archive them first ('delayed-retry archive') if anyone may ask for them.",
+    )
+    _add_queue_args(purge)
+    _add_filter_args(purge)
+    purge.add_argument("--all", action="store_true", help="select every parked message")
+    purge.add_argument("--limit", type=int, help="purge at most this many")
+    purge.add_argument("--rate", type=rate_type, help="at most this many, e.g. 500/s")
+    purge.add_argument("--dry-run", action="store_true", help="print what would go; delete nothing")
+    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    add_json_option(purge)
+    add_topology_args(purge)
+    purge.set_defaults(func=lambda args: run(_purge(args)))
+
+
+def _age(record: ParkedRecord) -> str:
+    age = record.age(now=utcnow())
+    return "?" if age is None else format_duration(max(age, timedelta(0)))
+
+
+def _exception(record: ParkedRecord) -> str:
+    if record.exception_type is None:
+        return "-"
+    short = record.exception_type.rsplit(".", 1)[-1]
+    return f"{short}: {record.exception_message}" if record.exception_message else short
+
+
+def _summary(record: ParkedRecord) -> dict[str, Any]:
+    data = to_jsonable(record)
+    data["body"] = to_jsonable(record.body)
+    data["age_seconds"] = (
+        None if record.parked_at is None else (utcnow() - record.parked_at).total_seconds()
+    )
+    return dict(data)
+
 
 async def _list(args: argparse.Namespace) -> int:
-    connection = await aio_pika.connect(args.url)
+    where = _filter(args)
+    topology = topology_from_args(args)
+    connection = await connect(args.url)
     async with connection:
         channel = await connection.channel()
-        parked = await peek_parked(
+        common = dict(queue=args.queue, parking_queue=args.parking_queue, topology=topology)
+        groups = await group_parked(channel, where=where, **common)
+        page = await browse_parked(
+            channel,
+            where=where,
+            offset=args.offset,
+            limit=args.limit,
+            **common,
+        )
+    if args.json:
+        emit_json(
+            {
+                "queue": args.queue,
+                "groups": groups,
+                "records": [_summary(r) for r in page.records],
+                "next_offset": page.next_offset,
+            }
+        )
+        return 0
+    if not groups:
+        print(f"no parked messages for {args.queue!r}" + ("" if where.is_empty else " match"))
+        return 0
+    now = utcnow()
+    print(f"failure groups of {args.queue!r} ({sum(g.count for g in groups)} messages):")
+    print_table(
+        ("group", "count", "reason", "exception", "oldest", "example"),
+        [
+            (
+                g.fingerprint,
+                g.count,
+                g.reason,
+                g.exception_type or "-",
+                "?" if g.oldest_parked_at is None else format_duration(now - g.oldest_parked_at),
+                g.example.exception_message or g.example.body_preview,
+            )
+            for g in groups
+        ],
+        right=(1,),
+    )
+    print()
+    print_table(
+        ("id", "age", "reason", "attempts", "exception"),
+        [(r.id, _age(r), r.reason, r.attempts, _exception(r)) for r in page.records],
+        right=(3,),
+    )
+    more = f"; next page: --offset {page.next_offset}" if page.next_offset is not None else ""
+    print(f"{len(page.records)} shown from offset {page.offset}{more}; nothing was removed")
+    return 0
+
+
+async def _show(args: argparse.Namespace) -> int:
+    topology = topology_from_args(args)
+    connection = await connect(args.url)
+    async with connection:
+        channel = await connection.channel()
+        page = await browse_parked(
             channel,
             queue=args.queue,
             parking_queue=args.parking_queue,
-            limit=args.limit,
-            topology=topology_from_args(args),
+            where=ParkedFilter(ids=frozenset({args.id})),
+            limit=1,
+            topology=topology,
         )
-    if not parked:
-        print(f"no parked messages for {args.queue!r}")
+    if not page.records:
+        raise CommandError(
+            f"no parked message with id {args.id!r} in the parking lot of {args.queue!r}; "
+            f"'delayed-retry parking list --queue {args.queue}' shows the ids"
+        )
+    record = page.records[0]
+    if args.json:
+        emit_json(_summary(record))
         return 0
-    for p in parked:
-        when = p.parked_at.isoformat(timespec="seconds") if p.parked_at else "?"
-        error = f"{p.exception_type}: {p.exception_message}" if p.exception_type else "-"
-        print(f"{when}  {p.message_id or '-'}  {p.reason}  attempts={p.attempts}  {error}")
-        print(f"    from exchange={p.original_exchange!r} key={p.original_routing_key!r}")
-        print(f"    body: {p.body_preview[:120]}")
-    print(f"{len(parked)} shown (at most --limit {args.limit}); nothing was removed")
+    rows = [
+        ("id", record.id),
+        ("message id", record.message_id),
+        ("queue", record.queue),
+        ("reason", record.reason),
+        ("exception", record.exception_type),
+        ("message", record.exception_message),
+        ("attempts", record.attempts),
+        ("first failure", record.first_failure_at),
+        ("parked", f"{record.parked_at} ({_age(record)} ago)"),
+        ("replayed", f"{record.replays} time(s)"),
+        ("group", record.fingerprint),
+        ("from", f"exchange {record.original_exchange!r} key {record.original_routing_key!r}"),
+        ("content type", record.content_type),
+    ]
+    for name, value in rows:
+        print(f"{name:>14}: {'-' if value is None else value}")
+    print("       headers:")
+    for key, value in sorted(record.headers.items()):
+        if key != "x-exception-traceback":
+            print(f"    {key} = {to_jsonable(value)!r}")
+    if record.traceback:
+        print("     traceback:")
+        print("    " + record.traceback.rstrip().replace("\n", "\n    "))
+    body = to_jsonable(record.body)
+    print(f"          body ({len(record.body)} bytes):")
+    if isinstance(body, str):
+        print(body)
+    else:
+        print(f"(binary, base64) {body['base64']}")
+    return 0
+
+
+def _who() -> str | None:
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except (OSError, KeyError):
+        return None
+
+
+def _reporter(args: argparse.Namespace, update: Any) -> Any:
+    def progress(step: MoveProgress) -> None:
+        update(step.scanned, step.depth)
+        if step.dry_run and step.record is not None and not args.json:
+            r = step.record
+            print(f"would {step.action} {r.id}  {r.reason}  {_exception(r)}")
+
+    return progress
+
+
+def _report(report: MoveReport, args: argparse.Namespace) -> int:
+    if args.json:
+        emit_json(report)
+    verb = {"replay": "replayed", "purge": "purged"}[report.action]
+    if report.dry_run:
+        line = f"dry run: would have {verb} {report.done} of {report.scanned} parked message(s)"
+    else:
+        line = f"{verb} {report.done} message(s) of {report.scanned} looked at"
+        if report.to_queue:
+            line += f" to {report.to_queue!r}"
+    if not args.json:
+        print(line)
+    if report.stopped == "canary-parked-again":
+        raise CommandError(
+            f"a canary parked again ({', '.join(report.canary_ids)}): the replay stopped after "
+            f"{report.done}; the rest stay parked. Fix the cause, then replay again"
+        )
     return 0
 
 
 async def _replay(args: argparse.Namespace) -> int:
-    connection = await aio_pika.connect(args.url)
+    if args.canary < 0 or (args.limit is not None and args.limit < 0):
+        raise UsageError("--canary and --limit take zero or more messages")
+    connection = await connect(args.url)
+    async with connection:
+        topology = await checked_topology(connection, args, queue=args.to_queue or args.queue)
+        channel = await connection.channel()
+        with progress_bar("replay", total=None, enabled=None if not args.json else False) as bar:
+            report = await replay_matching(
+                channel,
+                queue=args.queue,
+                parking_queue=args.parking_queue,
+                to_queue=args.to_queue,
+                where=_filter(args),
+                limit=args.limit,
+                rate=args.rate,
+                delay=args.delay,
+                canary=args.canary,
+                canary_wait=args.canary_wait,
+                dry_run=args.dry_run,
+                progress=_reporter(args, bar),
+                replayed_by=_who(),
+                topology=topology,
+            )
+    return _report(report, args)
+
+
+async def _purge(args: argparse.Namespace) -> int:
+    where = _filter(args)
+    if where.is_empty and not args.all:
+        raise UsageError(
+            "parking purge needs a selection: --id, a filter (--exception, --reason, "
+            "--older-than, ...) or --all"
+        )
+    topology = topology_from_args(args)
+    connection = await connect(args.url)
     async with connection:
         channel = await connection.channel()
-        result = await replay_parked(
-            channel,
-            queue=args.queue,
-            parking_queue=args.parking_queue,
-            to_queue=args.to_queue,
-            limit=args.limit,
-            delay=args.delay,
-            topology=topology_from_args(args),
+        common: dict[str, Any] = dict(
+            queue=args.queue, parking_queue=args.parking_queue, where=where, topology=topology
         )
-    print(f"replayed {result.replayed} message(s) to {result.to_queue!r}")
-    return 0
+        preview: MoveReport | None = None
+        if not args.dry_run:
+            preview = await purge_matching(channel, dry_run=True, limit=args.limit, **common)
+            if preview.done == 0:
+                print(f"no parked messages of {args.queue!r} match; nothing purged")
+                return 0
+            question = f"delete {preview.done} parked message(s) of {args.queue!r} for good?"
+            if not confirm(question, assume_yes=args.yes):
+                print("nothing purged", file=sys.stderr)
+                return 1
+        with progress_bar("purge", total=None, enabled=None if not args.json else False) as bar:
+            # The count the operator agreed to, never more (a message parked meanwhile stays).
+            limit = args.limit if preview is None else preview.done
+            report = await purge_matching(
+                channel,
+                limit=limit,
+                rate=args.rate,
+                dry_run=args.dry_run,
+                progress=_reporter(args, bar),
+                **common,
+            )
+    return _report(report, args)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.cli.output import UsageError
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 
 __all__ = ["register"]
@@ -64,6 +65,12 @@ def cmd_archive(args: argparse.Namespace) -> int:
     """Drain a parking queue into Parquet files."""
     from delayed_retry.spark.archive import archive
 
+    if not args.queue.endswith(".parking") and not args.force:
+        raise UsageError(
+            f"--queue {args.queue!r} is not a parking queue (QUEUE.parking): archive drains it, "
+            f"taking messages away from its consumers. Did you mean --queue {args.queue}.parking? "
+            "Add --force to drain this queue anyway"
+        )
     result = asyncio.run(
         archive(
             args.url,
@@ -185,6 +192,9 @@ def register(subparsers: Any) -> None:
         "--idle-timeout", type=float, default=1.0, help="stop after the queue is empty this long"
     )
     p.add_argument("--max", type=int, default=None, help="archive at most this many messages")
+    p.add_argument(
+        "--force", action="store_true", help="drain a queue whose name does not end in .parking"
+    )
     add_topology_args(p)
     p.set_defaults(func=cmd_archive)
 

@@ -1,0 +1,95 @@
+"""Reach the broker from the command line: check ``--url``, connect, explain failures in one line.
+
+Commands call :func:`connect` instead of ``aio_pika.connect``; ``main`` turns
+any connection failure into one line with :func:`explain_connection_error`.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractConnection
+
+from delayed_retry.cli.output import CommandError, UsageError
+
+__all__ = ["check_url", "connect", "explain_connection_error", "redact"]
+
+_SCHEMES = ("amqp", "amqps")
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for messages."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if password is None:
+        return url
+    netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def check_url(url: str) -> None:
+    """Refuse a URL that is not ``amqp://`` or ``amqps://`` with a host, before dialling."""
+    example = "amqp://user:password@host:5672/vhost"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UsageError(
+            f"--url {redact(url)!r} is not a broker URL ({exc}); write it like {example}"
+        ) from None
+    if parts.scheme not in _SCHEMES:
+        what = f"a {parts.scheme}:// URL" if parts.scheme else "not a URL"
+        raise UsageError(
+            f"--url {redact(url)!r} is {what}; the broker speaks AMQP: write it like {example} "
+            "(the management UI's http:// address and port 15672 do not work here)"
+        )
+    if not parts.hostname:
+        raise UsageError(f"--url {redact(url)!r} names no host; write it like {example}")
+    if port == 0:
+        raise UsageError(f"--url {redact(url)!r} has port 0; the AMQP port is usually 5672")
+
+
+def _vhost(url: str) -> str:
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def explain_connection_error(exc: BaseException, url: str) -> str | None:
+    """One line for a failure to connect to ``url``, or ``None`` if ``exc`` is something else."""
+    shown = redact(url)
+    if isinstance(exc, aiormq.exceptions.ProbableAuthenticationError):
+        return (
+            f"the broker at {shown!r} refused the user name or password; check the credentials "
+            "in --url or $RABBITMQ_URL"
+        )
+    if isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc):
+        return (
+            f"the broker at {shown!r} refused to open virtual host {_vhost(url)!r} (it does not "
+            "exist or the user may not use it); check the path of --url, e.g. '/' is %2F"
+        )
+    if isinstance(exc, aiormq.exceptions.AMQPConnectionError | ConnectionError | OSError):
+        detail = exc.args[-1] if exc.args else exc
+        return (
+            f"cannot reach the broker at {shown!r}: {detail}; check the host and port of --url "
+            "or $RABBITMQ_URL and that RabbitMQ is running"
+        )
+    if isinstance(exc, TimeoutError):
+        return f"no answer from the broker at {shown!r} in time; check the host and port of --url"
+    return None
+
+
+async def connect(url: str, *, timeout: float = 10.0) -> AbstractConnection:
+    """An aio-pika connection to ``url``; failures become one-line :class:`CommandError`."""
+    check_url(url)
+    try:
+        return await aio_pika.connect(url, timeout=timeout)
+    except (aiormq.exceptions.AMQPError, OSError, TimeoutError) as exc:
+        line = explain_connection_error(exc, url)
+        if line is None:
+            raise
+        raise CommandError(line) from exc

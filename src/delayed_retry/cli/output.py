@@ -1,0 +1,257 @@
+"""What every command shares: errors and exit codes, JSON, tables, progress, option types.
+
+Use these in every subcommand so the command line behaves one way:
+
+* raise :class:`CommandError` (exit 1) for a failure and :class:`UsageError`
+  (exit 2) for bad input, with one line naming the object, the problem and
+  the command that fixes it; ``main`` prints it as ``delayed-retry: error: ...``;
+* :func:`add_json_option` on every read command, then :func:`emit_json`;
+* :func:`print_table` for human output (it fits the terminal);
+* :func:`progress_bar` around long operations (a bar only on a terminal);
+* :func:`duration_type`, :func:`rate_type`, :func:`header_type` as argparse
+  ``type=`` so ``90s``, ``15m``, ``100/s`` and ``k=v`` are read one way;
+* :func:`confirm` before anything destructive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import json
+import re
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any, TextIO
+
+from delayed_retry.durations import parse_duration
+from delayed_retry.errors import ConfigurationError
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "CommandError",
+    "UsageError",
+    "add_json_option",
+    "confirm",
+    "duration_type",
+    "for_command_line",
+    "emit_json",
+    "header_type",
+    "print_table",
+    "progress_bar",
+    "rate_type",
+    "render_table",
+    "to_jsonable",
+]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+"""The command ran and failed (a broker error, a mismatch, a difference found)."""
+EXIT_USAGE = 2
+"""The command line itself was wrong (an unknown option, a malformed value)."""
+
+
+class CommandError(Exception):
+    """A failure to report as one line and exit 1; say what is wrong and what to run."""
+
+    exit_code = EXIT_FAILURE
+
+
+class UsageError(CommandError):
+    """Bad input on the command line: reported as one line, exit 2."""
+
+    exit_code = EXIT_USAGE
+
+
+# The library's errors advise Python callers; on the command line the same fix is an option.
+_API_ADVICE = (
+    (
+        re.compile(r"\(DelayTopology\(prefix=('[^']*')\)\.declare\(channel\)\)"),
+        r"(delayed-retry declare --prefix \1)",
+    ),
+    (
+        re.compile(r"DelayTopology\(prefix=('[^']*'), levels=(\d+)\)"),
+        r"the chain --prefix \1 --levels \2",
+    ),
+    (re.compile(r"use another DelayTopology prefix"), "use another --prefix"),
+    (re.compile(r"DelayTopology prefix="), "--prefix "),
+    (re.compile(r"DelayTopology levels="), "--levels "),
+    (re.compile(r"DelayTopology unit="), "--unit-ms "),
+    (
+        re.compile(r"Declare the queue before consuming from it or scheduling messages for it"),
+        "Create the queue first (delayed-retry declare --bind QUEUE, or your application)",
+    ),
+)
+
+
+def for_command_line(message: str) -> str:
+    """``message`` with advice for Python callers turned into the options that do the same."""
+    for pattern, replacement in _API_ADVICE:
+        message = pattern.sub(replacement, message)
+    return message
+
+
+# -- option types ---------------------------------------------------------------
+def duration_type(text: str) -> float:
+    """argparse ``type=`` for durations: ``90s``, ``15m``, ``1h``, ``2d``, ``250ms``, seconds."""
+    try:
+        return parse_duration(text, name="duration")
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def rate_type(text: str) -> float:
+    """argparse ``type=`` for rates: ``100/s``, ``30/m``, ``500/h`` or a number per second."""
+    number, _, per = text.strip().partition("/")
+    seconds = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}.get(per.strip().lower())
+    try:
+        value = float(number)
+    except ValueError:
+        value = float("nan")
+    if seconds is None or not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"rate {text!r} is not a positive rate; write it like 100/s, 30/m or 500/h"
+        )
+    return value / seconds
+
+
+def header_type(text: str) -> tuple[str, str]:
+    """argparse ``type=`` for ``name=value`` pairs."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not name=value, e.g. tenant=acme")
+    return name.strip(), value
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--json``: machine-readable output on stdout instead of text."""
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON instead of text (for scripts)"
+    )
+
+
+# -- JSON -----------------------------------------------------------------------
+def to_jsonable(value: Any) -> Any:
+    """``value`` in JSON types: datetimes ISO 8601, durations seconds, bytes text or base64."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes | bytearray):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [to_jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def emit_json(value: Any, *, stream: TextIO | None = None) -> None:
+    """Print ``value`` as one JSON document on stdout."""
+    print(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False), file=stream or sys.stdout)
+
+
+# -- tables -----------------------------------------------------------------------
+def _cell(value: object) -> str:
+    text = "-" if value is None else str(value)
+    return " ".join(text.split())  # one line per row, whatever the value holds
+
+
+def render_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    *,
+    width: int | None = None,
+    right: Sequence[int] = (),
+) -> str:
+    """Rows as aligned text no wider than ``width`` (default: the terminal's).
+
+    When the rows do not fit, the widest columns are shortened with ``…``.
+    ``right`` lists the columns to align right (counts).
+    """
+    limit = width or shutil.get_terminal_size((120, 24)).columns
+    cells = [[_cell(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    gap = 2
+    while sum(widths) + gap * (len(widths) - 1) > limit and max(widths) > 8:
+        widest = widths.index(max(widths))
+        widths[widest] -= 1
+    lines = []
+    for row in cells:
+        parts = []
+        for i, text in enumerate(row):
+            if len(text) > widths[i]:
+                text = text[: widths[i] - 1] + "…"
+            parts.append(text.rjust(widths[i]) if i in right else text.ljust(widths[i]))
+        lines.append((" " * gap).join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], *, right: Sequence[int] = ()
+) -> None:
+    """Print :func:`render_table` to stdout."""
+    print(render_table(headers, rows, right=right))
+
+
+# -- progress and confirmation ----------------------------------------------------
+@contextmanager
+def progress_bar(
+    description: str, *, total: int | None, enabled: bool | None = None
+) -> Iterator[Callable[[int, int | None], None]]:
+    """A progress bar on stderr while the block runs, only when stderr is a terminal.
+
+    Yields ``update(done, total)``; call it as work advances. Off a terminal
+    (pipes, logs, CI) it does nothing, so output stays clean.
+    """
+    show = sys.stderr.isatty() if enabled is None else enabled
+    if not show:
+
+        def nothing(done: int, new_total: int | None = None) -> None:
+            return None
+
+        yield nothing
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=total)
+
+        def update(done: int, new_total: int | None = None) -> None:
+            if new_total is not None:
+                bar.update(task, total=max(new_total, done))
+            bar.update(task, completed=done)
+
+        yield update
+
+
+def confirm(question: str, *, assume_yes: bool) -> bool:
+    """Ask ``question`` on the terminal; ``--yes`` answers for scripts.
+
+    Without a terminal and without ``--yes`` it refuses (a usage error), so
+    a script never hangs nor acts unasked.
+    """
+    if assume_yes:
+        return True
+    if not sys.stdin.isatty():
+        raise UsageError(f"{question} needs a confirmation: run it on a terminal or add --yes")
+    answer = input(f"{question} [y/N] ")
+    return answer.strip().lower() in ("y", "yes")

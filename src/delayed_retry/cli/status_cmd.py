@@ -1,0 +1,171 @@
+"""``delayed-retry status``: what waits where, and when it comes due."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import aiormq
+from aio_pika.abc import AbstractConnection
+
+from delayed_retry.cli.chain import checked_topology
+from delayed_retry.cli.common import add_topology_args
+from delayed_retry.cli.connection import connect
+from delayed_retry.cli.main import run
+from delayed_retry.cli.output import add_json_option, emit_json, print_table
+from delayed_retry.durations import format_duration
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    """Add the ``status`` command."""
+    status = sub.add_parser(
+        "status",
+        help="work queues, delay levels, parking: depths and when messages come due",
+        description="Show each work queue's depth and consumers, the messages waiting in the "
+        "delay chain (only the levels holding any, unless --all-levels) with when they come "
+        "due, and the parking, unroutable and alert queues. Read-only.",
+    )
+    status.add_argument(
+        "--queue",
+        metavar="QUEUE",
+        action="append",
+        default=[],
+        help="a work queue to show with its parking queue (repeatable)",
+    )
+    status.add_argument("--all-levels", action="store_true", help="also show empty levels")
+    add_json_option(status)
+    add_topology_args(status)
+    status.set_defaults(func=lambda args: run(_status(args)))
+
+
+async def _declared(connection: AbstractConnection, name: str) -> tuple[int, int] | None:
+    """(messages, consumers) of queue ``name``, or ``None`` when it does not exist."""
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        queue = await channel.declare_queue(name, passive=True)
+        result = queue.declaration_result
+        return int(result.message_count or 0), int(result.consumer_count or 0)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return None
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+
+
+def _at(found: tuple[int, int] | None, index: int) -> int | None:
+    return None if found is None else found[index]
+
+
+def _shown(found: tuple[int, int] | None, index: int, absent: str) -> int | str:
+    return absent if found is None else found[index]
+
+
+async def _status(args: argparse.Namespace) -> int:
+    connection = await connect(args.url)
+    async with connection:
+        topology = await checked_topology(
+            connection, args, queue=args.queue[0] if args.queue else None
+        )
+        work = {q: await _declared(connection, q) for q in args.queue}
+        parking = {
+            q: await _declared(connection, topology.default_parking_queue(q)) for q in args.queue
+        }
+        levels = [
+            await _declared(connection, topology.level_name(n)) for n in range(topology.levels)
+        ]
+        unroutable = await _declared(connection, topology.unroutable_queue)
+        alerts = await _declared(connection, topology.alerts_queue)
+    unit = topology.unit_ms / 1000
+    level_rows: list[dict[str, Any]] = []
+    for n, found in enumerate(levels):
+        # A message in level n still has the rest of that level and at most every lower one.
+        level_rows.append(
+            {
+                "level": n,
+                "queue": topology.level_name(n),
+                "holds_seconds": (1 << n) * unit,
+                "due_within_seconds": ((1 << (n + 1)) - 1) * unit,
+                "messages": None if found is None else found[0],
+            }
+        )
+    missing = [r["queue"] for r in level_rows if r["messages"] is None]
+    missing += [topology.unroutable_queue] if unroutable is None else []
+    missing += [q for q, found in work.items() if found is None]
+    if args.json:
+        emit_json(
+            {
+                "prefix": topology.prefix,
+                "levels": topology.levels,
+                "unit_seconds": unit,
+                "max_delay_seconds": topology.max_delay.total_seconds(),
+                "queues": [
+                    {
+                        "queue": q,
+                        "messages": _at(work[q], 0),
+                        "consumers": _at(work[q], 1),
+                        "parked": _at(parking[q], 0),
+                    }
+                    for q in args.queue
+                ],
+                "chain": level_rows,
+                "unroutable": None if unroutable is None else unroutable[0],
+                "alert_copies": None if alerts is None else alerts[0],
+                "missing": missing,
+            }
+        )
+        return 1 if missing else 0
+    print(
+        f"delay chain {topology.prefix!r}: {topology.levels} levels of "
+        f"{format_duration(unit)}, delays up to {format_duration(topology.max_delay)} "
+        f"({topology.queue_type} queues)"
+    )
+    if args.queue:
+        print()
+        print_table(
+            ("queue", "ready", "consumers", "parked"),
+            [
+                (
+                    q,
+                    _shown(work[q], 0, "missing"),
+                    _shown(work[q], 1, "-"),
+                    _shown(parking[q], 0, "missing"),
+                )
+                for q in args.queue
+            ],
+            right=(1, 2, 3),
+        )
+    waiting = sum(r["messages"] or 0 for r in level_rows)
+    shown = [r for r in level_rows if args.all_levels or r["messages"]]
+    print()
+    if shown:
+        print_table(
+            ("level", "holds", "messages", "due"),
+            [
+                (
+                    r["queue"],
+                    format_duration(r["holds_seconds"]),
+                    "missing" if r["messages"] is None else r["messages"],
+                    f"within {format_duration(r['due_within_seconds'])}" if r["messages"] else "-",
+                )
+                for r in shown
+            ],
+            right=(2,),
+        )
+    print(
+        f"{waiting} message(s) waiting in the chain"
+        + ("" if args.all_levels else " (empty levels hidden; --all-levels shows them)")
+    )
+    print(
+        f"unroutable: {'missing' if unroutable is None else unroutable[0]}, alert copies: "
+        f"{'missing' if alerts is None else alerts[0]}"
+    )
+    if missing:
+        print(
+            f"{len(missing)} queue(s) missing ({', '.join(missing[:3])}"
+            f"{', …' if len(missing) > 3 else ''}): run 'delayed-retry declare' with the same "
+            "options, and check the queue names"
+        )
+        return 1
+    return 0

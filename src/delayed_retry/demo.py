@@ -1,0 +1,124 @@
+"""The README's demo: a consumer that fails, backs off through the chain, succeeds or parks.
+
+Run it with ``delayed-retry demo`` (a throwaway RabbitMQ node unless ``--url``
+or ``$RABBITMQ_URL`` names a broker), ``scripts/demo``, or
+``python examples/demo.py``. It uses names of its own (``delayed-retry-demo``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from datetime import timedelta
+
+import aio_pika
+from tenacity import retry_if_exception_type, wait_exponential
+
+from delayed_retry import (
+    DelayTopology,
+    consume,
+    current_retry_state,
+    peek_parked,
+    publish_delayed,
+    with_delayed_retry,
+)
+from delayed_retry.testing import broker_url
+
+
+class PaymentGatewayDown(Exception):
+    """A transient failure: worth retrying later."""
+
+
+START = time.monotonic()
+
+
+def say(text: str) -> None:
+    print(f"[{time.monotonic() - START:6.2f}s] {text}", flush=True)
+
+
+async def run(url: str) -> int:
+    # A chain of its own (20 levels of 1 ms hold up to 17 minutes), apart from real traffic.
+    topology = DelayTopology(prefix="delayed-retry-demo", levels=20)
+    queue_name = "delayed-retry-demo.orders"
+    connection = await aio_pika.connect_robust(url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=10)
+        queue = await channel.declare_queue(queue_name, durable=True)
+        await queue.purge()
+        await topology.declare(channel, queues=[queue_name])
+        parking = await channel.declare_queue(f"{queue_name}.parking", passive=True)
+        await parking.purge()
+        finished: asyncio.Queue[str] = asyncio.Queue()
+
+        @with_delayed_retry(
+            max_retries=4,
+            wait=wait_exponential(multiplier=0.25, max=2),  # 0.25 s, 0.5 s, 1 s, 2 s
+            retry=retry_if_exception_type(PaymentGatewayDown),
+            topology=topology,
+        )
+        async def handle(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            state = current_retry_state()
+            assert state is not None
+            order = message.body.decode()
+            late = ""
+            if state.due_at is not None:
+                late = f", {(time.time() - state.due_at.timestamp()) * 1000:.0f} ms after due"
+            say(f"{order}: attempt {state.attempt}{late}")
+            if order == "order-2" and state.attempt < 3:
+                raise PaymentGatewayDown("payment gateway timed out")
+            if order == "order-3":
+                if state.attempt >= 5:
+                    await finished.put(order)
+                raise PaymentGatewayDown("payment gateway keeps timing out")
+            if order == "order-4":
+                await finished.put(order)
+                raise ValueError("order has no customer id")  # not retryable: parks at once
+            say(f"{order}: done")
+            await finished.put(order)
+
+        consumer_tag = await consume(queue, handle)
+        say(f"consuming {queue_name!r}; the delay chain is {topology.prefix!r}")
+        for n in (1, 2, 3, 4):
+            await channel.default_exchange.publish(
+                aio_pika.Message(f"order-{n}".encode(), message_id=f"order-{n}"),
+                routing_key=queue_name,
+            )
+        due = await publish_delayed(
+            channel,
+            aio_pika.Message(b"order-5 (scheduled)", message_id="order-5"),
+            queue=queue_name,
+            delay=timedelta(seconds=1.5),
+            topology=topology,
+        )
+        say(f"scheduled order-5 for {due.isoformat(timespec='milliseconds')}")
+        seen: set[str] = set()
+        while len(seen) < 5:
+            seen.add(await asyncio.wait_for(finished.get(), timeout=60))
+        # Let the hand-over of the last failure (parking) finish.
+        parked = []
+        for _ in range(100):
+            parked = await peek_parked(channel, queue=queue_name, topology=topology)
+            if len(parked) == 2:
+                break
+            await asyncio.sleep(0.05)
+        await queue.cancel(consumer_tag)
+        say(f"{len(parked)} message(s) parked in {queue_name}.parking:")
+        for p in parked:
+            say(f"  {p.message_id}: {p.reason} after {p.attempts} attempt(s): {p.exception_type}")
+        return 0 if len(parked) == 2 else 1
+
+
+def main(url: str | None = None) -> int:
+    """Run the demo on ``url``, or on a throwaway broker (see :func:`broker_url`) when ``None``."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if url is not None:
+        return asyncio.run(run(url))
+    with broker_url() as started:
+        return asyncio.run(run(started))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
