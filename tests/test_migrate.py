@@ -188,10 +188,15 @@ async def test_migrate_refuses_a_missing_source_and_the_same_chain(
     base = ["--url", rabbitmq_url, "topology", "migrate", *_new_options(new)]
     assert (
         await asyncio.to_thread(main, [*base, "--from", "kombu", "--from-prefix", "absent-xyz"])
-        == 2
+        == 1
     )
     assert "no queue of the Kombu native delayed delivery with prefix 'absent-xyz'" in (
         capsys.readouterr().err
     )
     assert await asyncio.to_thread(main, [*base, "--from", "delayed-retry"]) == 2
     assert "--from delayed-retry needs --from-prefix" in capsys.readouterr().err
+    await new.topology.declare(new.ch)
+    same = ["--from", "delayed-retry", "--from-prefix", new.topology.prefix]
+    same += ["--from-levels", str(NEW_LEVELS), "--from-unit-ms", "1"]
+    assert await asyncio.to_thread(main, [*base, *same]) == 1
+    assert "the source and target chains are the same" in capsys.readouterr().err

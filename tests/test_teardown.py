@@ -63,7 +63,7 @@ def test_declare_creates_the_queue_it_binds_and_teardown_removes_an_empty_chain(
     topo = ["--prefix", unique, "--levels", "24", "--queue-type", "classic"]
     url = ["--url", rabbitmq_url]
     try:
-        assert main([*url, "declare", *topo, "--bind", unique]) == 2
+        assert main([*url, "declare", *topo, "--bind", unique]) == 1
         assert f"queue {unique!r} does not exist" in capsys.readouterr().err
         assert main([*url, "declare", *topo, "--bind", unique, "--create"]) == 0
         assert f"created queue {unique!r} (classic)" in capsys.readouterr().out
@@ -90,9 +90,11 @@ def test_declare_creates_the_queue_it_binds_and_teardown_removes_an_empty_chain(
         assert len(plan["exchanges"]) == 4 + 24
         assert asyncio.run(_exists(rabbitmq_url, f"{unique}.level.23"))
 
-        # Not a terminal and no --yes: refused, nothing removed.
-        assert main(teardown) == 1
-        assert "not confirmed; nothing removed" in capsys.readouterr().err
+        # Not a terminal and no --yes: a usage error, nothing removed.
+        assert main(teardown) == 2
+        assert "needs a confirmation: run it on a terminal or add --yes" in (
+            capsys.readouterr().err
+        )
 
         assert main([*teardown, "--yes"]) == 0
         assert f"removed chain {unique!r}: 28 queue(s), 28 exchange(s)" in (capsys.readouterr().out)

@@ -157,7 +157,7 @@ def test_show_counts_levels_and_says_when_they_are_due(
         assert main(["--url", rabbitmq_url, "topology", "show", *topo]) == 0
         out = capsys.readouterr().out
         # One hour is 3,600,000 ms: its highest bit is level 21 (2^21 ms, 34 m 57 s).
-        row = r"^\s+21\s+34 m 57 s\s+34 m 57 s – 1 h 10 m\s+2\s+within 1 h 10 m$"
+        row = r"^\s*21\s+34 m 57 s\s+34 m 57 s – 1 h 10 m\s+2\s+within 1 h 10 m$"
         assert re.search(row, out, re.MULTILINE), out
         assert "(23 empty level(s) hidden; --all lists them)" in out
         assert "2 message(s) waiting, all due within 1 h 10 m" in out

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-from dataclasses import asdict
 from typing import Any
 
 import aio_pika
@@ -15,6 +13,7 @@ from delayed_retry.chain_diff import Difference, compare
 from delayed_retry.chain_probe import level_depths, probe_over_amqp, queue_depth
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import redact, run
+from delayed_retry.cli.output import add_json_option, emit_json, print_table
 from delayed_retry.durations import format_duration
 from delayed_retry.management import (
     ManagementClient,
@@ -70,7 +69,7 @@ def register(sub: Any) -> None:
     verify.add_argument(
         "--no-management", action="store_true", help="check over AMQP only, without the HTTP API"
     )
-    verify.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json_option(verify)
     verify.set_defaults(func=lambda args: run(_verify(args)))
 
     show = verbs.add_parser(
@@ -81,7 +80,7 @@ def register(sub: Any) -> None:
     )
     add_topology_args(show)
     show.add_argument("--all", action="store_true", help="also list empty levels")
-    show.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json_option(show)
     show.set_defaults(func=lambda args: run(_show(args)))
 
     from delayed_retry.cli.migrate_cmd import register_migrate
@@ -121,17 +120,14 @@ def _report(
     note: str | None,
 ) -> int:
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "prefix": topology.prefix,
-                    "checked_through": checked,
-                    "complete": note is None,
-                    "note": note,
-                    "differences": [asdict(d) for d in differences],
-                },
-                indent=2,
-            )
+        emit_json(
+            {
+                "prefix": topology.prefix,
+                "checked_through": checked,
+                "complete": note is None,
+                "note": note,
+                "differences": differences,
+            }
         )
     else:
         if note:
@@ -179,7 +175,7 @@ async def _show(args: argparse.Namespace) -> int:
             }
         )
     if args.json:
-        print(json.dumps({"prefix": topology.prefix, "levels": rows, "queues": others}, indent=2))
+        emit_json({"prefix": topology.prefix, "levels": rows, "queues": others})
     else:
         _print_show(args, topology, rows, others)
     missing = [r["queue"] for r in rows if r["messages"] is None]
@@ -207,14 +203,19 @@ def _print_show(
     )
     shown = [r for r in rows if args.all or r["messages"] != 0]
     if shown:
-        print(f"{'level':>5}  {'holds':>10}  {'delays entering':>23}  {'messages':>8}  due")
+        table = []
         for r in shown:
             low, high = r["entering_delays_s"]
-            count = "missing" if r["messages"] is None else str(r["messages"])
-            due = "" if not r["messages"] else f"within {format_at_most(r['due_within_s'])}"
-            span = f"{format_duration(low)} – {format_at_most(high)}"
-            hold = format_duration(r["holds_s"])
-            print(f"{r['level']:>5}  {hold:>10}  {span:>23}  {count:>8}  {due}")
+            table.append(
+                (
+                    r["level"],
+                    format_duration(r["holds_s"]),
+                    f"{format_duration(low)} – {format_at_most(high)}",
+                    "missing" if r["messages"] is None else r["messages"],
+                    f"within {format_at_most(r['due_within_s'])}" if r["messages"] else "",
+                )
+            )
+        print_table(("level", "holds", "delays entering", "messages", "due"), table, right=(0, 3))
     hidden = len(rows) - len(shown)
     if hidden:
         print(f"({hidden} empty level(s) hidden; --all lists them)")

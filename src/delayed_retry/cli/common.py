@@ -40,10 +40,11 @@ def add_topology_args(parser: argparse.ArgumentParser) -> None:
 
 def topology_from_args(args: argparse.Namespace) -> DelayTopology:
     """The :class:`DelayTopology` the options describe."""
+    prefix = args.prefix or os.environ.get("DELAYED_RETRY_PREFIX") or DelayTopology().prefix
     if getattr(args, "nservicebus", False):
-        return DelayTopology.nservicebus(prefix=args.prefix)
+        return DelayTopology.nservicebus(prefix=prefix)
     return DelayTopology(
-        prefix=args.prefix or os.environ.get("DELAYED_RETRY_PREFIX") or DelayTopology().prefix,
+        prefix=prefix,
         levels=args.levels,
         unit=timedelta(milliseconds=args.unit_ms),
         queue_type=args.queue_type,

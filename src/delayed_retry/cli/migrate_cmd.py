@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import timedelta
 from typing import Any
@@ -14,7 +13,13 @@ from delayed_retry.chain_sources import SourceChain
 from delayed_retry.cli.chain_cmd import format_at_most
 from delayed_retry.cli.common import topology_from_args
 from delayed_retry.cli.main import run
-from delayed_retry.errors import ConfigurationError
+from delayed_retry.cli.output import (
+    CommandError,
+    UsageError,
+    add_json_option,
+    emit_json,
+    progress_bar,
+)
 from delayed_retry.migration import migrate_chain, source_depths
 from delayed_retry.topology import DelayTopology
 
@@ -70,7 +75,7 @@ def register_migrate(verbs: Any) -> None:
     migrate.add_argument(
         "--dry-run", action="store_true", help="count what would move; read and move nothing"
     )
-    migrate.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json_option(migrate)
     migrate.set_defaults(func=lambda args: run(_migrate(args)))
 
 
@@ -81,7 +86,7 @@ def source_from_args(args: argparse.Namespace) -> SourceChain:
     if args.source == "nservicebus":
         return SourceChain.nservicebus()
     if not args.from_prefix:
-        raise ConfigurationError(
+        raise UsageError(
             "--from delayed-retry needs --from-prefix (and --from-levels/--from-unit-ms when "
             "they were not the defaults): the settings the old chain was declared with"
         )
@@ -98,7 +103,7 @@ def _mapping(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, queue = item.partition("=")
         if not sep or not key or not queue:
-            raise ConfigurationError(f"--map {item!r} is not KEY=QUEUE, e.g. --map celery=tasks")
+            raise UsageError(f"--map {item!r} is not KEY=QUEUE, e.g. --map celery=tasks")
         out[key] = queue
     return out
 
@@ -111,19 +116,29 @@ async def _migrate(args: argparse.Namespace) -> int:
     async with connection:
         depths = await source_depths(connection, source)
         if all(count is None for _, _, count in depths):
-            raise ConfigurationError(
+            raise CommandError(
                 f"no queue of the {source.label} exists (looked for {source.level_name(0)!r} "
                 f"… {source.level_name(source.levels - 1)!r}); check --from and --from-prefix"
             )
         if args.dry_run:
             return _print_dry_run(args, source, target, depths)
-        report = await migrate_chain(
-            connection,
-            source=source,
-            target=target,
-            destinations=mapping,
-            default_destination=args.to_queue,
-        )
+        total = sum(count or 0 for _, _, count in depths)
+        with progress_bar("moving", total=total, enabled=None if not args.json else False) as bar:
+            moved = 0
+
+            def advance(n: int) -> None:
+                nonlocal moved
+                moved += n
+                bar(moved, None)
+
+            report = await migrate_chain(
+                connection,
+                source=source,
+                target=target,
+                destinations=mapping,
+                default_destination=args.to_queue,
+                on_move=advance,
+            )
     rows: list[dict[str, Any]] = [
         {
             "level": r.level,
@@ -136,7 +151,7 @@ async def _migrate(args: argparse.Namespace) -> int:
         if r.moved or r.left or r.problems
     ]
     if args.json:
-        print(json.dumps({"moved": report.moved, "left": report.left, "levels": rows}, indent=2))
+        emit_json({"moved": report.moved, "left": report.left, "levels": rows})
     else:
         for row in rows:
             print(f"{row['queue']}: moved {row['moved']}, left {row['left']}")
@@ -163,7 +178,7 @@ def _print_dry_run(
         rows.append({"level": level, "queue": name, "messages": count, "due_within_s": latest})
     total = sum(r["messages"] for r in rows)
     if args.json:
-        print(json.dumps({"dry_run": True, "would_move": total, "levels": rows}, indent=2))
+        emit_json({"dry_run": True, "would_move": total, "levels": rows})
         return 0
     for r in rows:
         within = format_at_most(r["due_within_s"])

@@ -51,6 +51,14 @@ def parse_wait(spec: str) -> wait_base:
     )
 
 
+def wait_type(spec: str) -> wait_base:
+    """argparse ``type=`` for ``--wait``: a usage error (exit 2) when it cannot be read."""
+    try:
+        return parse_wait(spec)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(sub: Any) -> None:
     """Add the ``router`` command."""
     router = sub.add_parser(
@@ -73,7 +81,7 @@ def register(sub: Any) -> None:
     router.add_argument(
         "--max-retries", type=int, default=5, help="delayed retries before parking (%(default)s)"
     )
-    router.add_argument("--wait", default=None, metavar="BACKOFF", help=WAIT_HELP)
+    router.add_argument("--wait", type=wait_type, default=None, metavar="BACKOFF", help=WAIT_HELP)
     router.add_argument(
         "--prefetch", type=int, default=32, help="rejected messages in flight (%(default)s)"
     )
@@ -81,7 +89,7 @@ def register(sub: Any) -> None:
 
 
 async def _router(args: argparse.Namespace) -> int:
-    wait = parse_wait(args.wait) if args.wait else DEFAULT_WAIT
+    wait = args.wait or DEFAULT_WAIT
     retry_router = RetryRouter(
         queues=args.queue,
         max_retries=args.max_retries,

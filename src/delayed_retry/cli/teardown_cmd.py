@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -12,6 +11,7 @@ import aio_pika
 from delayed_retry.chain_diff import topology_options
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
+from delayed_retry.cli.output import CommandError, add_json_option, confirm, emit_json
 from delayed_retry.teardown import TeardownPlan, plan_teardown, tear_down
 
 __all__ = ["register"]
@@ -38,7 +38,7 @@ def register(sub: Any) -> None:
     )
     teardown.add_argument("--dry-run", action="store_true", help="list what would be removed")
     teardown.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    teardown.add_argument("--json", action="store_true", help="print the plan/result as JSON")
+    add_json_option(teardown)
     teardown.set_defaults(func=lambda args: run(_teardown(args)))
 
 
@@ -58,45 +58,30 @@ def _print_plan(plan: TeardownPlan, prefix: str) -> None:
         print(f"{len(plan.missing)} object(s) already absent")
 
 
-def _confirmed(prefix: str, plan: TeardownPlan) -> bool:
-    if not sys.stdin.isatty():
-        return False
-    answer = input(
-        f"remove {len(plan.queues)} queue(s) and {len(plan.exchanges)} exchange(s) of chain "
-        f"{prefix!r}? [y/N] "
-    )
-    return answer.strip().lower() in ("y", "yes")
-
-
 async def _teardown(args: argparse.Namespace) -> int:
     topology = topology_from_args(args)
     connection = await aio_pika.connect(args.url)
     async with connection:
         plan = await plan_teardown(connection, topology, queues=args.queue)
         if args.json:
-            print(
-                json.dumps(
-                    {
-                        "dry_run": args.dry_run,
-                        "queues": plan.queues,
-                        "exchanges": plan.exchanges,
-                        "not_empty": plan.not_empty,
-                        "missing": plan.missing,
-                    },
-                    indent=2,
-                )
+            emit_json(
+                {
+                    "dry_run": args.dry_run,
+                    "queues": plan.queues,
+                    "exchanges": plan.exchanges,
+                    "not_empty": plan.not_empty,
+                    "missing": plan.missing,
+                }
             )
         else:
             _print_plan(plan, topology.prefix)
         if plan.blocked:
-            print(
-                f"delayed-retry: error: chain {topology.prefix!r} is not empty "
-                f"({', '.join(plan.not_empty)}); nothing removed. Move its messages first "
-                "(delayed-retry topology migrate, or wait for them to be delivered; purge the "
-                "alerts queue if its copies are no longer needed)",
-                file=sys.stderr,
+            raise CommandError(
+                f"chain {topology.prefix!r} is not empty ({', '.join(plan.not_empty)}); "
+                "nothing removed. Move its messages first (delayed-retry topology migrate, or "
+                "wait for them to be delivered; purge the alerts queue if its copies are no "
+                "longer needed)"
             )
-            return 1
         note = sys.stderr if args.json else sys.stdout
         if not plan.queues and not plan.exchanges:
             print(f"nothing to remove: chain {topology.prefix!r} does not exist", file=note)
@@ -104,23 +89,20 @@ async def _teardown(args: argparse.Namespace) -> int:
         if args.dry_run:
             print("dry run: nothing removed", file=note)
             return 0
-        if not args.yes and not _confirmed(topology.prefix, plan):
-            print(
-                "delayed-retry: error: not confirmed; nothing removed (pass --yes to remove "
-                "without asking)",
-                file=sys.stderr,
-            )
-            return 1
+        question = (
+            f"remove {len(plan.queues)} queue(s) and {len(plan.exchanges)} exchange(s) of "
+            f"chain {topology.prefix!r}?"
+        )
+        if not confirm(question, assume_yes=args.yes):
+            raise CommandError("not confirmed; nothing removed")
         refused = await tear_down(connection, plan)
     if refused:
-        print(
-            f"delayed-retry: error: {', '.join(refused)} received messages meanwhile and were "
-            "kept, with every exchange of the chain, but the other queues are gone: run "
+        raise CommandError(
+            f"{', '.join(refused)} received messages meanwhile and were kept, with every "
+            "exchange of the chain, but the other queues are gone: run "
             f"'delayed-retry declare {topology_options(topology)}' to restore the chain for "
-            "them, or teardown again once they are empty",
-            file=sys.stderr,
+            "them, or teardown again once they are empty"
         )
-        return 1
     print(
         f"removed chain {topology.prefix!r}: {len(plan.queues)} queue(s), "
         f"{len(plan.exchanges)} exchange(s)"

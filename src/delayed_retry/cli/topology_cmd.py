@@ -10,7 +10,7 @@ import aio_pika
 from delayed_retry.chain_probe import queue_depth
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
-from delayed_retry.errors import ConfigurationError
+from delayed_retry.cli.output import CommandError
 
 __all__ = ["register"]
 
@@ -43,7 +43,7 @@ async def _declare(args: argparse.Namespace) -> int:
             if await queue_depth(connection, queue) is not None:
                 continue
             if not args.create:
-                raise ConfigurationError(
+                raise CommandError(
                     f"queue {queue!r} does not exist, so it cannot be bound to the chain; "
                     "create it first, or add --create to create it"
                 )
