@@ -1,8 +1,9 @@
-"""The command line against a real broker: declare, status, parking list/replay, errors."""
+"""The command line against a real broker: declare, status, publish, parking, bad input."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aio_pika
 import pytest
@@ -30,42 +31,130 @@ def test_declare_status_and_mismatch(
 
     assert main(["--url", rabbitmq_url, "status", *topo, "--queue", unique]) == 0
     out = capsys.readouterr().out
-    assert f"{unique}.level.07" in out and f"{unique}.parking" in out and "missing" not in out
+    assert f"delay chain {unique!r}: 8 levels of 1 ms, delays up to 255 ms" in out
+    assert f"{unique}.level.07" not in out  # empty levels hidden
+    assert "0 message(s) waiting in the chain (empty levels hidden" in out
+    assert main(["--url", rabbitmq_url, "status", *topo, "--all-levels"]) == 0
+    assert f"{unique}.level.07" in capsys.readouterr().out
 
-    # Same prefix, another unit: refused, naming the queue and the fix; nothing deleted.
+    # Same prefix, another unit: refused, naming the queue and the option to change.
     code = main(
         ["--url", rabbitmq_url, "declare", "--prefix", unique, "--levels", "8", "--unit-ms", "2"]
     )
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == 1
     assert f"queue '{unique}.level.00' exists with other arguments" in err
-    assert "use another DelayTopology prefix" in err
+    assert "use another --prefix" in err and "DelayTopology" not in err
 
 
-def test_status_reports_missing_queues(
-    rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main(["--url", rabbitmq_url, "status", "--prefix", unique, "--levels", "2"]) == 1
-    assert "run 'delayed-retry declare' with the same options" in capsys.readouterr().out
-
-
-def test_parking_list_and_replay_on_an_empty_queue(
+def test_status_and_replay_refuse_a_chain_that_is_not_there(
     rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     asyncio.run(_declare_queue(rabbitmq_url, unique))
-    topo = ["--prefix", unique, "--levels", "8"]
-    assert main(["--url", rabbitmq_url, "declare", *topo, "--bind", unique]) == 0
-    assert main(["--url", rabbitmq_url, "parking", "list", "--queue", unique, *topo]) == 0
-    assert f"no parked messages for {unique!r}" in capsys.readouterr().out
-    assert main(["--url", rabbitmq_url, "parking", "replay", "--queue", unique, *topo]) == 0
-    assert f"replayed 0 message(s) to {unique!r}" in capsys.readouterr().out
-
-
-def test_unreachable_broker_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--url", "amqp://guest:pw@127.0.0.1:1/", "status"]) == 2
+    assert main(["--url", rabbitmq_url, "declare", "--prefix", unique, "--levels", "6"]) == 0
+    capsys.readouterr()
+    assert main(["--url", rabbitmq_url, "status", "--prefix", unique, "--levels", "10"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("delayed-retry: error: cannot reach the broker")
-    assert "pw" not in err[-1]
+    assert err == [
+        f"delayed-retry: error: the delay chain {unique!r} on this vhost has 6 levels, not 10; "
+        "pass --levels 6"
+    ]
+    code = main(
+        [
+            "--url",
+            rabbitmq_url,
+            "parking",
+            "replay",
+            "--queue",
+            unique,
+            "--prefix",
+            "nope-" + unique,
+        ]
+    )
+    line = capsys.readouterr().err
+    assert code == 1
+    assert f"there is no delay chain 'nope-{unique}' on this vhost" in line
+    assert "delayed-retry declare --prefix" in line
+
+
+def test_status_shows_the_work_queue_and_what_is_due_when(
+    rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    asyncio.run(_declare_queue(rabbitmq_url, unique))
+    topo = ["--prefix", unique, "--levels", "24", "--unit-ms", "1000"]
+    assert main(["--url", rabbitmq_url, "declare", *topo, "--bind", unique]) == 0
+    code = main(
+        [
+            "--url",
+            rabbitmq_url,
+            "publish",
+            "--queue",
+            unique,
+            "--delay",
+            "1h",
+            "--body",
+            "hi",
+            "--header",
+            "tenant=acme",
+            *topo,
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and "the broker confirmed it" in out and "(in 1 h)" in out
+    assert main(["--url", rabbitmq_url, "status", "--queue", unique, "--json", *topo]) == 0
+    data = json.loads(capsys.readouterr().out)
+    waiting = [level for level in data["chain"] if level["messages"]]
+    # 3600 units enter at the highest 1 bit (level 11, 2048 s), due within 2^12 - 1 s.
+    assert [(w["level"], w["messages"]) for w in waiting] == [(11, 1)]
+    assert data["queues"] == [{"queue": unique, "messages": 0, "consumers": 0, "parked": 0}]
+    assert main(["--url", rabbitmq_url, "status", "--queue", unique, *topo]) == 0
+    out = capsys.readouterr().out
+    assert "within 1 h 8 m" in out and "34 m 8 s" in out  # due bound and the level's hold
+
+
+def test_bad_input_is_one_line_with_the_fix(
+    rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = rabbitmq_url.rstrip("/")
+    cases = [
+        ([f"{base}/novhost-{unique}"], 1, "refused to open virtual host"),
+        (["garbage"], 2, "is not a URL"),
+        (["http://localhost/"], 2, "is a http:// URL; the broker speaks AMQP"),
+        (
+            [base.replace("guest:guest", "guest:wrong") + "/"],
+            1,
+            "refused the user name or password",
+        ),
+        (["amqp://guest:guest@127.0.0.1:1/"], 1, "cannot reach the broker"),
+    ]
+    for url, code, text in cases:
+        assert main(["--url", *url, "status"]) == code, url
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and text in err[0], (url, err)
+        assert "Traceback" not in err[0] and "wrong" not in err[0]
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, text in [
+        (["parking", "replay", "--queue", "q", "--delay", "soon"], "is not a duration"),
+        (["parking", "replay", "--queue", "q", "--rate", "fast"], "write it like 100/s"),
+        (["parking", "list", "--queue", "q", "--older-than=-1h"], "is not a duration"),
+        (["parking", "list", "--queue", "q", "--header", "novalue"], "is not name=value"),
+        (["publish", "--queue", "q", "--at", "2026-12-01T09:00"], "has no timezone"),
+        (["nonsense"], "invalid choice"),
+    ]:
+        assert main(argv) == 2, argv
+        assert text in capsys.readouterr().err, argv
+    assert main(["--help"]) == 0
+    assert "Exit codes: 0 ok, 1 failure, 2 usage" in capsys.readouterr().out
+
+
+def test_archive_refuses_a_work_queue_without_force(
+    capsys: pytest.CaptureFixture[str], tmp_path: object
+) -> None:
+    code = main(["archive", "--queue", "orders", "--to", str(tmp_path), "--max", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not a parking queue" in err and "--force" in err
 
 
 async def _declare_queue(url: str, name: str) -> None:

@@ -11,7 +11,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobus
 
 from delayed_retry import DelayOutOfRangeError, DelayTopology, ParkMessage, with_delayed_retry
 from delayed_retry.durations import to_epoch_ms, utcnow
-from delayed_retry.errors import ConfigurationError
+from delayed_retry.errors import ConfigurationError, PublishError
 from delayed_retry.headers import X_FIRST_FAILURE_AT, X_PARKED_AT, X_PARKED_REASON, X_RETRY
 from delayed_retry.parking import replay_parked
 from delayed_retry.parking_lot import (
@@ -221,3 +221,15 @@ async def test_replay_parked_refuses_before_taking_anything_and_keeps_the_caller
         await replay_parked(channel, queue=unique, to_queue="no-such-target", topology=topology)
     assert not channel.is_closed
     assert len(await _ids(channel, unique, topology)) == 5
+
+
+async def test_a_replay_that_cannot_publish_moves_nothing(
+    connection: AbstractRobustConnection, unique: str
+) -> None:
+    channel, topology, work = await _lot(connection, unique)
+    # The chain's entry exchange is gone (deleted by hand): every publish fails.
+    await channel.exchange_delete(topology.level_name(0))
+    with pytest.raises(PublishError, match=topology.level_name(0)):
+        await replay_matching(channel, queue=unique, topology=topology)
+    assert sorted(await _ids(channel, unique, topology)) == [f"m-{n}" for n in range(5)]
+    assert await work.get(fail=False) is None
