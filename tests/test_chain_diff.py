@@ -67,6 +67,15 @@ def test_missing_objects_point_to_declare_with_the_same_settings() -> None:
     assert any(line.startswith("binding 'p.delivery-4' → queue 'orders'") for line in lines)
 
 
+def test_a_chain_that_does_not_exist_is_one_line() -> None:
+    empty = LiveChain(
+        exchanges={}, queues={"orders": LiveQueue(name="orders")}, bindings=frozenset()
+    )
+    diffs = compare(T, empty, queues=["orders"])
+    assert [d.object for d in diffs] == ["chain 'p'", "queue 'orders.parking'"]
+    assert "check --prefix and --levels" in diffs[0].fix
+
+
 def test_other_arguments_are_named_with_both_values() -> None:
     live = live_as_declared()
     queues = dict(live.queues)

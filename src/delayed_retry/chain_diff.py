@@ -26,6 +26,7 @@ __all__ = [
     "applying_policies",
     "compare",
     "expected_bindings",
+    "collapse_absent_chain",
     "topology_options",
 ]
 
@@ -282,7 +283,10 @@ def compare(
     for binding in sorted(wanted_bindings - live.bindings, key=_order):
         out.append(Difference(binding.describe(), "missing", f"run {hint}"))
     out += _stray_bindings(topology, live.bindings - wanted_bindings)
-    return out
+    if all(ex.name not in live.exchanges for ex in topology.exchanges()):
+        # Nothing of it exists: its missing bindings say nothing more.
+        out = [d for d in out if not (d.object.startswith("binding ") and d.problem == "missing")]
+    return collapse_absent_chain(topology, out)
 
 
 def _order(binding: Binding) -> tuple[str, str, str]:
@@ -322,3 +326,23 @@ def _stray_bindings(topology: DelayTopology, extra: Iterable[Binding]) -> list[D
                     )
                 )
     return out
+
+
+def collapse_absent_chain(
+    topology: DelayTopology, differences: list[Difference]
+) -> list[Difference]:
+    """One line instead of one per object when none of the chain exists (a wrong prefix?)."""
+    names = {f"exchange {e.name!r}" for e in topology.exchanges()}
+    names |= {f"queue {q.name!r}" for q in topology.queues()}
+    absent = {d.object for d in differences if d.problem == "missing" and d.object in names}
+    if absent != names:
+        return differences
+    return [
+        Difference(
+            f"chain {topology.prefix!r}",
+            f"does not exist on this vhost (none of its {len(names)} exchanges and queues)",
+            "check --prefix and --levels (or $DELAYED_RETRY_PREFIX) against the consumers', "
+            f"or create it: {_declare_hint(topology)}",
+        ),
+        *(d for d in differences if d.object not in names),
+    ]

@@ -15,7 +15,7 @@ from typing import Any
 import aiormq
 from aio_pika.abc import AbstractConnection
 
-from delayed_retry.chain_diff import Difference, topology_options
+from delayed_retry.chain_diff import Difference, collapse_absent_chain, topology_options
 from delayed_retry.topology import DelayTopology, QueueSpec, amqp_arguments
 
 __all__ = ["QueueDepth", "level_depths", "probe_over_amqp", "queue_depth"]
@@ -118,4 +118,4 @@ async def probe_over_amqp(
     for queue in queues:
         if await queue_depth(connection, queue) is None:
             out.append(Difference(f"queue {queue!r}", "missing", "declare it, then run " + declare))
-    return out
+    return collapse_absent_chain(topology, out)
