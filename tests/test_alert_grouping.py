@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 
 from delayed_retry.alerts import Alert, AlertWindow, ParkedArrival, arrival_from, group_arrivals
 from delayed_retry.durations import to_epoch_ms
+from delayed_retry.fingerprint import fingerprint
 from delayed_retry.headers import (
     X_EXCEPTION_MESSAGE,
     X_EXCEPTION_TYPE,
@@ -115,7 +117,14 @@ def test_json_and_slack_payloads() -> None:
     assert payload["message_ids"] == ["m1"]
     assert payload["more"] == 0
     assert payload["groups"] == [
-        {"queue": "orders", "exception_type": "TimeoutError", "count": 1, "example": None}
+        {
+            "queue": "orders",
+            "exception_type": "TimeoutError",
+            "count": 1,
+            "example": None,
+            "fingerprint": fingerprint(exception_type="TimeoutError", message=None).key,
+            "template": "",
+        }
     ]
     assert payload["title"] == "1 message parked on orders"
     slack = alert.to_slack()
@@ -134,7 +143,8 @@ def test_arrival_from_parking_record() -> None:
         X_PARKED_AT: to_epoch_ms(when),
     }
     got = arrival_from(headers, message_id="abc", routing_key="orders")
-    assert got == ParkedArrival(
+    assert got.failure == fingerprint(exception_type="myapp.GatewayDown", message="gateway down")
+    assert replace(got, failure=None) == ParkedArrival(
         message_id="abc",
         queue="orders",
         exception_type="myapp.GatewayDown",
@@ -173,3 +183,45 @@ def test_empty_alert_text_has_no_listing() -> None:
     alert = Alert(total=0, groups=(), message_ids=())
     assert alert.more == 0
     assert "List them" not in alert.text()
+
+
+def test_one_failure_with_other_values_is_one_group_and_shows_its_template() -> None:
+    arrivals = [
+        ParkedArrival(
+            message_id=f"m{i}",
+            queue="orders",
+            exception_type="GatewayTimeout",
+            reason="max-retries",
+            exception_message=f"gateway did not answer in 10 s (order {100 + i})",
+        )
+        for i in range(5)
+    ] + [
+        ParkedArrival(
+            message_id="x",
+            queue="orders",
+            exception_type="GatewayTimeout",
+            reason="max-retries",
+            exception_message="gateway refused the card 'visa'",
+        )
+    ]
+    alert = group_arrivals(arrivals)
+    assert [(g.count, g.template) for g in alert.groups] == [
+        (5, "gateway did not answer in <num> s (order <num>)"),
+        (1, "gateway refused the card <str>"),
+    ]
+    assert "orders: 5 × GatewayTimeout (gateway did not answer in <num> s (order <num>))" in (
+        alert.text()
+    )
+
+
+def test_arrival_from_a_parking_record_carries_its_fingerprint() -> None:
+    record = {
+        X_PARKED_REASON: "max-retries",
+        X_QUEUE: "orders",
+        X_EXCEPTION_TYPE: "myapp.GatewayDown",
+        "x-exception-message": "down since 12:00:01 for order 7",
+    }
+    got = arrival_from(record, message_id="m", routing_key="orders")
+    assert got.failure is not None
+    assert got.failure.template == "down since <time> for order <num>"
+    assert got.group_key == got.failure.key

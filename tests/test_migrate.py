@@ -12,10 +12,12 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
-from chain_support import WAIT, Scenario
 from delayed_retry import DelayTopology, publish_delayed
 from delayed_retry.cli import main
+from delayed_retry.declare import declare_topology
 from delayed_retry.headers import X_DUE_AT
+from tests.support.chain import Scenario
+from tests.support.waiting import WAIT
 
 pytestmark = pytest.mark.broker
 
@@ -73,7 +75,7 @@ async def test_migrate_from_an_older_chain_of_ours(
 ) -> None:
     old, new = chains
     orders = (await old.queue("orders", queue_type="classic")).name
-    await old.topology.declare(old.ch)
+    await declare_topology(old.ch, old.topology)
     # One whose destination does not exist: it must stay where it is,
     # and, ahead in its queue, must not hold up the message behind it.
     stray = old.topology.route(3600, "no-such-queue")
@@ -195,7 +197,7 @@ async def test_migrate_refuses_a_missing_source_and_the_same_chain(
     )
     assert await asyncio.to_thread(main, [*base, "--from", "delayed-retry"]) == 2
     assert "--from delayed-retry needs --from-prefix" in capsys.readouterr().err
-    await new.topology.declare(new.ch)
+    await declare_topology(new.ch, new.topology)
     same = ["--from", "delayed-retry", "--from-prefix", new.topology.prefix]
     same += ["--from-levels", str(NEW_LEVELS), "--from-unit-ms", "1"]
     assert await asyncio.to_thread(main, [*base, *same]) == 1

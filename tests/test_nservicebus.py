@@ -26,13 +26,14 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from chain_support import WAIT
 from delayed_retry import ConfigurationError, DelayTopology, publish_delayed
 from delayed_retry.chain_sources import SourceChain
+from delayed_retry.declare import declare_topology
 from delayed_retry.headers import X_DUE_AT, read_epoch_ms
 from delayed_retry.migration import migrate_chain
 from delayed_retry.testing import RabbitMQNode
 from delayed_retry.topology import amqp_arguments
+from tests.support.waiting import WAIT
 
 NSB = DelayTopology.nservicebus(prefix="p")
 
@@ -158,7 +159,7 @@ async def test_python_and_nservicebus_share_one_chain(
     orders = await channel.declare_queue("orders", durable=True)
 
     # Declaring our NServiceBus-named chain over theirs is accepted: same arguments.
-    await NSB.declare(channel, queues=["orders"])
+    await declare_topology(channel, NSB, queues=["orders"])
 
     # A Python service schedules for its own queue, NServiceBus for its endpoint.
     await publish_delayed(channel, aio_pika.Message(b"py"), queue="orders", delay=1, topology=NSB)

@@ -10,6 +10,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
 from delayed_retry import DelayOutOfRangeError, DelayTopology, ParkMessage, with_delayed_retry
+from delayed_retry.declare import declare_topology
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, PublishError
 from delayed_retry.headers import X_FIRST_FAILURE_AT, X_PARKED_AT, X_PARKED_REASON, X_RETRY
@@ -53,7 +54,7 @@ async def _lot(
     topology = DelayTopology(prefix=unique, levels=4)
     channel = await connection.channel()
     work = await channel.declare_queue(unique, durable=True)
-    await topology.declare(channel, queues=[unique])
+    await declare_topology(channel, topology, queues=[unique])
     for n in range(5):
         kind = "billing.CardDeclined" if n < 3 else "TimeoutError"
         await _park(channel, unique, ident=f"m-{n}", exception=kind, body=f"order {n}".encode())

@@ -20,11 +20,12 @@ import tenacity
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from tenacity import wait_fixed
 
-from chain_support import WAIT, Scenario, open_scenario
 from delayed_retry import ConfigurationError, DelayTopology, NoInstrumentation, RetryRouter
 from delayed_retry.cli.router_cmd import parse_wait
 from delayed_retry.headers import X_PARKED_REASON, X_RETRY
 from delayed_retry.router import X_CLAIMED_QUEUE
+from tests.support.chain import Scenario, open_scenario
+from tests.support.waiting import WAIT
 
 pytestmark = pytest.mark.broker
 

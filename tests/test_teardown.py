@@ -11,6 +11,7 @@ import pytest
 
 from delayed_retry import DelayTopology, publish_delayed
 from delayed_retry.cli import main
+from tests.support.queues import delete_all
 
 pytestmark = pytest.mark.broker
 
@@ -40,11 +41,7 @@ async def _exchange_exists(url: str, name: str) -> bool:
 async def _delete(url: str, topology: DelayTopology, queues: list[str]) -> None:
     connection = await aio_pika.connect(url)
     async with connection:
-        channel = await connection.channel()
-        for name in [*(q.name for q in topology.queues()), *queues]:
-            await channel.queue_delete(name)
-        for ex in topology.exchanges():
-            await channel.exchange_delete(ex.name)
+        await delete_all(connection, topology=topology, queues=queues)
 
 
 async def _schedule_one(url: str, topology: DelayTopology, queue: str) -> None:
@@ -105,7 +102,7 @@ def test_declare_creates_the_queue_it_binds_and_teardown_removes_an_empty_chain(
         assert main([*teardown, "--yes"]) == 0
         assert "nothing to remove" in capsys.readouterr().out
     finally:
-        asyncio.run(_delete(rabbitmq_url, topology, [unique, f"{unique}.parking"]))
+        asyncio.run(_delete(rabbitmq_url, topology, [unique]))
 
 
 async def _purge(url: str, queue: str) -> int:

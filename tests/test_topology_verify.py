@@ -20,6 +20,7 @@ import pytest
 from delayed_retry import DelayTopology, publish_delayed
 from delayed_retry.cli import main
 from delayed_retry.testing import BrokerHarnessError, RabbitMQNode, free_port
+from tests.support.queues import delete_all
 
 pytestmark = pytest.mark.broker
 
@@ -142,7 +143,7 @@ def test_verify_over_amqp_only_says_what_it_did_not_check(
         assert f"✗ queue '{unique}.level.00': declared differently" in out
         assert "x-queue-type" in out
     finally:
-        asyncio.run(_delete_chain(rabbitmq_url, DelayTopology(prefix=unique, levels=3)))
+        asyncio.run(_delete_chain(rabbitmq_url, DelayTopology(prefix=unique, levels=3), []))
 
 
 def test_show_counts_levels_and_says_when_they_are_due(
@@ -169,7 +170,7 @@ def test_show_counts_levels_and_says_when_they_are_due(
         assert main(["--url", rabbitmq_url, "topology", "show", "--prefix", unique + "x"]) == 1
         assert "queue(s) of the chain are missing" in capsys.readouterr().err
     finally:
-        asyncio.run(_delete_chain(rabbitmq_url, topology, extra=[unique]))
+        asyncio.run(_delete_chain(rabbitmq_url, topology, [unique]))
 
 
 async def _schedule(url: str, topology: DelayTopology, queue: str, delays: list[timedelta]) -> None:
@@ -183,28 +184,7 @@ async def _schedule(url: str, topology: DelayTopology, queue: str, delays: list[
             )
 
 
-async def _delete_chain(url: str, topology: DelayTopology, extra: list[str] = []) -> None:  # noqa: B006
+async def _delete_chain(url: str, topology: DelayTopology, queues: list[str]) -> None:
     connection = await aio_pika.connect(url)
     async with connection:
-        channel = await connection.channel()
-        for spec in topology.queues():
-            await channel.queue_delete(spec.name)
-        for name in extra:
-            await channel.queue_delete(name)
-        for ex in topology.exchanges():
-            await channel.exchange_delete(ex.name)
-
-
-def test_verify_an_nservicebus_named_chain(
-    management_node: tuple[RabbitMQNode, str], unique: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    node, api = management_node
-    topo = ["--prefix", unique, "--nservicebus"]
-    assert main(["--url", node.url, "declare", *topo]) == 0
-    capsys.readouterr()
-    verify = ["--url", node.url, "topology", "verify", *topo, "--management-url", api]
-    assert main(verify) == 0
-    assert "matches the configuration" in capsys.readouterr().out
-    # Verified as our own naming, the same levels are missing (other names): exit 1.
-    assert main([*verify[:4], "--prefix", unique, "--levels", "28", "--management-url", api]) == 1
-    assert f"exchange '{unique}.level.00': missing" in capsys.readouterr().out
+        await delete_all(connection, topology=topology, queues=queues)

@@ -16,15 +16,12 @@ from datetime import timedelta
 import aio_pika
 from tenacity import retry_if_exception_type, wait_exponential
 
-from delayed_retry import (
-    DelayTopology,
-    consume,
-    current_retry_state,
-    peek_parked,
-    publish_delayed,
-    with_delayed_retry,
-)
+from delayed_retry.declare import declare_topology
+from delayed_retry.middleware import consume, current_retry_state, with_delayed_retry
+from delayed_retry.parking import peek_parked
+from delayed_retry.scheduling import publish_delayed
 from delayed_retry.testing import broker_url
+from delayed_retry.topology import DelayTopology
 
 
 class PaymentGatewayDown(Exception):
@@ -48,7 +45,7 @@ async def run(url: str) -> int:
         await channel.set_qos(prefetch_count=10)
         queue = await channel.declare_queue(queue_name, durable=True)
         await queue.purge()
-        await topology.declare(channel, queues=[queue_name])
+        await declare_topology(channel, topology, queues=[queue_name])
         parking = await channel.declare_queue(f"{queue_name}.parking", passive=True)
         await parking.purge()
         finished: asyncio.Queue[str] = asyncio.Queue()

@@ -179,14 +179,9 @@ def parse_parked(
 def _fingerprint(
     exception_type: str | None, reason: str, message: str | None, trace: str | None
 ) -> str:
-    try:
-        from delayed_retry.fingerprint import fingerprint  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:  # pragma: no cover - the shared fingerprint is not there yet
-        fingerprint = None
-    if fingerprint is not None:
-        return str(fingerprint(exception_type=exception_type, message=message, traceback=trace))
-    text = f"{exception_type or reason}"
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    from delayed_retry.fingerprint import fingerprint
+
+    return str(fingerprint(exception_type=exception_type, message=message, traceback=trace))
 
 
 def read_record(

@@ -34,7 +34,8 @@ from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, PublishError
 from delayed_retry.handover import HandOver, ack, give_back
 from delayed_retry.headers import X_PARKED_AT, X_PARKED_REASON, sanitize_headers
-from delayed_retry.observe import Instrumentation, default_instrumentation
+from delayed_retry.observability.instrumentation import Instrumentation
+from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.rejections import RETRIED_REASONS, Rejection, read_rejection

@@ -1,8 +1,10 @@
 """Storm control: parked-message arrivals grouped into one alert per window. Pure.
 
 When a dependency goes down, hundreds of messages may park within seconds;
-one alert with counts per queue and exception type, naming the first few
-message ids, is what a person on call can act on. The first arrival opens a
+one alert with counts per queue and failure group (the
+:mod:`~delayed_retry.fingerprint` the parking-lot commands, the web view and
+the Spark report use too), naming the first few message ids, is what a person
+on call can act on. The first arrival opens a
 window of ``window`` seconds; everything arriving until it closes (or until
 ``max_batch`` arrivals) becomes one :class:`Alert`.
 """
@@ -17,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from delayed_retry.durations import from_epoch_ms
 from delayed_retry.encoding import decode_routing_key
+from delayed_retry.fingerprint import Fingerprint, fingerprint, fingerprint_headers
 from delayed_retry.headers import (
     X_EXCEPTION_MESSAGE,
     X_EXCEPTION_TYPE,
@@ -43,6 +46,15 @@ class ParkedArrival:
     reason: str
     exception_message: str | None = None
     parked_at: datetime | None = None
+    failure: Fingerprint | None = None
+
+    @property
+    def group_key(self) -> str:
+        """The failure group's key: the fingerprint of type, raising frame and message template."""
+        failure = self.failure or fingerprint(
+            exception_type=self.exception_type, message=self.exception_message
+        )
+        return failure.key
 
 
 def _text(value: object) -> str | None:
@@ -94,17 +106,20 @@ def arrival_from(
         reason=reason,
         exception_message=_text(headers.get(X_EXCEPTION_MESSAGE)),
         parked_at=parked_at,
+        failure=fingerprint_headers(headers),
     )
 
 
 @dataclass(frozen=True, kw_only=True)
 class AlertGroup:
-    """Arrivals of one queue with one exception type."""
+    """Arrivals of one queue that failed the same way (one failure fingerprint)."""
 
     queue: str
     exception_type: str
     count: int
     example: str | None = None
+    fingerprint: str = ""
+    template: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,7 +156,7 @@ class Alert:
         for group in self.groups:
             line = f"  {group.queue}: {group.count} × {group.exception_type}"
             if group.example:
-                line += f" ({group.example[:200]})"
+                line += f" ({(group.template if group.count > 1 else group.example)[:200]})"
             lines.append(line)
         if self.message_ids:
             lines.append("message ids: " + ", ".join(self.message_ids))
@@ -166,6 +181,8 @@ class Alert:
                     "exception_type": g.exception_type,
                     "count": g.count,
                     "example": g.example,
+                    "fingerprint": g.fingerprint,
+                    "template": g.template,
                 }
                 for g in self.groups
             ],
@@ -186,16 +203,26 @@ class Alert:
 
 
 def group_arrivals(arrivals: Iterable[ParkedArrival], *, max_ids: int = 5) -> Alert:
-    """One :class:`Alert` for ``arrivals``: groups by (queue, exception type), biggest first."""
+    """One :class:`Alert` for ``arrivals``, grouped by queue and failure fingerprint."""
     items = list(arrivals)
-    counts: Counter[tuple[str, str]] = Counter((a.queue, a.exception_type) for a in items)
-    examples: dict[tuple[str, str], str] = {}
+    counts: Counter[tuple[str, str]] = Counter((a.queue, a.group_key) for a in items)
+    firsts: dict[tuple[str, str], ParkedArrival] = {}
     for a in items:
-        if a.exception_message:
-            examples.setdefault((a.queue, a.exception_type), a.exception_message)
+        first = firsts.setdefault((a.queue, a.group_key), a)
+        if first.exception_message is None and a.exception_message:
+            firsts[(a.queue, a.group_key)] = a
     groups = tuple(
-        AlertGroup(queue=q, exception_type=e, count=n, example=examples.get((q, e)))
-        for (q, e), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        AlertGroup(
+            queue=q,
+            exception_type=firsts[(q, key)].exception_type,
+            count=n,
+            example=firsts[(q, key)].exception_message,
+            fingerprint=key,
+            template=_template(firsts[(q, key)]),
+        )
+        for (q, key), n in sorted(
+            counts.items(), key=lambda kv: (-kv[1], kv[0][0], firsts[kv[0]].exception_type)
+        )
     )
     ids = tuple(a.message_id for a in items if a.message_id)[: max(max_ids, 0)]
     times = [a.parked_at for a in items if a.parked_at is not None]
@@ -206,6 +233,13 @@ def group_arrivals(arrivals: Iterable[ParkedArrival], *, max_ids: int = 5) -> Al
         first_parked_at=min(times) if times else None,
         last_parked_at=max(times) if times else None,
     )
+
+
+def _template(arrival: ParkedArrival) -> str:
+    failure = arrival.failure or fingerprint(
+        exception_type=arrival.exception_type, message=arrival.exception_message
+    )
+    return failure.template
 
 
 class AlertWindow(Generic[T]):

@@ -11,6 +11,7 @@ from delayed_retry.chain_probe import queue_depth
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import CommandError
+from delayed_retry.declare import declare_topology
 
 __all__ = ["register"]
 
@@ -54,7 +55,7 @@ async def _declare(args: argparse.Namespace) -> int:
             await created.close()
             print(f"created queue {queue!r} ({topology.queue_type})")
         channel = await connection.channel()
-        await topology.declare(channel, queues=args.bind)
+        await declare_topology(channel, topology, queues=args.bind)
     print(
         f"declared topology {topology.prefix!r}: {topology.levels} levels of "
         f"{topology.unit_ms} ms ({topology.queue_type}), max delay {topology.max_delay}"

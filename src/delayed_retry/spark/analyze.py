@@ -29,6 +29,7 @@ __all__ = [
     "analyze_archive",
     "format_table",
     "write_html_report",
+    "default_report_path",
 ]
 
 log = logging.getLogger(__name__)
