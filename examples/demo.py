@@ -7,7 +7,7 @@ Without ``RABBITMQ_URL`` it starts a throwaway RabbitMQ node and removes it at t
 
 import sys
 
-from delayed_retry.demo import main
+from delayed_retry.cli.demo import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import sys
 
 import aio_pika
 import pytest
@@ -124,6 +126,28 @@ def test_status_shows_the_work_queue_and_what_is_due_when(
     assert "within 1 h 8 m" in out and "34 m 8 s" in out  # due bound and the level's hold
 
 
+def test_publish_to_a_missing_queue_gives_command_line_advice(
+    rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topo = ["--prefix", unique, "--levels", "6"]
+    assert main(["--url", rabbitmq_url, "declare", *topo]) == 0
+    capsys.readouterr()
+    code = main(
+        ["--url", rabbitmq_url, "publish", "--queue", f"{unique}-x", "--delay", "50ms", *topo]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert f"{unique}-x" in err[0] and "delayed-retry declare --bind QUEUE" in err[0]
+
+
+def test_demo_runs_on_the_given_broker(
+    rabbitmq_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--url", rabbitmq_url, "demo"]) == 0
+    out = capsys.readouterr().out
+    assert "order-2: done" in out and "2 message(s) parked" in out
+
+
 def test_bad_input_is_one_line_with_the_fix(
     rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -174,3 +198,34 @@ async def _declare_queue(url: str, name: str) -> None:
     async with connection:
         channel = await connection.channel()
         await channel.declare_queue(name, durable=True)
+
+
+def test_publish_reads_the_body_from_stdin_and_the_message_arrives_when_due(
+    rabbitmq_url: str,
+    unique: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asyncio.run(_declare_queue(rabbitmq_url, unique))
+    topo = ["--prefix", unique, "--levels", "10"]
+    assert main(["--url", rabbitmq_url, "declare", *topo]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\x00binary\xff")))
+    argv = ["publish", "--queue", unique, "--delay", "200ms", "--body", "-", "--header", "k=v"]
+    assert main(["--url", rabbitmq_url, *argv, "--json", *topo]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes"] == 8
+    message = asyncio.run(_get_one(rabbitmq_url, unique))
+    assert message.body == b"\x00binary\xff" and message.headers["k"] == "v"
+
+
+async def _get_one(url: str, name: str) -> aio_pika.abc.AbstractIncomingMessage:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(name, passive=True)
+        async with asyncio.timeout(15):
+            while True:
+                message = await queue.get(fail=False, no_ack=True)
+                if message is not None:
+                    return message
+                await asyncio.sleep(0.05)

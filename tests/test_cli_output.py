@@ -87,6 +87,9 @@ def test_api_advice_becomes_command_line_advice() -> None:
     assert "(delayed-retry declare --prefix 'p')" in for_command_line(
         "declare it (DelayTopology(prefix='p').declare(channel)) first"
     )
+    assert "(delayed-retry declare --prefix 'p')" in for_command_line(
+        "declare it (declare_topology(channel, DelayTopology(prefix='p'))) first"
+    )
 
 
 def test_progress_is_silent_off_a_terminal_and_draws_on_one(

@@ -9,7 +9,13 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
-from delayed_retry import DelayOutOfRangeError, DelayTopology, ParkMessage, with_delayed_retry
+from delayed_retry import (
+    DelayOutOfRangeError,
+    DelayTopology,
+    ParkMessage,
+    parking_lot,
+    with_delayed_retry,
+)
 from delayed_retry.declare import declare_topology
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, PublishError
@@ -159,9 +165,14 @@ async def test_purge_by_id_deletes_only_those(
 
 
 async def test_a_canary_that_parks_again_stops_the_replay(
-    connection: AbstractRobustConnection, unique: str
+    connection: AbstractRobustConnection, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     channel, topology, work = await _lot(connection, unique)
+
+    async def no_scanning(*args: object, **kwargs: object) -> bool:
+        raise AssertionError("the canary is seen on the parking exchange, not by scanning")
+
+    monkeypatch.setattr(parking_lot, "_canary_parked_again", no_scanning)
 
     @with_delayed_retry(queue=unique, topology=topology)
     async def still_broken(message: AbstractIncomingMessage) -> None:

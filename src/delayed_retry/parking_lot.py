@@ -34,6 +34,7 @@ import aiormq.abc
 from delayed_retry.declare import declarer_for, underlay_of
 from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError
+from delayed_retry.fingerprint import fingerprint_headers
 from delayed_retry.headers import (
     X_DUE_AT,
     X_EXCEPTION_MESSAGE,
@@ -135,6 +136,8 @@ class ParkedRecord(ParkedMessage):
     traceback: str | None = None
     replays: int = 0
     fingerprint: str = ""
+    failure: str = ""
+    """The failure group in words: ``TimeoutError in gateway.py:call: gateway did not …``."""
 
     def age(self, *, now: datetime) -> timedelta | None:
         """How long ago it was parked, or ``None`` when the record does not say."""
@@ -176,14 +179,6 @@ def parse_parked(
     )
 
 
-def _fingerprint(
-    exception_type: str | None, reason: str, message: str | None, trace: str | None
-) -> str:
-    from delayed_retry.fingerprint import fingerprint
-
-    return str(fingerprint(exception_type=exception_type, message=message, traceback=trace))
-
-
 def read_record(
     headers: Mapping[str, Any] | None,
     *,
@@ -200,6 +195,7 @@ def read_record(
     )
     trace = h.get(X_EXCEPTION_TRACEBACK)
     replays = h.get(X_REPLAYED)
+    group = fingerprint_headers(h)
     ident = message_id or "sha256:" + hashlib.sha256(body).hexdigest()[:16]
     return ParkedRecord(
         **{f: getattr(base, f) for f in ParkedMessage.__dataclass_fields__},
@@ -209,12 +205,8 @@ def read_record(
         content_type=content_type,
         traceback=trace if isinstance(trace, str) else None,
         replays=replays if isinstance(replays, int) and not isinstance(replays, bool) else 0,
-        fingerprint=_fingerprint(
-            base.exception_type,
-            base.reason,
-            base.exception_message,
-            trace if isinstance(trace, str) else None,
-        ),
+        fingerprint=group.key,
+        failure=group.label(),
     )
 
 
@@ -436,6 +428,8 @@ class FailureGroup:
     """Parked messages that failed the same way (one fingerprint)."""
 
     fingerprint: str
+    failure: str
+    """The group in words: exception type, raising frame, message template."""
     count: int
     reason: str
     exception_type: str | None
@@ -464,6 +458,7 @@ async def group_parked(
             )
             groups[record.fingerprint] = FailureGroup(
                 fingerprint=record.fingerprint,
+                failure=record.failure,
                 count=1,
                 reason=record.reason,
                 exception_type=record.exception_type,
@@ -543,6 +538,10 @@ def replay_headers(
     return out
 
 
+MAX_IN_FLIGHT = 64
+"""Replayed copies awaiting their broker confirm at once (each original is acked after its own)."""
+
+
 class _Pacer:
     """Spaces actions to at most ``rate`` per second (``None``: as fast as possible)."""
 
@@ -582,6 +581,57 @@ async def _canary_parked_again(
         await asyncio.sleep(min(poll, max(deadline - loop.time(), 0)))
 
 
+class _ParkWatch:
+    """A private queue bound to the parking exchange: sees every message parked for a queue.
+
+    Canaries are recognised there as they park again, without scanning the
+    parking queue (which may hold thousands of messages). It gets copies:
+    taking them changes nothing in the parking queue.
+    """
+
+    def __init__(self, channel: aiormq.abc.AbstractChannel, name: str) -> None:
+        self._channel = channel
+        self._name = name
+
+    @classmethod
+    async def open(cls, channel: Any, *, exchange: str, queue: str) -> _ParkWatch | None:
+        """Start watching; ``None`` when the parking exchange cannot be bound (not ours)."""
+        underlay = await underlay_of(channel)
+        own = await underlay.connection.channel(publisher_confirms=False)
+        try:
+            declared = await own.queue_declare(
+                "", exclusive=True, auto_delete=True, arguments={"x-queue-type": "classic"}
+            )
+            await own.queue_bind(declared.queue or "", exchange, routing_key=queue)
+        except aiormq.exceptions.ChannelClosed:
+            log.info(
+                "cannot watch parking exchange %r; canaries are looked for by scanning", exchange
+            )
+            if not own.is_closed:
+                await own.close()
+            return None
+        return cls(own, declared.queue or "")
+
+    async def parked_again(self, token: str, *, deadline: float, poll: float) -> bool:
+        """Whether a copy carrying ``token`` parks before ``deadline`` (loop time)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            got = await self._channel.basic_get(self._name, no_ack=True)
+            if got.delivery_tag is not None:
+                headers = got.header.properties.headers or {}
+                if headers.get(X_REPLAY_CANARY) == token:
+                    return True
+                continue
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(min(poll, max(deadline - loop.time(), 0)))
+
+    async def close(self) -> None:
+        """Stop watching: the private queue goes with its channel."""
+        if not self._channel.is_closed:
+            await self._channel.close()
+
+
 async def _move(
     channel: Any,
     *,
@@ -605,59 +655,108 @@ async def _move(
     pacer = _Pacer(rate)
     now = utcnow()
     parking = _parking_name(topology, queue, parking_queue)
-    done = scanned = 0
+    selected = scanned = done = 0
     canary_ids: list[str] = []
     token = uuid.uuid4().hex if canary and not dry_run else None
+    stopped: str | None = None
+    depth = 0
+    # Hand-overs run concurrently, up to MAX_IN_FLIGHT, each acked only once its own copy
+    # is confirmed; one message id at a time (a return is matched to its publish by id).
+    window = asyncio.Semaphore(MAX_IN_FLIGHT)
+    in_flight: dict[str, asyncio.Task[None]] = {}
+    failures: list[BaseException] = []
+
+    def report(record: ParkedRecord | None) -> None:
+        if progress is not None:
+            progress(
+                MoveProgress(
+                    action=action,
+                    done=done,
+                    scanned=scanned,
+                    depth=depth,
+                    record=record,
+                    dry_run=dry_run,
+                )
+            )
+
+    async def hand_over(
+        own: aiormq.abc.AbstractChannel,
+        got: aiormq.abc.DeliveredMessage,
+        record: ParkedRecord,
+        canary_token: str | None,
+    ) -> None:
+        nonlocal done
+        try:
+            if send is not None:
+                await send(own, got, canary_token)
+            await own.basic_ack(got.delivery_tag or 0)
+            done += 1
+            report(record)
+        except BaseException as exc:  # left unacked: the broker puts it back
+            failures.append(exc)
+        finally:
+            window.release()
+            # Forget it once settled: memory holds the messages in flight, not all moved.
+            if in_flight.get(record.id) is asyncio.current_task():
+                del in_flight[record.id]
+
+    async def settle() -> None:
+        if in_flight:
+            await asyncio.gather(*list(in_flight.values()))
+
     async with _own_channel(channel, confirms=action == "replay") as own:
         depth = await _depth(own, parking)
-        stopped: str | None = None
-        async for got, record in _take(own, parking, asked_at=now):
-            if limit is not None and done >= limit:
-                stopped = "limit"
-                break
-            scanned += 1
-            if not where.matches(record, now=now):
-                # Held unacked until the end, so it is not taken again; the broker puts it back.
-                if progress is not None:
-                    progress(
-                        MoveProgress(
-                            action=action,
-                            done=done,
-                            scanned=scanned,
-                            depth=depth,
-                            record=None,
-                            dry_run=dry_run,
-                        )
-                    )
-                continue
-            await pacer.wait()
-            in_canary = token is not None and len(canary_ids) < canary
-            if not dry_run:
-                if send is not None:
-                    await send(own, got, token if in_canary else None)
-                await own.basic_ack(got.delivery_tag or 0)
-            done += 1
-            if progress is not None:
-                progress(
-                    MoveProgress(
-                        action=action,
-                        done=done,
-                        scanned=scanned,
-                        depth=depth,
-                        record=record,
-                        dry_run=dry_run,
-                    )
-                )
-            if in_canary:
-                canary_ids.append(record.id)
-                full = len(canary_ids) == canary and token is not None
-                if full and canary_check is not None and await canary_check(token or ""):
-                    stopped = "canary-parked-again"
+        try:
+            async for got, record in _take(own, parking, asked_at=now):
+                if failures:
                     break
-        # Fewer selected messages than the canary size: check the ones sent.
-        short = token is not None and 0 < len(canary_ids) < canary and stopped is None
-        if short and canary_check is not None and token is not None and await canary_check(token):
-            stopped = "canary-parked-again"
+                if limit is not None and selected >= limit:
+                    stopped = "limit"
+                    break
+                scanned += 1
+                if not where.matches(record, now=now):
+                    # Held unacked until the end, so it is not taken again; then put back.
+                    report(None)
+                    continue
+                selected += 1
+                await pacer.wait()
+                if dry_run:
+                    done += 1
+                    report(record)
+                    continue
+                in_canary = token is not None and len(canary_ids) < canary
+                earlier = in_flight.get(record.id)
+                if earlier is not None:
+                    await earlier
+                await window.acquire()
+                in_flight[record.id] = asyncio.create_task(
+                    hand_over(own, got, record, token if in_canary else None)
+                )
+                if in_canary:
+                    canary_ids.append(record.id)
+                    if len(canary_ids) == canary and canary_check is not None:
+                        await settle()
+                        if not failures and await canary_check(token or ""):
+                            stopped = "canary-parked-again"
+                            break
+            await settle()
+            # Fewer selected messages than the canary size: check the ones sent.
+            short = token is not None and 0 < len(canary_ids) < canary and stopped is None
+            if short and not failures and canary_check is not None:
+                stopped = "canary-parked-again" if await canary_check(token or "") else None
+        except aiormq.exceptions.AMQPError as exc:
+            # A failed hand-over closed the channel under the loop: report that failure.
+            if failures:
+                raise failures[0] from exc
+            raise
+        finally:
+            left = list(in_flight.values())
+            for task in left:
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+    if failures:
+        log.warning("%s stopped after %d message(s) of %r: %s", action, done, parking, failures[0])
+        raise failures[0]
     log.info(
         "%s%s %d of %d scanned message(s) in %r%s",
         "dry run: would " if dry_run else "",
@@ -760,28 +859,38 @@ async def replay_matching(
             timeout=publish_timeout,
         )
 
+    watch = None
+    if canary and not dry_run:
+        watch = await _ParkWatch.open(channel, exchange=topology.parking_exchange, queue=target)
+
     async def canary_check(token: str) -> bool:
         deadline = asyncio.get_running_loop().time() + seconds + wait_seconds
+        if watch is not None:
+            return await watch.parked_again(token, deadline=deadline, poll=poll_seconds)
         return await _canary_parked_again(
             channel, parking, token, deadline=deadline, poll=poll_seconds
         )
 
-    return await _move(
-        channel,
-        action="replay",
-        queue=queue,
-        parking_queue=parking_queue,
-        where=where,
-        limit=limit,
-        rate=rate,
-        dry_run=dry_run,
-        progress=progress,
-        topology=topology,
-        send=send,
-        canary=canary,
-        canary_check=canary_check,
-        to_queue=target,
-    )
+    try:
+        return await _move(
+            channel,
+            action="replay",
+            queue=queue,
+            parking_queue=parking_queue,
+            where=where,
+            limit=limit,
+            rate=rate,
+            dry_run=dry_run,
+            progress=progress,
+            topology=topology,
+            send=send,
+            canary=canary,
+            canary_check=canary_check,
+            to_queue=target,
+        )
+    finally:
+        if watch is not None:
+            await watch.close()
 
 
 async def purge_matching(

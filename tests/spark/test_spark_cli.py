@@ -63,7 +63,7 @@ def test_archive_command_reports_an_unwritable_target(
     code = main(
         ["--url", rabbitmq_url, "archive", "--queue", "q.parking", "--to", str(blocker / "a")]
     )
-    assert code == 2
+    assert code == 1  # a failure, not a usage error
     errors = _error_lines(capsys.readouterr().err)
     assert len(errors) == 1 and "choose a folder" in errors[0]
 

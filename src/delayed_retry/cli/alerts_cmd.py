@@ -13,6 +13,7 @@ import aio_pika
 from delayed_retry.alerts import AlertSink, LoggingSink, ParkingAlerts, WebhookSink
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
+from delayed_retry.cli.output import duration_type
 from delayed_retry.errors import ConfigurationError
 
 __all__ = ["register", "run_alerts"]
@@ -34,17 +35,17 @@ def register(sub: Any) -> None:
     parser.add_argument("--log", action="store_true", help="also log each alert (WARNING)")
     parser.add_argument(
         "--window",
-        type=float,
+        type=duration_type,
         default=30.0,
-        metavar="SECONDS",
-        help="group arrivals within this many seconds into one alert (%(default)s)",
+        metavar="DURATION",
+        help="group arrivals within this long into one alert, e.g. 30s, 5m (30s)",
     )
     parser.add_argument(
         "--retry-after",
-        type=float,
+        type=duration_type,
         default=60.0,
-        metavar="SECONDS",
-        help="when a sink keeps failing, try the alert again after this long (%(default)s)",
+        metavar="DURATION",
+        help="when a sink keeps failing, try the alert again after this long, e.g. 5m (60s)",
     )
     parser.add_argument(
         "--once", action="store_true", help="exit after the first alert is delivered"

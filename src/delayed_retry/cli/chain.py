@@ -31,7 +31,7 @@ from delayed_retry.cli.output import CommandError
 from delayed_retry.declare import underlay_of
 from delayed_retry.topology import DelayTopology, amqp_arguments
 
-__all__ = ["bound_chains", "checked_topology"]
+__all__ = ["bound_chains", "checked_topology", "management_base"]
 
 _DELIVERY = re.compile(r"^(?P<prefix>.+)\.delivery-(?P<levels>\d+)$")
 
@@ -51,14 +51,24 @@ async def _exists(connection: AbstractConnection, kind: str, name: str) -> bool:
             await channel.close()
 
 
+def management_base(url: str) -> str:
+    """The management API's address: ``$RABBITMQ_MANAGEMENT_URL``, else the AMQP host's 15672."""
+    given = os.environ.get("RABBITMQ_MANAGEMENT_URL")
+    if given:
+        return given.rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme == "amqps":
+        return f"https://{parts.hostname}:15671"
+    return f"http://{parts.hostname}:15672"
+
+
 def _management_bindings(url: str, queue: str) -> list[dict[str, Any]] | None:
     """The queue's bindings from the management API, or ``None`` when it does not answer."""
     parts = urlsplit(url)
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
-    scheme = "https" if parts.scheme == "amqps" else "http"
     api = (
-        f"{scheme}://{parts.hostname}:{15671 if scheme == 'https' else 15672}"
-        f"/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}/bindings"
+        f"{management_base(url)}/api/queues/{quote(vhost, safe='')}/"
+        f"{quote(queue, safe='')}/bindings"
     )
     request = urllib.request.Request(api)
     user, password = unquote(parts.username or "guest"), unquote(parts.password or "guest")
@@ -75,8 +85,9 @@ def _management_bindings(url: str, queue: str) -> list[dict[str, Any]] | None:
 async def bound_chains(url: str, queue: str) -> list[tuple[str, int]] | None:
     """``(prefix, levels)`` of every chain ``queue`` is bound to; ``None`` if unknowable.
 
-    Bindings cannot be read over AMQP: this asks the management API (same
-    host and credentials as the URL) and gives ``None`` when it does not answer.
+    Bindings cannot be read over AMQP: this asks the management API (see
+    :func:`management_base`; the URL's credentials) and gives ``None`` when
+    it does not answer.
     """
     bindings = await asyncio.to_thread(_management_bindings, url, queue)
     if bindings is None:

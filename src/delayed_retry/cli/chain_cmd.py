@@ -12,7 +12,7 @@ import aio_pika
 from delayed_retry.chain_diff import Difference, compare
 from delayed_retry.chain_probe import level_depths, probe_over_amqp, queue_depth
 from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.main import redact, run
+from delayed_retry.cli.main import run
 from delayed_retry.cli.output import add_json_option, emit_json, print_table
 from delayed_retry.durations import format_duration
 from delayed_retry.management import (
@@ -23,6 +23,7 @@ from delayed_retry.management import (
     vhost_of,
 )
 from delayed_retry.topology import DelayTopology
+from delayed_retry.urls import redact_url
 
 __all__ = ["format_at_most", "register"]
 
@@ -137,7 +138,7 @@ def _report(
         if differences:
             print(
                 f"{len(differences)} difference(s) between the live chain {topology.prefix!r} "
-                f"at {redact(args.url)} and the configuration"
+                f"at {redact_url(args.url)} and the configuration"
             )
         else:
             print(

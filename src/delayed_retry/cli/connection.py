@@ -6,30 +6,18 @@ any connection failure into one line with :func:`explain_connection_error`.
 
 from __future__ import annotations
 
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractConnection
 
 from delayed_retry.cli.output import CommandError, UsageError
+from delayed_retry.urls import redact_url as redact
 
-__all__ = ["check_url", "connect", "explain_connection_error", "redact"]
+__all__ = ["check_url", "connect", "explain_connection_error"]
 
 _SCHEMES = ("amqp", "amqps")
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***``, for messages."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return url
-    if password is None:
-        return url
-    netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def check_url(url: str) -> None:

@@ -22,6 +22,6 @@ def register(sub: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from delayed_retry.demo import main as run_demo
+    from delayed_retry.cli.demo import main as run_demo
 
     return run_demo(args.url if args.url_given else None)

@@ -5,7 +5,8 @@ adds its commands and sets ``func`` (``(args) -> int``) on each. Add a command
 group with one line there. Shared output, errors and option types live in
 :mod:`delayed_retry.cli.output`, connecting in :mod:`delayed_retry.cli.connection`.
 
-Exit codes: 0 ok, 1 failure, 2 usage (bad options or values).
+Exit codes: 0 ok, 1 failure, 2 usage (bad options or values, including a
+:class:`~delayed_retry.errors.ConfigurationError` such as a queue that does not exist).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from collections.abc import Sequence
 
 import aiormq
 
-from delayed_retry.cli.connection import check_url, explain_connection_error, redact
-from delayed_retry.cli.output import EXIT_FAILURE, CommandError, for_command_line
-from delayed_retry.errors import DelayedRetryError
+from delayed_retry.cli.connection import check_url, explain_connection_error
+from delayed_retry.cli.output import EXIT_FAILURE, EXIT_USAGE, CommandError, for_command_line
+from delayed_retry.errors import ConfigurationError, DelayedRetryError
+from delayed_retry.urls import redact_url
 
-__all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "redact", "run"]
+__all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "run"]
 
 SUBCOMMAND_MODULES = (
     "delayed_retry.cli.topology_cmd",
@@ -34,9 +36,6 @@ SUBCOMMAND_MODULES = (
     "delayed_retry.cli.demo_cmd",
     "delayed_retry.cli.spark_cmd",
     "delayed_retry.cli.alerts_cmd",
-    "delayed_retry.cli.router_cmd",
-    "delayed_retry.cli.chain_cmd",
-    "delayed_retry.cli.teardown_cmd",
 )
 
 
@@ -52,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--url",
-        default=None,
+        default=os.environ.get("RABBITMQ_URL") or DEFAULT_URL,
         help=f"broker URL, amqp:// or amqps:// (default: $RABBITMQ_URL or {DEFAULT_URL})",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
@@ -86,8 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) and usage errors (2), already printed
         return int(exc.code or 0)
     _quiet_logging(args.verbose)
-    args.url_given = bool(args.url or os.environ.get("RABBITMQ_URL"))
-    args.url = args.url or os.environ.get("RABBITMQ_URL") or DEFAULT_URL
+    given = list(sys.argv[1:] if argv is None else argv)
+    args.url_given = bool(os.environ.get("RABBITMQ_URL")) or any(
+        a == "--url" or a.startswith("--url=") for a in given
+    )
     try:
         if getattr(args, "needs_broker", True):
             check_url(args.url)
@@ -95,13 +96,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandError as exc:
         _error(str(exc))
         return exc.exit_code
+    except ConfigurationError as exc:  # a value the user gave is wrong: a usage error
+        _error(for_command_line(str(exc)))
+        return EXIT_USAGE
     except DelayedRetryError as exc:
         _error(for_command_line(str(exc)))
         return EXIT_FAILURE
     except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
         line = explain_connection_error(exc, args.url)
         if line is None:
-            line = f"the broker at {redact(args.url)!r} failed the command: {exc!r}"
+            line = f"the broker at {redact_url(args.url)!r} failed the command: {exc!r}"
         _error(line)
         return EXIT_FAILURE
     except KeyboardInterrupt:

@@ -71,6 +71,10 @@ class UsageError(CommandError):
 # The library's errors advise Python callers; on the command line the same fix is an option.
 _API_ADVICE = (
     (
+        re.compile(r"\(declare_topology\(channel, DelayTopology\(prefix=('[^']*')\)\)\)"),
+        r"(delayed-retry declare --prefix \1)",
+    ),
+    (
         re.compile(r"\(DelayTopology\(prefix=('[^']*')\)\.declare\(channel\)\)"),
         r"(delayed-retry declare --prefix \1)",
     ),

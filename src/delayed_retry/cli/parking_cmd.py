@@ -227,15 +227,14 @@ async def _list(args: argparse.Namespace) -> int:
     now = utcnow()
     print(f"failure groups of {args.queue!r} ({sum(g.count for g in groups)} messages):")
     print_table(
-        ("group", "count", "reason", "exception", "oldest", "example"),
+        ("group", "count", "reason", "oldest", "failure"),
         [
             (
                 g.fingerprint,
                 g.count,
                 g.reason,
-                g.exception_type or "-",
                 "?" if g.oldest_parked_at is None else format_duration(now - g.oldest_parked_at),
-                g.example.exception_message or g.example.body_preview,
+                g.failure if g.exception_type else f"(no failure record) {g.example.body_preview}",
             )
             for g in groups
         ],

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.output import UsageError
+from delayed_retry.cli.output import UsageError, duration_type
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 
 __all__ = ["register"]
@@ -189,7 +189,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--to", required=True, help="folder or URI (s3://…) of the archive")
     p.add_argument("--batch-size", type=int, default=1000, help="messages per part file")
     p.add_argument(
-        "--idle-timeout", type=float, default=1.0, help="stop after the queue is empty this long"
+        "--idle-timeout",
+        type=duration_type,
+        default=1.0,
+        help="stop after the queue is empty this long, e.g. 1s, 500ms (1s)",
     )
     p.add_argument("--max", type=int, default=None, help="archive at most this many messages")
     p.add_argument(

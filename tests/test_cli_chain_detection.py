@@ -1,0 +1,68 @@
+"""The command line finds the chain a queue is bound to (management API) and refuses another.
+
+Starts a private node with the management plugin (about 10-20 s): bindings cannot be read
+over AMQP, so this is the only way to show it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import aio_pika
+import pytest
+
+from delayed_retry.cli import main
+from delayed_retry.testing import RabbitMQNode
+from delayed_retry.testing.ports import free_port
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture(scope="module")
+def managed() -> Iterator[tuple[str, str]]:
+    """(AMQP URL, management URL) of a private node with the management plugin."""
+    port = free_port()
+    node = RabbitMQNode(
+        plugins=("rabbitmq_management",),
+        config={"management.tcp.port": str(port), "management.tcp.ip": "127.0.0.1"},
+    )
+    with node:
+        yield node.url, f"http://127.0.0.1:{port}"
+
+
+async def _declare(url: str, queue: str) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue(queue, durable=True)
+
+
+def test_a_queue_bound_to_another_chain_is_refused_and_a_missing_prefix_found(
+    managed: tuple[str, str],
+    unique: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url, management = managed
+    monkeypatch.setenv("RABBITMQ_MANAGEMENT_URL", management)
+    monkeypatch.delenv("DELAYED_RETRY_PREFIX", raising=False)
+    asyncio.run(_declare(url, unique))
+    ours = ["--prefix", f"{unique}-a", "--levels", "6"]
+    assert main(["--url", url, "declare", *ours, "--bind", unique]) == 0
+    assert main(["--url", url, "declare", "--prefix", f"{unique}-b", "--levels", "6"]) == 0
+    capsys.readouterr()
+
+    # Another chain that exists: refused, naming the chain the queue is bound to.
+    code = main(
+        ["--url", url, "status", "--queue", unique, "--prefix", f"{unique}-b", "--levels", "6"]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1
+    assert (
+        f"queue {unique!r} is bound to the delay chain of --prefix {unique}-a --levels 6" in err[0]
+    )
+
+    # No prefix given: the chain the queue is bound to is used.
+    assert main(["--url", url, "status", "--queue", unique, "--json"]) == 0
+    assert f'"prefix": "{unique}-a"' in capsys.readouterr().out
