@@ -190,7 +190,7 @@ async def test_migrate_refuses_a_missing_source_and_the_same_chain(
     base = ["--url", rabbitmq_url, "topology", "migrate", *_new_options(new)]
     assert (
         await asyncio.to_thread(main, [*base, "--from", "kombu", "--from-prefix", "absent-xyz"])
-        == 1
+        == 2
     )
     assert "no queue of the Kombu native delayed delivery with prefix 'absent-xyz'" in (
         capsys.readouterr().err
@@ -200,5 +200,5 @@ async def test_migrate_refuses_a_missing_source_and_the_same_chain(
     await declare_topology(new.ch, new.topology)
     same = ["--from", "delayed-retry", "--from-prefix", new.topology.prefix]
     same += ["--from-levels", str(NEW_LEVELS), "--from-unit-ms", "1"]
-    assert await asyncio.to_thread(main, [*base, *same]) == 1
+    assert await asyncio.to_thread(main, [*base, *same]) == 2
     assert "the source and target chains are the same" in capsys.readouterr().err

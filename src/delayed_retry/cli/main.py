@@ -36,6 +36,9 @@ SUBCOMMAND_MODULES = (
     "delayed_retry.cli.demo_cmd",
     "delayed_retry.cli.spark_cmd",
     "delayed_retry.cli.alerts_cmd",
+    "delayed_retry.cli.chain_cmd",
+    "delayed_retry.cli.router_cmd",
+    "delayed_retry.cli.teardown_cmd",
 )
 
 

@@ -14,7 +14,6 @@ from delayed_retry.cli.chain_cmd import format_at_most
 from delayed_retry.cli.common import topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
-    CommandError,
     UsageError,
     add_json_option,
     emit_json,
@@ -116,7 +115,7 @@ async def _migrate(args: argparse.Namespace) -> int:
     async with connection:
         depths = await source_depths(connection, source)
         if all(count is None for _, _, count in depths):
-            raise CommandError(
+            raise UsageError(
                 f"no queue of the {source.label} exists (looked for {source.level_name(0)!r} "
                 f"… {source.level_name(source.levels - 1)!r}); check --from and --from-prefix"
             )

@@ -10,7 +10,7 @@ import aio_pika
 from delayed_retry.chain_probe import queue_depth
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
-from delayed_retry.cli.output import CommandError
+from delayed_retry.cli.output import UsageError
 from delayed_retry.declare import declare_topology
 
 __all__ = ["register"]
@@ -44,7 +44,7 @@ async def _declare(args: argparse.Namespace) -> int:
             if await queue_depth(connection, queue) is not None:
                 continue
             if not args.create:
-                raise CommandError(
+                raise UsageError(
                     f"queue {queue!r} does not exist, so it cannot be bound to the chain; "
                     "create it first, or add --create to create it"
                 )
