@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from typing import Any
 
@@ -65,7 +66,8 @@ def register(sub: Any) -> None:
     verify.add_argument(
         "--management-url",
         default=None,
-        help="management API base URL (default: http://USER:PASS@HOST:15672/ from --url)",
+        help="management API base URL (default: $RABBITMQ_MANAGEMENT_URL, else "
+        "http://USER:PASS@HOST:15672/ from --url)",
     )
     verify.add_argument(
         "--no-management", action="store_true", help="check over AMQP only, without the HTTP API"
@@ -96,7 +98,11 @@ async def _verify(args: argparse.Namespace) -> int:
     differences: list[Difference]
     if not args.no_management:
         try:
-            client = ManagementClient(args.management_url or management_url_for(args.url))
+            client = ManagementClient(
+                args.management_url
+                or os.environ.get("RABBITMQ_MANAGEMENT_URL")
+                or management_url_for(args.url)
+            )
             live = await read_live_chain(client, vhost_of(args.url))
         except ManagementUnavailable as exc:
             note = f"{exc}. Checked existence and arguments over AMQP only"
