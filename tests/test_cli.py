@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import subprocess
 import sys
+from pathlib import Path
 
 import aio_pika
 import pytest
@@ -229,3 +231,23 @@ async def _get_one(url: str, name: str) -> aio_pika.abc.AbstractIncomingMessage:
                 if message is not None:
                     return message
                 await asyncio.sleep(0.05)
+
+
+def test_a_real_process_prints_one_line_and_no_library_logs(rabbitmq_url: str) -> None:
+    # In-process tests share pytest's logging; a real process shows what users see.
+    for url, code in [
+        ("amqp://guest:guest@127.0.0.1:1/", 1),
+        (rabbitmq_url.replace("guest:guest", "guest:wrong"), 1),
+        (rabbitmq_url.rstrip("/") + "/novhost", 1),
+    ]:
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name("delayed-retry")), "--url", url, "status"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == code, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("delayed-retry: error: "), lines
+        assert done.stdout == ""

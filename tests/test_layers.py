@@ -36,6 +36,7 @@ PURE = (
     "rejections",
     "chain_diff",
     "chain_sources",
+    "parked",
 )
 """Modules that must stay pure logic: no broker, no telemetry, no network, no Spark."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import aio_pika
 import pytest
@@ -65,6 +66,18 @@ async def _lot(
         kind = "billing.CardDeclined" if n < 3 else "TimeoutError"
         await _park(channel, unique, ident=f"m-{n}", exception=kind, body=f"order {n}".encode())
     return channel, topology, work
+
+
+async def _queue_exists(connection: AbstractRobustConnection, name: str) -> bool:
+    channel = await connection.channel()
+    try:
+        await channel.declare_queue(name, passive=True)
+        return True
+    except aio_pika.exceptions.ChannelNotFoundEntity:
+        return False
+    finally:
+        if not channel.is_closed:
+            await channel.close()
 
 
 async def _ids(channel: AbstractChannel, queue: str, topology: DelayTopology) -> list[str]:
@@ -173,6 +186,15 @@ async def test_a_canary_that_parks_again_stops_the_replay(
         raise AssertionError("the canary is seen on the parking exchange, not by scanning")
 
     monkeypatch.setattr(parking_lot, "_canary_parked_again", no_scanning)
+    watches: list[parking_lot._ParkWatch | None] = []
+    open_watch = parking_lot._ParkWatch.open
+
+    async def recorded(*args: Any, **kwargs: Any) -> parking_lot._ParkWatch | None:
+        watch = await open_watch(*args, **kwargs)
+        watches.append(watch)
+        return watch
+
+    monkeypatch.setattr(parking_lot._ParkWatch, "open", recorded)
 
     @with_delayed_retry(queue=unique, topology=topology)
     async def still_broken(message: AbstractIncomingMessage) -> None:
@@ -190,6 +212,9 @@ async def test_a_canary_that_parks_again_stops_the_replay(
     )
     assert report.stopped == "canary-parked-again"
     assert report.done == 1 and report.canary_ids == ("m-0",)
+    assert watches and all(w is not None for w in watches)
+    for watch in watches:  # the canary's watch queue is gone with the replay
+        assert watch is not None and not await _queue_exists(connection, watch._name)
     records = [r async for r in iter_parked(channel, queue=unique, topology=topology)]
     assert sorted(r.id for r in records) == [f"m-{n}" for n in range(5)]
     again = next(r for r in records if r.id == "m-0")
@@ -245,3 +270,27 @@ async def test_a_replay_that_cannot_publish_moves_nothing(
         await replay_matching(channel, queue=unique, topology=topology)
     assert sorted(await _ids(channel, unique, topology)) == [f"m-{n}" for n in range(5)]
     assert await work.get(fail=False) is None
+
+
+async def test_a_replay_acts_on_the_set_as_asked_not_on_what_parks_meanwhile(
+    connection: AbstractRobustConnection, unique: str
+) -> None:
+    channel, topology, work = await _lot(connection, unique)
+
+    @with_delayed_retry(queue=unique, topology=topology)
+    async def still_broken(message: AbstractIncomingMessage) -> None:
+        raise ParkMessage("still broken")
+
+    await work.consume(still_broken)
+    # Slow enough that copies park again while the replay is still going through the queue.
+    report = await replay_matching(channel, queue=unique, rate=20, topology=topology)
+    assert report.done == 5
+
+    async def all_parked_again() -> list[int]:
+        while True:
+            records = [r async for r in iter_parked(channel, queue=unique, topology=topology)]
+            if len(records) == 5 and all(r.replays == 1 for r in records):
+                return [r.replays for r in records]
+            await asyncio.sleep(0.05)
+
+    assert await asyncio.wait_for(all_parked_again(), 15) == [1] * 5

@@ -1,20 +1,27 @@
-"""Failure fingerprints: which parked messages failed *the same way*. Pure functions.
+"""Failure fingerprints: which parked messages failed *the same way*. Pure.
 
-Use :func:`fingerprint` (or :func:`fingerprint_headers` on a parked message's
-headers) wherever failures are grouped: the parking-lot commands, the web
-view, the alert grouping and the Spark report all call it, so a group has
-the same key everywhere.
+Use :func:`fingerprint` (or :func:`fingerprint_headers` on a parked message)
+wherever failures are grouped — the Spark report, the alert grouping, the
+parking-lot commands and the web view — so that one failure gets one key
+everywhere.
 
-Two failures are the same when they have the same exception type, were raised
-by the same function, and their messages differ only in values. Values are
-found the way log-template miners such as Drain and error trackers such as
-Sentry find them: numbers, UUIDs, hex ids, quoted strings, e-mail addresses,
-URLs, IP addresses and timestamps become placeholders, so
-``gateway did not answer in 10 s (order 105)`` and ``… (order 106)`` share the
-template ``gateway did not answer in <num> s (order <num>)``; a word with a
-digit in it (``a1``, ``msg42``, ``http2``) becomes ``<id>``, as in Drain. Line numbers are
-left out of the frame on purpose: a deploy that moves code must not split a
-group.
+The fingerprint follows how error trackers and log-template miners group:
+
+* like Sentry, the key is built from the exception type, the frame that
+  raised (file and function, *not* the line number, so a deploy that moves
+  code does not split a group) and the message with its variable parts
+  replaced;
+* like Drain's masking step, the variable parts are found by patterns with
+  token boundaries, most specific first: URLs, e-mail addresses, quoted
+  values, UUIDs, timestamps, IP addresses, hex ids, then numbers. So
+  ``gateway did not answer in 10 s (order 105)`` and ``(order 106)`` share
+  the template ``gateway did not answer in <num> s (order <num>)``.
+
+Every run of digits is masked, also one glued to letters (``order105``,
+``a1``): such ids vary far more often than names with digits (``utf8``)
+differ between failures. A quoted value is always masked, so ``KeyError: 'sku'``
+and ``KeyError: 'price'`` share a template; the raising frame usually tells
+them apart.
 """
 
 from __future__ import annotations
@@ -25,13 +32,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from delayed_retry.headers import (
-    X_EXCEPTION_MESSAGE,
-    X_EXCEPTION_TRACEBACK,
-    X_EXCEPTION_TYPE,
-    X_LAST_ERROR,
-)
-
 __all__ = [
     "Fingerprint",
     "fingerprint",
@@ -40,120 +40,194 @@ __all__ = [
     "raising_frame",
 ]
 
-MAX_TEMPLATE_CHARS = 500
-"""Templates are cut here: past a few hundred characters a message no longer tells groups apart."""
+# Header names, spelled here so this module imports nothing of the package (it is shared
+# by the Spark executors, which only need this file); they equal those in headers.py.
+_X_EXCEPTION_TYPE = "x-exception-type"
+_X_EXCEPTION_MESSAGE = "x-exception-message"
+_X_EXCEPTION_TRACEBACK = "x-exception-traceback"
+_X_LAST_ERROR = "x-retry-last-error"
 
-# Order matters: wider shapes first, so a URL's digits do not become <num> inside it.
-_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s'\"<>()\[\]{}]+"), "<url>"),
-    (re.compile(r"\b[\w.+\-]+@[\w\-]+(?:\.[\w\-]+)+\b"), "<email>"),
+UNKNOWN_TYPE = "unknown"
+"""Exception type of a record that names none."""
+
+MAX_TEMPLATE_INPUT = 2_000
+"""Characters of a message that are templated; the rest is cut (records are bounded anyway)."""
+
+KEY_LENGTH = 12
+"""Hex digits of :attr:`Fingerprint.key` (48 bits: collisions are negligible per archive)."""
+
+_HEX = "[0-9a-fA-F]"
+# (placeholder, pattern), applied in this order. Each pattern matches at least one
+# character that is not part of a placeholder, and no placeholder matches any pattern,
+# so templating reaches a fixed point (see message_template).
+_MASKS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
-        re.compile(
-            r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
-        ),
+        "<url>",
+        re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>()\[\]{}]*[^\s'\"<>()\[\]{}.,;:!?]"),
+    ),
+    ("<email>", re.compile(r"(?<![\w.+-])[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")),
+    ("<str>", re.compile(r"(?<!\w)'[^'\n]*'(?!\w)|(?<!\w)\"[^\"\n]*\"(?!\w)")),
+    (
         "<uuid>",
+        re.compile(rf"(?<!\w){_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}(?!\w)"),
     ),
     (
-        re.compile(
-            r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?"
-            r"(?:Z|[+\-]\d{2}:?\d{2})?)?\b"
-        ),
         "<time>",
+        re.compile(
+            r"(?<!\w)\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?)?"
+            r"(?:Z|[+-]\d{2}:?\d{2})?(?![\w:])"
+            r"|(?<![\w:])\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?(?![\w:])"
+        ),
     ),
-    (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\b"), "<time>"),
-    (re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?\b"), "<ip>"),
-    (re.compile(r"'[^'\n]{0,200}'|\"[^\"\n]{0,200}\""), "<str>"),
-    (re.compile(r"\b0[xX][0-9a-fA-F]+\b"), "<hex>"),
-    # A long run of hex digits with at least one digit and one letter: ids, hashes.
-    (re.compile(r"\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\b"), "<hex>"),
-    # Numbers not glued to a word before them (10s becomes <num>s) …
-    (re.compile(r"(?<![\w<])[-+]?\d+(?:\.\d+)?"), "<num>"),
-    # … then any other word with a digit in it (a1, msg42, order_105): Drain's rule.
-    (re.compile(r"\b(?=\w*\d)\w+\b"), "<id>"),
+    ("<ip>", re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?(?![\w.])")),
+    (
+        "<ip>",
+        re.compile(
+            rf"(?<![\w:])(?:{_HEX}{{1,4}}:){{7}}{_HEX}{{1,4}}(?![\w:])"
+            rf"|(?<![\w:])(?:{_HEX}{{1,4}}(?::{_HEX}{{1,4}})*)?::"
+            rf"(?:{_HEX}{{1,4}}(?::{_HEX}{{1,4}})*)?(?![\w:])"
+        ),
+    ),
+    ("<hex>", re.compile(rf"(?<!\w)0[xX]{_HEX}+(?!\w)")),
+    # A bare hex id (a digest, an object id): 8+ hex digits with a digit and a letter in it.
+    ("<hex>", re.compile(rf"(?<!\w)(?={_HEX}*\d)(?={_HEX}*[a-fA-F]){_HEX}{{8,}}(?!\w)")),
+    # Any run of digits, also one glued to letters: ``a1`` and ``a2`` are ids of one group
+    # far more often than ``http1`` and ``http2`` are different failures.
+    ("<num>", re.compile(r"\d+(?:\.\d+)*")),
 )
 _SPACE = re.compile(r"\s+")
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+, in (?P<func>\S+)', re.MULTILINE)
+
+# `  File "/srv/app/orders/handler.py", line 42, in handle`
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line \d+, in (?P<func>\S+)\s*$', re.MULTILINE)
+_PACKAGE_ROOTS = ("site-packages/", "dist-packages/")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Fingerprint:
-    """The group a failure belongs to; ``str()`` gives its short stable :attr:`key`."""
+    """One way of failing: the stable short :attr:`key` and what it was made of.
+
+    Two records with the same ``key`` have the same exception type, raising
+    frame and message template; the key is the same on every machine and
+    in every run, so it can be stored, filtered on and compared across
+    reports.
+    """
 
     key: str
     exception_type: str
-    frame: str
     template: str
-
-    def __str__(self) -> str:
-        return self.key
+    frame: str | None = None
 
     def label(self) -> str:
-        """One line for a person: ``TimeoutError in gateway.py:call: gateway did not …``."""
-        where = f" in {self.frame}" if self.frame else ""
-        what = f": {self.template}" if self.template else ""
-        return f"{self.exception_type or 'unknown'}{where}{what}"
+        """One line for a person: ``Type: template`` (and the frame when known)."""
+        text = f"{self.exception_type}: {self.template}" if self.template else self.exception_type
+        return f"{text} [{self.frame}]" if self.frame else text
 
 
 def message_template(message: str) -> str:
-    """``message`` with its values replaced by placeholders (``<num>``, ``<uuid>``, ``<str>`` …)."""
-    text = message
-    for pattern, placeholder in _RULES:
-        text = pattern.sub(placeholder, text)
-    text = _SPACE.sub(" ", text).strip()
-    return text[:MAX_TEMPLATE_CHARS]
+    """``message`` with its variable parts replaced by placeholders, whitespace collapsed.
 
-
-def raising_frame(traceback: str | None) -> str:
-    """The innermost frame of a formatted traceback as ``file.py:function`` (``""`` if none).
-
-    Only the file's base name and the function are kept: the directory
-    differs between machines and the line number between deploys.
+    Placeholders: ``<url>``, ``<email>``, ``<str>`` (a quoted value),
+    ``<uuid>``, ``<time>``, ``<ip>``, ``<hex>``, ``<num>``. Idempotent:
+    templating a template changes nothing.
     """
-    if not traceback:
-        return ""
-    frames = list(_FRAME.finditer(traceback))
-    if not frames:
-        return ""
-    last = frames[-1]
-    path = last.group("file").replace("\\", "/")
-    return f"{path.rsplit('/', 1)[-1]}:{last.group('func')}"
+    text = _SPACE.sub(" ", message[:MAX_TEMPLATE_INPUT]).strip()
+    # A replacement can expose a new token boundary (``1'x'`` -> ``<num>'x'``), so repeat
+    # until nothing changes; every round masks at least one raw character, so it ends.
+    while True:
+        before = text
+        for placeholder, pattern in _MASKS:
+            text = pattern.sub(placeholder, text)
+        if text == before:
+            return text
+
+
+def _short_path(path: str) -> str:
+    path = path.replace("\\", "/")
+    for root in _PACKAGE_ROOTS:
+        at = path.rfind(root)
+        if at >= 0:
+            return path[at + len(root) :]
+    # Outside an installed package: the last two parts survive a move of the checkout.
+    return "/".join(path.rsplit("/", 2)[-2:])
+
+
+def raising_frame(traceback_text: str | None) -> str | None:
+    """``path in function`` of the innermost frame of a Python traceback text, or ``None``.
+
+    The path is cut to what is the same on every machine: from the package
+    root (after ``site-packages/``) or else its last two parts. The line
+    number is left out on purpose, as Sentry does, so that editing the file
+    does not split the group. With chained exceptions the last traceback is
+    the one of the exception that was raised.
+    """
+    if not traceback_text:
+        return None
+    last: re.Match[str] | None = None
+    for last in _FRAME.finditer(traceback_text):  # noqa: B007 - the last match is wanted
+        pass
+    if last is None:
+        return None
+    return f"{_short_path(last['path'])} in {last['func']}"
 
 
 def fingerprint(
-    *, exception_type: str | None, message: str | None, traceback: str | None = None
+    *,
+    exception_type: str | None,
+    message: str | None,
+    frame: str | None = None,
+    traceback: str | None = None,
 ) -> Fingerprint:
-    """The :class:`Fingerprint` of one failure: type, raising frame and message template."""
-    kind = (exception_type or "").strip()
-    frame = raising_frame(traceback)
+    """The fingerprint of one failure.
+
+    ``frame`` is the raising frame when the caller knows it; otherwise it is
+    read from ``traceback`` (a formatted Python traceback) when given. A
+    missing type becomes ``"unknown"`` and a missing message an empty
+    template, so every record gets a fingerprint.
+    """
+    kind = (exception_type or "").strip() or UNKNOWN_TYPE
     template = message_template(message or "")
-    digest = hashlib.sha1(f"{kind}\0{frame}\0{template}".encode(), usedforsecurity=False)
-    return Fingerprint(
-        key=digest.hexdigest()[:12], exception_type=kind, frame=frame, template=template
-    )
+    where = frame if frame is not None else raising_frame(traceback)
+    digest = hashlib.sha256(
+        "\x1f".join((kind, where or "", template)).encode("utf-8", "surrogatepass")
+    ).hexdigest()
+    return Fingerprint(key=digest[:KEY_LENGTH], exception_type=kind, template=template, frame=where)
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     if isinstance(value, bytes | bytearray):
         return bytes(value).decode("utf-8", "replace")
-    return value if isinstance(value, str) else None
+    if isinstance(value, str):
+        return value
+    return None
+
+
+def split_last_error(last_error: str) -> tuple[str | None, str]:
+    """``("Type", "message")`` from an ``x-retry-last-error`` value ``Type: message``."""
+    kind, sep, rest = last_error.partition(": ")
+    if sep and kind and " " not in kind:
+        return kind, rest
+    return None, last_error
 
 
 def fingerprint_headers(headers: Mapping[str, Any] | None) -> Fingerprint:
-    """The :class:`Fingerprint` of a parked message, from its failure record headers.
+    """The fingerprint of a parked message, from its failure record headers.
 
     Reads ``x-exception-type``, ``x-exception-message`` and
-    ``x-exception-traceback``; a message that carries only
-    ``x-retry-last-error`` (``Type: message``) is read from that.
+    ``x-exception-traceback`` (the parking record); when those are missing
+    (a message parked by an older version, or one still in the chain) it
+    falls back to ``x-retry-last-error`` (``Type: message``). Values may be
+    ``str`` or ``bytes``; anything else is ignored.
     """
     headers = headers or {}
-    kind = _text(headers.get(X_EXCEPTION_TYPE))
-    message = _text(headers.get(X_EXCEPTION_MESSAGE))
-    if kind is None and message is None:
-        last = _text(headers.get(X_LAST_ERROR))
-        if last:
-            kind, _, message = last.partition(": ")
+    kind = _text(headers.get(_X_EXCEPTION_TYPE))
+    message = _text(headers.get(_X_EXCEPTION_MESSAGE))
+    last_error = _text(headers.get(_X_LAST_ERROR))
+    if last_error is not None and (kind is None or message is None):
+        last_kind, last_message = split_last_error(last_error)
+        kind = kind if kind is not None else last_kind
+        message = message if message is not None else last_message
     return fingerprint(
         exception_type=kind,
         message=message,
-        traceback=_text(headers.get(X_EXCEPTION_TRACEBACK)),
+        traceback=_text(headers.get(_X_EXCEPTION_TRACEBACK)),
     )

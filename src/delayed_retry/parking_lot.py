@@ -19,12 +19,11 @@ worst one message is replayed twice).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -32,30 +31,26 @@ import aiormq
 import aiormq.abc
 
 from delayed_retry.declare import declarer_for, underlay_of
-from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
+from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.fingerprint import fingerprint_headers
-from delayed_retry.headers import (
-    X_DUE_AT,
-    X_EXCEPTION_MESSAGE,
-    X_EXCEPTION_TRACEBACK,
-    X_EXCEPTION_TYPE,
-    X_FIRST_FAILURE_AT,
-    X_LAST_ERROR,
-    X_LAST_FAILURE_AT,
-    X_PARKED_AT,
-    X_PARKED_REASON,
-    X_QUEUE,
-    X_RETRY,
-    encode_body_preview,
-    parse_retry_state,
-    read_epoch_ms,
-    scheduled_headers,
+from delayed_retry.parked import (
+    ALL_PARKED,
+    X_REPLAY_CANARY,
+    X_REPLAYED,
+    X_REPLAYED_AT,
+    X_REPLAYED_BY,
+    ParkedFilter,
+    ParkedMessage,
+    ParkedRecord,
+    parse_parked,
+    read_record,
+    replay_headers,
 )
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
+    "ALL_PARKED",
     "X_REPLAYED",
     "X_REPLAYED_AT",
     "X_REPLAYED_BY",
@@ -78,211 +73,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-X_REPLAYED = "x-retry-replayed"
-"""How many times a message has been replayed from parking (an int)."""
-X_REPLAYED_AT = "x-retry-replayed-at"
-"""When it was last replayed, milliseconds since the Unix epoch."""
-X_REPLAYED_BY = "x-retry-replayed-by"
-"""Who replayed it last, when known (the command line writes ``user@host``)."""
-X_REPLAY_CANARY = "x-retry-replay-canary"
-"""Token on a canary copy, so the replay can tell when it parks again."""
-
-_RECORD_HEADERS = (
-    X_PARKED_REASON,
-    X_PARKED_AT,
-    X_EXCEPTION_TYPE,
-    X_EXCEPTION_MESSAGE,
-    X_EXCEPTION_TRACEBACK,
-    "x-retry-header-problems",
-    "x-parked-note",
-)
-# A replay starts a fresh retry budget in every respect: the count and every time the
-# decorator's stop/wait policies read are dropped (the decorator writes them again).
-_BUDGET_HEADERS = (X_RETRY, X_FIRST_FAILURE_AT, X_LAST_FAILURE_AT, X_LAST_ERROR, X_QUEUE)
-
-
-# -- records ------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class ParkedMessage:
-    """The failure record of a parked message, as people want to read it."""
-
-    message_id: str | None
-    queue: str | None
-    reason: str
-    exception_type: str | None
-    exception_message: str | None
-    attempts: int
-    first_failure_at: datetime | None
-    parked_at: datetime | None
-    original_exchange: str
-    original_routing_key: str
-    body_preview: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class ParkedRecord(ParkedMessage):
-    """A parked message in full: its failure record, headers and body.
-
-    ``id`` names it for ``show``/``replay --id``: its ``message_id``, or
-    ``sha256:`` and the start of its body's digest when it has none.
-    ``fingerprint`` groups records that failed the same way.
-    """
-
-    id: str
-    headers: Mapping[str, Any] = field(repr=False)
-    body: bytes = field(repr=False)
-    content_type: str | None = None
-    traceback: str | None = None
-    replays: int = 0
-    fingerprint: str = ""
-    failure: str = ""
-    """The failure group in words: ``TimeoutError in gateway.py:call: gateway did not …``."""
-
-    def age(self, *, now: datetime) -> timedelta | None:
-        """How long ago it was parked, or ``None`` when the record does not say."""
-        return None if self.parked_at is None else now - self.parked_at
-
-
-def parse_parked(
-    headers: Mapping[str, Any] | None,
-    *,
-    message_id: str | None,
-    body: bytes,
-    exchange: str | None = None,
-    routing_key: str | None = None,
-) -> ParkedMessage:
-    """Read a parking record from headers; foreign messages read as reason ``unknown``."""
-    h: Mapping[str, Any] = headers if isinstance(headers, Mapping) else {}
-    state = parse_retry_state(h, exchange=exchange, routing_key=routing_key, queue=None)
-    reason = h.get(X_PARKED_REASON)
-    if not isinstance(reason, str):
-        # Caught by the chain's alternate exchange (its destination queue is gone): the
-        # delivery names the last level it passed, not the unroutable exchange, but the
-        # due time it carried through the chain tells where it came from.
-        from_chain = X_DUE_AT in h or (exchange or "").endswith(".unroutable")
-        reason = "unroutable" if from_chain else "unknown"
-    exc_type = h.get(X_EXCEPTION_TYPE)
-    exc_msg = h.get(X_EXCEPTION_MESSAGE)
-    return ParkedMessage(
-        message_id=message_id,
-        queue=state.queue,
-        reason=reason,
-        exception_type=exc_type if isinstance(exc_type, str) else None,
-        exception_message=exc_msg if isinstance(exc_msg, str) else None,
-        attempts=state.attempt,
-        first_failure_at=state.first_failure_at,
-        parked_at=read_epoch_ms(h.get(X_PARKED_AT)),
-        original_exchange=state.original_exchange,
-        original_routing_key=state.original_routing_key,
-        body_preview=encode_body_preview(body),
-    )
-
-
-def read_record(
-    headers: Mapping[str, Any] | None,
-    *,
-    message_id: str | None,
-    body: bytes,
-    exchange: str | None = None,
-    routing_key: str | None = None,
-    content_type: str | None = None,
-) -> ParkedRecord:
-    """The full :class:`ParkedRecord` of a parked message; never raises on odd headers."""
-    h: Mapping[str, Any] = headers if isinstance(headers, Mapping) else {}
-    base = parse_parked(
-        h, message_id=message_id, body=body, exchange=exchange, routing_key=routing_key
-    )
-    trace = h.get(X_EXCEPTION_TRACEBACK)
-    replays = h.get(X_REPLAYED)
-    group = fingerprint_headers(h)
-    ident = message_id or "sha256:" + hashlib.sha256(body).hexdigest()[:16]
-    return ParkedRecord(
-        **{f: getattr(base, f) for f in ParkedMessage.__dataclass_fields__},
-        id=ident,
-        headers=dict(h),
-        body=body,
-        content_type=content_type,
-        traceback=trace if isinstance(trace, str) else None,
-        replays=replays if isinstance(replays, int) and not isinstance(replays, bool) else 0,
-        fingerprint=group.key,
-        failure=group.label(),
-    )
-
-
-# -- the filter ---------------------------------------------------------------
-def _header_text(value: object) -> str:
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    return str(value)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ParkedFilter:
-    """Which parked messages an operation means; every given criterion must match.
-
-    An empty filter matches everything. ``exception_type`` matches the
-    qualified name or its last part (``TimeoutError`` matches
-    ``asyncio.TimeoutError``); ``reason`` matches exactly; ``older_than`` and
-    ``newer_than`` are ages since parking (a record without a parking time
-    matches neither); ``headers`` are ``(name, substring)`` pairs;
-    ``body_contains`` is a substring of the body read as UTF-8;
-    ``fingerprint`` is a failure group's key; ``ids`` are record ids.
-    """
-
-    ids: frozenset[str] = frozenset()
-    exception_type: str | None = None
-    reason: str | None = None
-    older_than: timedelta | None = None
-    newer_than: timedelta | None = None
-    headers: tuple[tuple[str, str], ...] = ()
-    body_contains: str | None = None
-    fingerprint: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("older_than", "newer_than"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, timedelta):
-                object.__setattr__(self, name, timedelta(seconds=to_seconds(value, name=name)))
-        if not isinstance(self.ids, frozenset):
-            object.__setattr__(self, "ids", frozenset(self.ids))
-        for pair in self.headers:
-            if not (isinstance(pair, tuple) and len(pair) == 2 and pair[0]):
-                raise ConfigurationError(
-                    f"header filter {pair!r} is not a (name, substring) pair; write name=text"
-                )
-
-    @property
-    def is_empty(self) -> bool:
-        """Whether it matches every record."""
-        return self == ParkedFilter()
-
-    def matches(self, record: ParkedRecord, *, now: datetime | None = None) -> bool:
-        """Whether ``record`` is selected; ``now`` (default: the current time) dates ages."""
-        if self.ids and record.id not in self.ids and record.message_id not in self.ids:
-            return False
-        if self.exception_type is not None:
-            kind = record.exception_type or ""
-            if kind != self.exception_type and kind.rsplit(".", 1)[-1] != self.exception_type:
-                return False
-        if self.reason is not None and record.reason != self.reason:
-            return False
-        if self.fingerprint is not None and record.fingerprint != self.fingerprint:
-            return False
-        if self.older_than is not None or self.newer_than is not None:
-            age = record.age(now=now or utcnow())
-            if age is None:
-                return False
-            if self.older_than is not None and not age > self.older_than:
-                return False
-            if self.newer_than is not None and not age < self.newer_than:
-                return False
-        for name, text in self.headers:
-            if name not in record.headers or text not in _header_text(record.headers[name]):
-                return False
-        if self.body_contains is not None:
-            return self.body_contains in record.body.decode("utf-8", "replace")
-        return True
 
 
 # -- reading ------------------------------------------------------------------
@@ -322,8 +112,8 @@ async def _take(
 
     Every message taken stays unacked on ``own`` until it is acked or the
     channel closes, so none is taken twice and the scan ends when the queue
-    has nothing more to give. Messages parked after ``asked_at`` (their
-    record says so) are put back untouched: the set is the one asked about.
+    has nothing more to give. Messages parked or replayed after ``asked_at``
+    (their record says so) are put back untouched: the set is the one asked about.
     The declare-ok message count cannot bound the scan: on quorum queues it
     leaves out messages a closed channel just returned.
     """
@@ -342,6 +132,10 @@ async def _take(
         )
         if record.parked_at is not None and record.parked_at > asked_at:
             continue
+        # Replayed since (by this very operation, say, and parked again): the replay's own
+        # clock wrote this time, so a consumer's clock skew cannot make it look old.
+        if record.replayed_at is not None and record.replayed_at >= asked_at:
+            continue
         yield got, record
 
 
@@ -350,7 +144,7 @@ async def iter_parked(
     *,
     queue: str,
     parking_queue: str | None = None,
-    where: ParkedFilter = ParkedFilter(),
+    where: ParkedFilter = ALL_PARKED,
     topology: DelayTopology = DEFAULT_TOPOLOGY,
     now: datetime | None = None,
 ) -> AsyncIterator[ParkedRecord]:
@@ -385,7 +179,7 @@ async def browse_parked(
     *,
     queue: str,
     parking_queue: str | None = None,
-    where: ParkedFilter = ParkedFilter(),
+    where: ParkedFilter = ALL_PARKED,
     offset: int = 0,
     limit: int = 50,
     topology: DelayTopology = DEFAULT_TOPOLOGY,
@@ -443,7 +237,7 @@ async def group_parked(
     *,
     queue: str,
     parking_queue: str | None = None,
-    where: ParkedFilter = ParkedFilter(),
+    where: ParkedFilter = ALL_PARKED,
     topology: DelayTopology = DEFAULT_TOPOLOGY,
 ) -> list[FailureGroup]:
     """The failure groups of the selected parked messages, largest first."""
@@ -510,34 +304,6 @@ class MoveReport:
     canary_ids: tuple[str, ...] = ()
 
 
-def replay_headers(
-    headers: Mapping[str, Any] | None,
-    *,
-    due_at: datetime,
-    now: datetime | None = None,
-    replayed_by: str | None = None,
-) -> dict[str, Any]:
-    """Headers of a replayed message: a fresh retry budget and a record of the replay.
-
-    The parking record and every retry header the decorator's policies read
-    (count, first and last failure, last error, queue) are removed, so the
-    message is retried as if it had never failed; ``x-retry-replayed``
-    counts replays, ``x-retry-replayed-at`` says when, ``x-retry-replayed-by``
-    who (when given).
-    """
-    out = scheduled_headers(headers, due_at=due_at)
-    previous = out.get(X_REPLAYED)
-    count = previous if isinstance(previous, int) and not isinstance(previous, bool) else 0
-    for name in (*_RECORD_HEADERS, *_BUDGET_HEADERS, X_REPLAYED_BY, X_REPLAY_CANARY):
-        out.pop(name, None)
-    out[X_RETRY] = 0
-    out[X_REPLAYED] = count + 1
-    out[X_REPLAYED_AT] = to_epoch_ms(now or utcnow())
-    if replayed_by:
-        out[X_REPLAYED_BY] = replayed_by[:200]
-    return out
-
-
 MAX_IN_FLIGHT = 64
 """Replayed copies awaiting their broker confirm at once (each original is acked after its own)."""
 
@@ -581,6 +347,10 @@ async def _canary_parked_again(
         await asyncio.sleep(min(poll, max(deadline - loop.time(), 0)))
 
 
+WATCH_EXPIRES_MS = 15 * 60 * 1000
+"""A canary watch queue left unused this long is deleted by the broker."""
+
+
 class _ParkWatch:
     """A private queue bound to the parking exchange: sees every message parked for a queue.
 
@@ -599,8 +369,11 @@ class _ParkWatch:
         underlay = await underlay_of(channel)
         own = await underlay.connection.channel(publisher_confirms=False)
         try:
+            # Deleted by close(); exclusive and x-expires remove it too if close() never runs.
             declared = await own.queue_declare(
-                "", exclusive=True, auto_delete=True, arguments={"x-queue-type": "classic"}
+                "",
+                exclusive=True,
+                arguments={"x-queue-type": "classic", "x-expires": WATCH_EXPIRES_MS},
             )
             await own.queue_bind(declared.queue or "", exchange, routing_key=queue)
         except aiormq.exceptions.ChannelClosed:
@@ -627,9 +400,14 @@ class _ParkWatch:
             await asyncio.sleep(min(poll, max(deadline - loop.time(), 0)))
 
     async def close(self) -> None:
-        """Stop watching: the private queue goes with its channel."""
-        if not self._channel.is_closed:
-            await self._channel.close()
+        """Stop watching and delete the private queue (its copies are of no further use)."""
+        if self._channel.is_closed:
+            return
+        try:
+            await self._channel.queue_delete(self._name)
+        finally:
+            if not self._channel.is_closed:
+                await self._channel.close()
 
 
 async def _move(
@@ -795,7 +573,7 @@ async def replay_matching(
     queue: str,
     parking_queue: str | None = None,
     to_queue: str | None = None,
-    where: ParkedFilter = ParkedFilter(),
+    where: ParkedFilter = ALL_PARKED,
     limit: int | None = None,
     rate: float | None = None,
     delay: Duration = 0,
@@ -898,7 +676,7 @@ async def purge_matching(
     *,
     queue: str,
     parking_queue: str | None = None,
-    where: ParkedFilter = ParkedFilter(),
+    where: ParkedFilter = ALL_PARKED,
     limit: int | None = None,
     rate: float | None = None,
     dry_run: bool = False,

@@ -1,10 +1,11 @@
 """Storm control: parked-message arrivals grouped into one alert per window. Pure.
 
 When a dependency goes down, hundreds of messages may park within seconds;
-one alert with counts per queue and failure group (the
-:mod:`~delayed_retry.fingerprint` the parking-lot commands, the web view and
-the Spark report use too), naming the first few message ids, is what a person
-on call can act on. The first arrival opens a
+one alert with counts per queue and exception type, naming the first few
+message ids, is what a person on call can act on. Arrivals are grouped by
+queue and failure fingerprint (:mod:`delayed_retry.fingerprint`: exception
+type, raising frame, message template), the same key the parking-lot
+commands, the web view and the Spark report use. The first arrival opens a
 window of ``window`` seconds; everything arriving until it closes (or until
 ``max_batch`` arrivals) becomes one :class:`Alert`.
 """
@@ -19,9 +20,10 @@ from typing import Any, Generic, TypeVar
 
 from delayed_retry.durations import from_epoch_ms
 from delayed_retry.encoding import decode_routing_key
-from delayed_retry.fingerprint import Fingerprint, fingerprint, fingerprint_headers
+from delayed_retry.fingerprint import Fingerprint, fingerprint, raising_frame
 from delayed_retry.headers import (
     X_EXCEPTION_MESSAGE,
+    X_EXCEPTION_TRACEBACK,
     X_EXCEPTION_TYPE,
     X_PARKED_AT,
     X_PARKED_REASON,
@@ -46,15 +48,15 @@ class ParkedArrival:
     reason: str
     exception_message: str | None = None
     parked_at: datetime | None = None
-    failure: Fingerprint | None = None
+    frame: str | None = None
+    """The raising frame (``path in function``), read from the parking record's traceback."""
 
     @property
-    def group_key(self) -> str:
-        """The failure group's key: the fingerprint of type, raising frame and message template."""
-        failure = self.failure or fingerprint(
-            exception_type=self.exception_type, message=self.exception_message
+    def fingerprint(self) -> Fingerprint:
+        """The failure fingerprint this arrival is grouped by."""
+        return fingerprint(
+            exception_type=self.exception_type, message=self.exception_message, frame=self.frame
         )
-        return failure.key
 
 
 def _text(value: object) -> str | None:
@@ -106,7 +108,7 @@ def arrival_from(
         reason=reason,
         exception_message=_text(headers.get(X_EXCEPTION_MESSAGE)),
         parked_at=parked_at,
-        failure=fingerprint_headers(headers),
+        frame=raising_frame(_text(headers.get(X_EXCEPTION_TRACEBACK))),
     )
 
 
@@ -118,8 +120,10 @@ class AlertGroup:
     exception_type: str
     count: int
     example: str | None = None
-    fingerprint: str = ""
-    template: str = ""
+    key: str | None = None
+    """The :class:`~delayed_retry.fingerprint.Fingerprint` key of the group."""
+    template: str | None = None
+    """The message template of the group (variable parts replaced by placeholders)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +160,7 @@ class Alert:
         for group in self.groups:
             line = f"  {group.queue}: {group.count} × {group.exception_type}"
             if group.example:
-                line += f" ({(group.template if group.count > 1 else group.example)[:200]})"
+                line += f" ({group.example[:200]})"
             lines.append(line)
         if self.message_ids:
             lines.append("message ids: " + ", ".join(self.message_ids))
@@ -181,7 +185,7 @@ class Alert:
                     "exception_type": g.exception_type,
                     "count": g.count,
                     "example": g.example,
-                    "fingerprint": g.fingerprint,
+                    "key": g.key,
                     "template": g.template,
                 }
                 for g in self.groups
@@ -203,25 +207,34 @@ class Alert:
 
 
 def group_arrivals(arrivals: Iterable[ParkedArrival], *, max_ids: int = 5) -> Alert:
-    """One :class:`Alert` for ``arrivals``, grouped by queue and failure fingerprint."""
+    """One :class:`Alert` for ``arrivals``: groups by (queue, failure fingerprint), biggest first.
+
+    Messages that differ only in values (``order 105`` / ``order 106``) fall
+    in one group; its ``example`` is the first real message of the group.
+    """
     items = list(arrivals)
-    counts: Counter[tuple[str, str]] = Counter((a.queue, a.group_key) for a in items)
-    firsts: dict[tuple[str, str], ParkedArrival] = {}
+    counts: Counter[tuple[str, str]] = Counter()
+    prints: dict[tuple[str, str], Fingerprint] = {}
+    examples: dict[tuple[str, str], str] = {}
     for a in items:
-        first = firsts.setdefault((a.queue, a.group_key), a)
-        if first.exception_message is None and a.exception_message:
-            firsts[(a.queue, a.group_key)] = a
+        fp = a.fingerprint
+        group = (a.queue, fp.key)
+        counts[group] += 1
+        prints.setdefault(group, fp)
+        if a.exception_message:
+            examples.setdefault(group, a.exception_message)
     groups = tuple(
         AlertGroup(
             queue=q,
-            exception_type=firsts[(q, key)].exception_type,
+            exception_type=prints[(q, k)].exception_type,
             count=n,
-            example=firsts[(q, key)].exception_message,
-            fingerprint=key,
-            template=_template(firsts[(q, key)]),
+            example=examples.get((q, k)),
+            key=k,
+            template=prints[(q, k)].template or None,
         )
-        for (q, key), n in sorted(
-            counts.items(), key=lambda kv: (-kv[1], kv[0][0], firsts[kv[0]].exception_type)
+        for (q, k), n in sorted(
+            counts.items(),
+            key=lambda kv: (-kv[1], kv[0][0], prints[kv[0]].exception_type, kv[0][1]),
         )
     )
     ids = tuple(a.message_id for a in items if a.message_id)[: max(max_ids, 0)]
@@ -233,13 +246,6 @@ def group_arrivals(arrivals: Iterable[ParkedArrival], *, max_ids: int = 5) -> Al
         first_parked_at=min(times) if times else None,
         last_parked_at=max(times) if times else None,
     )
-
-
-def _template(arrival: ParkedArrival) -> str:
-    failure = arrival.failure or fingerprint(
-        exception_type=arrival.exception_type, message=arrival.exception_message
-    )
-    return failure.template
 
 
 class AlertWindow(Generic[T]):
