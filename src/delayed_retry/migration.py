@@ -1,225 +1,264 @@
-"""Move messages waiting in another delay chain into ours, for their remaining delay.
+"""Move an exchange off the delayed-message plugin onto the front door.
 
-At-least-once, message by message: take one from a source level queue
-(``basic.get``, unacked), publish it into the target chain with a publisher
-confirm, and only then ack it in the source. A message that cannot move (no
-destination, an unreadable key) is returned to its source queue with
-``nack(requeue=True)`` and keeps waiting there as before; a crash in between
-gives a duplicate, never a loss. Levels are drained highest first, in passes,
-until a pass moves nothing, since the source keeps dead-lettering messages
-downward meanwhile. See :mod:`delayed_retry.chain_sources` for due times.
+Two stages, because an exchange cannot change type in place and the plugin
+holds its delayed messages inside the exchange:
+
+1. **prepare** (:func:`prepare`): declare ``X.delay``, its queue and parking,
+   next to the plugin exchange ``X``. A front door started now delivers into
+   ``X`` itself: the copies it delivers carry a negative ``x-delay``, which
+   the plugin routes at once. Producers move to ``X.delay`` one by one.
+2. **swap** (:func:`swap`), once the plugin holds no delayed message: delete
+   ``X`` and declare it again as an ordinary exchange of its ``x-delayed-type``
+   with the same bindings; bindings *into* ``X`` from other exchanges (which
+   carried ``x-delay`` messages) move to ``X.delay``.
+
+The plugin exchange's definition and bindings are read through the
+management HTTP API (:func:`read_exchange`); planning is pure (:func:`plan`).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+import base64
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
 
 import aiormq
-from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractConnection
 
-from delayed_retry import publishing
-from delayed_retry.chain_probe import queue_depth
-from delayed_retry.chain_sources import SourceChain, plan_move
-from delayed_retry.declare import declarer_for, underlay_of
-from delayed_retry.durations import to_epoch_ms, utcnow
-from delayed_retry.errors import ConfigurationError, DelayedRetryError, PublishError
-from delayed_retry.headers import X_DUE_AT, sanitize_headers
-from delayed_retry.topology import DelayTopology
+from delayed_retry.errors import ConfigurationError, DelayedRetryError
+from delayed_retry.frontdoor import FrontDoor, delay_exchange_name
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
-__all__ = ["LevelReport", "MigrationReport", "migrate_chain", "source_depths"]
+__all__ = [
+    "PLUGIN_TYPE",
+    "Binding",
+    "ExchangeDefinition",
+    "MigrationError",
+    "manual_steps",
+    "plan",
+    "prepare",
+    "read_exchange",
+    "swap",
+]
 
-log = logging.getLogger(__name__)
-
-MAX_PASSES = 3
-"""Passes over the levels: the first moves almost everything; later ones catch what the source
-dead-lettered into an already drained level meanwhile. Few, because every pass hands a message
-that cannot move back to its queue once more, and RabbitMQ 4.x counts that toward a quorum
-queue's delivery limit."""
-
-
-@dataclass
-class LevelReport:
-    """What happened to one source level."""
-
-    level: int
-    queue: str
-    moved: int = 0
-    left: int = 0
-    problems: dict[str, int] = field(default_factory=dict)
+PLUGIN_TYPE = "x-delayed-message"
+"""The exchange type the delayed-message plugin registers."""
 
 
-@dataclass
-class MigrationReport:
-    """The whole migration: per level, and in total."""
+class MigrationError(DelayedRetryError):
+    """The plugin exchange cannot be migrated as asked; the message says what to do."""
 
-    levels: dict[int, LevelReport] = field(default_factory=dict)
+
+@dataclass(frozen=True, kw_only=True)
+class Binding:
+    """One binding: ``source`` routes to ``destination`` (a queue or an exchange)."""
+
+    source: str
+    destination: str
+    destination_type: str
+    routing_key: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExchangeDefinition:
+    """What the management API says about the plugin exchange."""
+
+    name: str
+    type: str
+    delayed_type: str
+    durable: bool
+    arguments: dict[str, Any]
+    outgoing: tuple[Binding, ...]
+    incoming: tuple[Binding, ...]
+    messages_delayed: int | None
 
     @property
-    def moved(self) -> int:
-        return sum(r.moved for r in self.levels.values())
-
-    @property
-    def left(self) -> int:
-        return sum(r.left for r in self.levels.values())
+    def is_plugin(self) -> bool:
+        """Whether this is the plugin's type (not a stand-in declared for a rehearsal)."""
+        return self.type == PLUGIN_TYPE
 
 
-async def source_depths(
-    connection: AbstractConnection, source: SourceChain
-) -> list[tuple[int, str, int | None]]:
-    """(level, queue, messages or ``None`` when missing) for every level of ``source``."""
+def _get(url: str, path: str) -> Any:
+    parts = urllib.parse.urlsplit(url)
+    base = urllib.parse.urlunsplit((parts.scheme, parts.hostname or "", "", "", ""))
+    if parts.port:
+        base = f"{base}:{parts.port}"
+    request = urllib.request.Request(base + parts.path.rstrip("/") + path)
+    user = urllib.parse.unquote(parts.username or "guest")
+    password = urllib.parse.unquote(parts.password or "guest")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
+def read_exchange(management_url: str, *, vhost: str, exchange: str) -> ExchangeDefinition:
+    """Read ``exchange`` and its bindings through the management HTTP API (blocking).
+
+    Raises :class:`MigrationError` naming the exchange when it is missing or
+    is neither the plugin's type nor carries ``x-delayed-type``.
+    """
+    v = urllib.parse.quote(vhost, safe="")
+    x = urllib.parse.quote(exchange, safe="")
+    try:
+        info = _get(management_url, f"/api/exchanges/{v}/{x}")
+        out = _get(management_url, f"/api/exchanges/{v}/{x}/bindings/source")
+        into = _get(management_url, f"/api/exchanges/{v}/{x}/bindings/destination")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise MigrationError(
+                f"exchange {exchange!r} does not exist in vhost {vhost!r}; check --exchange and "
+                "the vhost of --url"
+            ) from exc
+        raise MigrationError(
+            f"the management API at {management_url!r} answered {exc.code} for exchange "
+            f"{exchange!r}; check --management-url and that the user has the monitoring tag"
+        ) from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise MigrationError(
+            f"cannot reach the management API at {management_url!r}: {exc}; enable "
+            "rabbitmq_management or pass --management-url"
+        ) from exc
+    arguments = dict(info.get("arguments") or {})
+    delayed_type = arguments.get("x-delayed-type")
+    if not isinstance(delayed_type, str):
+        raise MigrationError(
+            f"exchange {exchange!r} is of type {info.get('type')!r} without an x-delayed-type "
+            "argument: it is not a delayed-message plugin exchange, nothing to migrate"
+        )
+
+    def binding(raw: dict[str, Any]) -> Binding:
+        return Binding(
+            source=raw["source"],
+            destination=raw["destination"],
+            destination_type=raw["destination_type"],
+            routing_key=raw["routing_key"],
+            arguments=dict(raw.get("arguments") or {}),
+        )
+
+    delayed = info.get("messages_delayed")
+    return ExchangeDefinition(
+        name=exchange,
+        type=info["type"],
+        delayed_type=delayed_type,
+        durable=bool(info.get("durable", True)),
+        arguments={k: v for k, v in arguments.items() if k != "x-delayed-type"},
+        outgoing=tuple(binding(b) for b in out),
+        incoming=tuple(binding(b) for b in into if b["source"] != ""),
+        messages_delayed=delayed if isinstance(delayed, int) else None,
+    )
+
+
+def plan(definition: ExchangeDefinition, *, stage: str) -> list[str]:
+    """The automated steps of ``stage`` (``prepare`` or ``swap``), as lines to print. Pure."""
+    x = definition.name
+    delay = delay_exchange_name(x)
+    if stage == "prepare":
+        return [
+            f"declare exchange {delay!r} (fanout) and queue {delay!r} bound to it",
+            f"declare queue {delay + '.parking'!r} for x-delay values that are not delays",
+            f"leave {x!r} ({definition.type}) in place: the front door delivers into it",
+        ]
+    steps = [
+        f"delete exchange {x!r} ({definition.type}, x-delayed-type={definition.delayed_type})",
+        f"declare exchange {x!r} ({definition.delayed_type}, durable={definition.durable})",
+    ]
+    steps += [
+        f"bind {b.destination_type} {b.destination!r} to {x!r} with key {b.routing_key!r}"
+        + (f" and arguments {b.arguments}" if b.arguments else "")
+        for b in definition.outgoing
+    ]
+    steps += [
+        f"bind exchange {delay!r} to {b.source!r} with key {b.routing_key!r} "
+        f"(was bound to {x!r}: its messages carry x-delay)"
+        for b in definition.incoming
+    ]
+    return steps
+
+
+def manual_steps(definition: ExchangeDefinition) -> list[str]:
+    """What only people can do, in order."""
+    x = definition.name
+    delay = delay_exchange_name(x)
     return [
-        (level, source.level_name(level), await queue_depth(connection, source.level_name(level)))
-        for level in range(source.levels)
+        f"run the front door: delayed-retry front-door --exchange {x} "
+        f"--exchange-type {definition.delayed_type} (one or more instances)",
+        f"switch every producer from exchange {x!r} to {delay!r} (same x-delay header, "
+        "same routing key); producers that send without x-delay may keep using "
+        f"{x!r}",
+        f"let the plugin's delayed messages drain: watch 'rabbitmqctl list_exchanges name "
+        f"messages_delayed' for {x!r} (or the management UI) until it shows 0; the longest "
+        "x-delay in flight bounds the wait",
+        "stop the front doors (their messages wait in their queues meanwhile), run "
+        f"delayed-retry migrate-plugin --exchange {x} --swap, then start them again",
+        "disable the plugin (rabbitmq-plugins disable rabbitmq_delayed_message_exchange) "
+        "once no exchange of type x-delayed-message is left",
     ]
 
 
-async def migrate_chain(
+async def prepare(
     connection: AbstractConnection,
+    definition: ExchangeDefinition,
     *,
-    source: SourceChain,
-    target: DelayTopology,
-    destinations: Mapping[str, str] | None = None,
-    default_destination: str | None = None,
-    publish_timeout: float = publishing.DEFAULT_PUBLISH_TIMEOUT,
-    on_move: Callable[[int], None] | None = None,
-) -> MigrationReport:
-    """Move every message of ``source`` into ``target``, re-scheduled, never early.
+    topology: DelayTopology = DEFAULT_TOPOLOGY,
+) -> None:
+    """Declare ``X.delay``, its queue and parking beside the plugin exchange (idempotent)."""
+    door = FrontDoor(
+        connection,
+        exchange=definition.name,
+        exchange_type=definition.delayed_type,  # type: ignore[arg-type]
+        topology=topology,
+    )
+    await door.declare()
 
-    The routing key's tail names the destination queue (ours, NServiceBus) or
-    the original routing key (Kombu): ``destinations`` maps tails to queues
-    and ``default_destination`` takes the rest; without either, the tail itself
-    is the queue. A destination must exist; it is bound to ``target``'s end.
+
+async def swap(connection: AbstractConnection, definition: ExchangeDefinition) -> None:
+    """Replace the plugin exchange by an ordinary one with the same bindings.
+
+    Raises :class:`MigrationError` while the plugin still holds delayed
+    messages: deleting the exchange would delete them.
     """
-    if source.level_name(0) == target.level_name(0):
-        raise ConfigurationError(
-            f"the source and target chains are the same ({target.level_name(0)!r}); "
-            "pass the target's topology options and the source's --from options"
+    if definition.messages_delayed:
+        raise MigrationError(
+            f"exchange {definition.name!r} still holds {definition.messages_delayed} delayed "
+            "message(s); deleting it now would lose them. Wait until messages_delayed is 0"
         )
-    channel = await connection.channel()  # publisher confirms on
-    underlay = await underlay_of(channel)
-    declarer = declarer_for(underlay.connection)
-    await declarer.topology(underlay.connection, target)
-    bound: dict[str, str | None] = {}  # destination -> problem (None: bound)
-    report = MigrationReport()
+    delay = delay_exchange_name(definition.name)
+    channel = await connection.channel(publisher_confirms=False)
     try:
-        for pass_number in range(MAX_PASSES):
-            moved_this_pass = 0
-            for level in range(source.levels - 1, -1, -1):
-                name = source.level_name(level)
-                level_report = report.levels.setdefault(level, LevelReport(level, name))
-                depth = await queue_depth(connection, name)
-                if not depth:
-                    continue
-                queue = await channel.get_queue(name, ensure=False)
-                # Messages that cannot move are held unacked until the level is scanned, so
-                # the next get reaches the message behind them, then all go back at once.
-                held: list[AbstractIncomingMessage] = []
-                for _ in range(depth):
-                    message = await queue.get(no_ack=False, fail=False)
-                    if message is None:
-                        break
-                    problem = await _move(
-                        message,
-                        level=level,
-                        source=source,
-                        target=target,
-                        destinations=destinations or {},
-                        default_destination=default_destination,
-                        bound=bound,
-                        declare=functools.partial(
-                            declarer.destination, underlay.connection, target, with_parking=False
-                        ),
-                        timeout=publish_timeout,
-                    )
-                    if problem is None:
-                        level_report.moved += 1
-                        moved_this_pass += 1
-                        if on_move is not None:
-                            on_move(1)
-                    else:
-                        held.append(message)
-                        if pass_number == 0:  # later passes meet the same messages again
-                            count = level_report.problems.get(problem, 0)
-                            level_report.problems[problem] = count + 1
-                for message in held:
-                    await message.nack(requeue=True)
-            if moved_this_pass == 0:
-                break
-        for level_report in report.levels.values():
-            level_report.left = await queue_depth(connection, level_report.queue) or 0
+        # Deleting X deletes every binding from and into it; they are re-created below.
+        await channel.declare_exchange(delay, "fanout", durable=True)
+        await channel.exchange_delete(definition.name)
+        x = await channel.declare_exchange(
+            definition.name,
+            definition.delayed_type,
+            durable=definition.durable,
+            arguments=definition.arguments,
+        )
+        underlay = await channel.get_underlay_channel()
+        for b in definition.outgoing:
+            if b.destination_type == "queue":
+                await underlay.queue_bind(
+                    b.destination, x.name, routing_key=b.routing_key, arguments=b.arguments
+                )
+            else:
+                await underlay.exchange_bind(
+                    b.destination, x.name, routing_key=b.routing_key, arguments=b.arguments
+                )
+        for b in definition.incoming:
+            await underlay.exchange_bind(
+                delay, b.source, routing_key=b.routing_key, arguments=b.arguments
+            )
+    except aiormq.exceptions.ChannelClosed as exc:
+        raise ConfigurationError(
+            f"swapping exchange {definition.name!r} failed: {exc}. Its definition was: "
+            f"{definition}; re-create what is missing from it by hand"
+        ) from exc
     finally:
         if not channel.is_closed:
             await channel.close()
-    return report
-
-
-async def _move(
-    message: AbstractIncomingMessage,
-    *,
-    level: int,
-    source: SourceChain,
-    target: DelayTopology,
-    destinations: Mapping[str, str],
-    default_destination: str | None,
-    bound: dict[str, str | None],
-    declare: Callable[[str], Awaitable[None]],
-    timeout: float,
-) -> str | None:
-    """Move one message; return ``None`` when moved (and acked), else why it stays."""
-    now = utcnow()
-    plan = plan_move(
-        source,
-        level=level,
-        routing_key=message.routing_key or "",
-        headers=message.headers,
-        now=now,
-    )
-    if plan.problem is not None or plan.tail is None or plan.due_at is None:
-        return await _stays(message, plan.problem or "unreadable routing key")
-    queue = destinations.get(plan.tail, default_destination)
-    if queue is None:
-        if source.tail == "routing-key":
-            return await _stays(
-                message, f"no destination queue for routing key {plan.tail!r} (--to or --map)"
-            )
-        queue = plan.tail
-    if queue not in bound:
-        try:
-            target.check_destination(queue)
-            await declare(queue)
-            bound[queue] = None
-        except DelayedRetryError as exc:
-            bound[queue] = f"destination {queue!r} unusable: {exc}"
-    if bound[queue] is not None:
-        return await _stays(message, str(bound[queue]))
-    try:
-        units = target.units_until(plan.due_at, now=utcnow())
-    except DelayedRetryError:
-        return await _stays(message, f"due beyond the target chain's {target.max_delay}")
-    route = target.route(units, queue)
-    headers = sanitize_headers(message.headers)
-    headers[X_DUE_AT] = to_epoch_ms(plan.due_at)
-    headers["x-retry-migrated-from"] = source.level_name(level)
-    try:
-        await publishing.publish_copy(
-            message.channel,
-            message,
-            exchange=route.exchange,
-            routing_key=route.routing_key,
-            headers=headers,
-            timeout=timeout,
-        )
-    except (PublishError, aiormq.exceptions.AMQPError, ConnectionError):
-        # Stop here: the channel closes and returns this message (and any held) unmoved.
-        raise
-    await message.ack()
-    return None
-
-
-async def _stays(message: AbstractIncomingMessage, problem: str) -> str:
-    """Note why a message cannot move; the caller returns it to its source queue."""
-    log.warning("message %s stays in the source chain: %s", message.message_id, problem)
-    return problem

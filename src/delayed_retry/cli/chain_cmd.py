@@ -86,7 +86,7 @@ def register(sub: Any) -> None:
     add_json_option(show)
     show.set_defaults(func=lambda args: run(_show(args)))
 
-    from delayed_retry.cli.migrate_cmd import register_migrate
+    from delayed_retry.cli.chain_migrate_cmd import register_migrate
 
     register_migrate(verbs)
 

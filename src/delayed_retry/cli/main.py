@@ -39,6 +39,8 @@ SUBCOMMAND_MODULES = (
     "delayed_retry.cli.chain_cmd",
     "delayed_retry.cli.router_cmd",
     "delayed_retry.cli.teardown_cmd",
+    "delayed_retry.cli.delivery_cmd",
+    "delayed_retry.cli.migrate_cmd",
 )
 
 
