@@ -33,6 +33,9 @@ PURE = (
     "errors",
     "urls",
     "fingerprint",
+    "rejections",
+    "chain_diff",
+    "chain_sources",
     "parked",
 )
 """Modules that must stay pure logic: no broker, no telemetry, no network, no Spark."""

@@ -108,7 +108,7 @@ def test_every_exchange_but_the_unroutable_one_has_the_alternate_exchange() -> N
     for name, spec in specs.items():
         if name != "p.unroutable":
             assert spec.alternate_exchange == "p.unroutable", name
-    assert len(specs) == 3 + 4
+    assert len(specs) == 4 + 4  # unroutable, delivery, parking, rejected, 4 levels
 
 
 def test_alerts_queue_gets_parked_and_unroutable_copies() -> None:

@@ -38,6 +38,7 @@ from delayed_retry.observability.instrumentation import Instrumentation, NoInstr
 from delayed_retry.observability.otel import OpenTelemetryInstrumentation
 from delayed_retry.parking import ParkedMessage, ReplayResult, peek_parked, replay_parked
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
+from delayed_retry.router import ConsumerRejected, RetryRouter
 from delayed_retry.scheduling import publish_delayed
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
@@ -51,6 +52,9 @@ __all__ = [
     "RetryState",
     "retry_state",
     "current_retry_state",
+    # retries for consumers in any language
+    "RetryRouter",
+    "ConsumerRejected",
     # scheduling
     "publish_delayed",
     "Forwarder",

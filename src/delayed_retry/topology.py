@@ -14,6 +14,8 @@ Picture for ``prefix="delayed-retry"``::
          └─ alternate-exchange ─► delayed-retry.unroutable ─► queue delayed-retry.unroutable
     delayed-retry.parking ──(key Q)──► Q.parking
                           └──(#)────► delayed-retry.parking.alerts
+    delayed-retry.rejected ──► queue delayed-retry.rejected ──► RetryRouter
+        (the x-dead-letter-exchange of queues whose consumers only reject)
 """
 
 from __future__ import annotations
@@ -34,11 +36,19 @@ __all__ = [
     "QueueArguments",
     "QueueSpec",
     "QueueType",
+    "Naming",
     "Route",
     "amqp_arguments",
 ]
 
 QueueType = Literal["quorum", "classic"]
+Naming = Literal["delayed-retry", "nservicebus-v2"]
+
+NSB_LEVEL_PREFIX = "nsb.v2.delay-level-"
+"""NServiceBus.RabbitMQ's v2 level names: ``nsb.v2.delay-level-00`` … ``-27``."""
+NSB_DELIVERY_EXCHANGE = "nsb.v2.delay-delivery"
+"""NServiceBus.RabbitMQ's v2 delivery exchange (endpoints bind ``#.<address>`` to it)."""
+NSB_LEVELS = 28
 
 MAX_QUEUE_TTL_MS = 315_360_000_000
 """The largest ``x-message-ttl`` RabbitMQ accepts: ten years (measured on 3.10.8)."""
@@ -111,13 +121,40 @@ class DelayTopology:
     at-most-once dead-lettering is acceptable. Every process that uses the
     same ``prefix`` must use the same settings: declaring a different one
     fails with :class:`~delayed_retry.errors.TopologyMismatchError`.
+
+    ``naming="nservicebus-v2"`` (made by :meth:`nservicebus`) names the levels
+    and the delivery exchange as NServiceBus.RabbitMQ's v2 delay infrastructure
+    does, so Python services and .NET endpoints on one broker share one chain.
     """
 
     prefix: str = "delayed-retry"
     levels: int = 36
     unit: Duration = timedelta(milliseconds=1)
     queue_type: QueueType = "quorum"
+    naming: Naming = "delayed-retry"
     unit_ms: int = field(init=False, repr=False, compare=False)
+
+    @classmethod
+    def nservicebus(cls, *, prefix: str = "delayed-retry") -> DelayTopology:
+        """The chain NServiceBus.RabbitMQ (7.0+) declares: ``nsb.v2.delay-level-00`` … ``27``.
+
+        Use it when .NET NServiceBus endpoints already run on the broker (or
+        will): 28 levels of 1 s on quorum queues, the delivery exchange
+        ``nsb.v2.delay-delivery``, routing keys of 28 digit words then the
+        destination, exactly NServiceBus's. Delays are whole seconds, rounded up
+        (at most about 8.5 years). The parking, unroutable and rejected
+        exchanges keep ``prefix``. NServiceBus declares its level and delivery
+        exchanges without an alternate exchange, so these do too; a message
+        whose destination was deleted is caught only if a policy sets one (see
+        docs/nservicebus.md).
+        """
+        return cls(
+            prefix=prefix,
+            levels=NSB_LEVELS,
+            unit=timedelta(seconds=1),
+            queue_type="quorum",
+            naming="nservicebus-v2",
+        )
 
     def __post_init__(self) -> None:
         if not self.prefix or self.prefix.startswith("amq.") or " " in self.prefix:
@@ -143,6 +180,18 @@ class DelayTopology:
             raise ConfigurationError(
                 f"DelayTopology queue_type={self.queue_type!r} must be 'quorum' or 'classic'"
             )
+        if self.naming not in ("delayed-retry", "nservicebus-v2"):
+            raise ConfigurationError(
+                f"DelayTopology naming={self.naming!r} must be 'delayed-retry' or 'nservicebus-v2'"
+            )
+        if self.naming == "nservicebus-v2" and (
+            self.levels != NSB_LEVELS or round(unit_ms) != 1000 or self.queue_type != "quorum"
+        ):
+            raise ConfigurationError(
+                "NServiceBus's v2 delay infrastructure is 28 levels of 1 s on quorum queues; "
+                f"got levels={self.levels}, unit={self.unit!r}, queue_type={self.queue_type!r}. "
+                "Use DelayTopology.nservicebus()"
+            )
         if len(self.prefix.encode()) + len(_LONGEST_SUFFIX) > MAX_NAME_BYTES:
             raise ConfigurationError(
                 f"DelayTopology prefix={self.prefix[:40]!r}… is {len(self.prefix.encode())} "
@@ -161,9 +210,15 @@ class DelayTopology:
         object.__setattr__(self, "unit_ms", round(unit_ms))
 
     # -- names ---------------------------------------------------------------
+    @property
+    def _level_prefix(self) -> str:
+        if self.naming == "nservicebus-v2":
+            return NSB_LEVEL_PREFIX
+        return f"{self.prefix}.level."
+
     def level_name(self, level: int) -> str:
         """Name of level ``level``'s exchange and of its queue (they share it)."""
-        return f"{self.prefix}.level.{level:02d}"
+        return f"{self._level_prefix}{level:02d}"
 
     @property
     def delivery_exchange(self) -> str:
@@ -172,7 +227,10 @@ class DelayTopology:
         Its name carries the number of levels: level 0's queue dead-letters
         into it, so two processes that disagree on ``levels`` (and would read
         each other's routing keys wrongly) fail on that queue's arguments.
+        With NServiceBus naming it is ``nsb.v2.delay-delivery``.
         """
+        if self.naming == "nservicebus-v2":
+            return NSB_DELIVERY_EXCHANGE
         return f"{self.prefix}.delivery-{self.levels}"
 
     @property
@@ -184,6 +242,21 @@ class DelayTopology:
     def unroutable_queue(self) -> str:
         """Where unroutable chain messages are kept for people to inspect and replay."""
         return f"{self.prefix}.unroutable"
+
+    @property
+    def rejected_exchange(self) -> str:
+        """Dead-letter exchange for consumers in any language: a queue's ``x-dead-letter-exchange``.
+
+        Messages a consumer rejects (``basic.reject``/``nack`` without requeue)
+        from a queue with this dead-letter exchange land in :attr:`rejected_queue`,
+        where :class:`~delayed_retry.router.RetryRouter` retries or parks them.
+        """
+        return f"{self.prefix}.rejected"
+
+    @property
+    def rejected_queue(self) -> str:
+        """Where rejected messages wait for the router."""
+        return f"{self.prefix}.rejected"
 
     @property
     def parking_exchange(self) -> str:
@@ -205,7 +278,7 @@ class DelayTopology:
             return False
         if exchange == self.delivery_exchange:
             return True
-        level = exchange.removeprefix(f"{self.prefix}.level.")
+        level = exchange.removeprefix(self._level_prefix)
         return level != exchange and level.isdigit() and int(level) < self.levels
 
     @staticmethod
@@ -273,14 +346,17 @@ class DelayTopology:
 
     def exchanges(self) -> list[ExchangeSpec]:
         """Every exchange of the topology, in an order that declares cleanly."""
+        # NServiceBus declares its levels and delivery exchange without an alternate
+        # exchange; declaring them with one would be refused as inequivalent.
+        chain_ae = None if self.naming == "nservicebus-v2" else self.unroutable_exchange
         specs = [
             ExchangeSpec(self.unroutable_exchange, "fanout", None),
-            ExchangeSpec(self.delivery_exchange, "topic", self.unroutable_exchange),
+            ExchangeSpec(self.delivery_exchange, "topic", chain_ae),
             ExchangeSpec(self.parking_exchange, "topic", self.unroutable_exchange),
+            ExchangeSpec(self.rejected_exchange, "fanout", self.unroutable_exchange),
         ]
         specs += [
-            ExchangeSpec(self.level_name(level), "topic", self.unroutable_exchange)
-            for level in range(self.levels)
+            ExchangeSpec(self.level_name(level), "topic", chain_ae) for level in range(self.levels)
         ]
         return specs
 
@@ -310,6 +386,13 @@ class DelayTopology:
                 self.unroutable_queue,
                 self._queue_arguments(None, None, keeps=True),
                 ((self.unroutable_exchange, ""),),
+            )
+        )
+        specs.append(
+            QueueSpec(
+                self.rejected_queue,
+                self._queue_arguments(None, None),
+                ((self.rejected_exchange, ""),),
             )
         )
         alerts: QueueArguments = {

@@ -30,12 +30,21 @@ def add_topology_args(parser: argparse.ArgumentParser) -> None:
         default=defaults.queue_type,
         help="queue type of the chain (%(default)s)",
     )
+    group.add_argument(
+        "--nservicebus",
+        action="store_true",
+        help="use NServiceBus's v2 chain (nsb.v2.delay-level-NN, 28 levels of 1 s, quorum); "
+        "--levels, --unit-ms and --queue-type are then ignored",
+    )
 
 
 def topology_from_args(args: argparse.Namespace) -> DelayTopology:
     """The :class:`DelayTopology` the options describe."""
+    prefix = args.prefix or os.environ.get("DELAYED_RETRY_PREFIX") or DelayTopology().prefix
+    if getattr(args, "nservicebus", False):
+        return DelayTopology.nservicebus(prefix=prefix)
     return DelayTopology(
-        prefix=args.prefix or os.environ.get("DELAYED_RETRY_PREFIX") or DelayTopology().prefix,
+        prefix=prefix,
         levels=args.levels,
         unit=timedelta(milliseconds=args.unit_ms),
         queue_type=args.queue_type,

@@ -7,8 +7,10 @@ from typing import Any
 
 import aio_pika
 
+from delayed_retry.chain_probe import queue_depth
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
+from delayed_retry.cli.output import UsageError
 from delayed_retry.declare import declare_topology
 
 __all__ = ["register"]
@@ -26,6 +28,11 @@ def register(sub: Any) -> None:
     declare.add_argument(
         "--bind", metavar="QUEUE", action="append", default=[], help="queue to bind (repeatable)"
     )
+    declare.add_argument(
+        "--create",
+        action="store_true",
+        help="create each --bind queue that does not exist (durable, of --queue-type)",
+    )
     declare.set_defaults(func=lambda args: run(_declare(args)))
 
 
@@ -33,6 +40,20 @@ async def _declare(args: argparse.Namespace) -> int:
     topology = topology_from_args(args)
     connection = await aio_pika.connect(args.url)
     async with connection:
+        for queue in args.bind:
+            if await queue_depth(connection, queue) is not None:
+                continue
+            if not args.create:
+                raise UsageError(
+                    f"queue {queue!r} does not exist, so it cannot be bound to the chain; "
+                    "create it first, or add --create to create it"
+                )
+            created = await connection.channel()
+            await created.declare_queue(
+                queue, durable=True, arguments={"x-queue-type": topology.queue_type}
+            )
+            await created.close()
+            print(f"created queue {queue!r} ({topology.queue_type})")
         channel = await connection.channel()
         await declare_topology(channel, topology, queues=args.bind)
     print(

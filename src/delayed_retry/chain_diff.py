@@ -1,0 +1,348 @@
+"""Compare a live delay chain with the configuration it should match. Pure.
+
+:func:`compare` takes a :class:`DelayTopology` and a :class:`LiveChain` (what
+the broker reports, read by :mod:`delayed_retry.management`) and returns one
+:class:`Difference` per problem, each with the fix an operator can run. Used by
+``delayed-retry topology verify``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from delayed_retry.topology import DelayTopology, amqp_arguments
+
+__all__ = [
+    "HARMFUL_POLICY_KEYS",
+    "Binding",
+    "Difference",
+    "LiveChain",
+    "LiveExchange",
+    "LiveQueue",
+    "Policy",
+    "applying_policies",
+    "compare",
+    "expected_bindings",
+    "collapse_absent_chain",
+    "topology_options",
+]
+
+HARMFUL_POLICY_KEYS = ("message-ttl", "expires", "max-length", "max-length-bytes")
+"""Policy keys that change what the chain does to a waiting message.
+
+A lower ``message-ttl`` cuts delays short (the lower of policy and argument
+wins); ``expires`` deletes an idle queue with its messages; length limits drop
+or refuse delayed messages. Other keys (a ``dead-letter-exchange``, say) lose
+to the queue's own arguments.
+"""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One binding: ``source`` exchange to a queue or exchange ``destination`` with ``key``."""
+
+    source: str
+    destination_type: str  # "queue" or "exchange"
+    destination: str
+    key: str
+    # How the management API names the binding (to delete it); not part of its identity.
+    properties_key: str = field(default="", compare=False)
+
+    def describe(self) -> str:
+        return (
+            f"binding {self.source!r} → {self.destination_type} {self.destination!r} "
+            f"(key {self.key!r})"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveExchange:
+    """An exchange as the broker reports it."""
+
+    name: str
+    type: str
+    durable: bool = True
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveQueue:
+    """A queue as the broker reports it."""
+
+    name: str
+    durable: bool = True
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    messages: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """A policy (or an operator policy) of the vhost, as the management API lists it."""
+
+    name: str
+    pattern: str
+    apply_to: str = "all"
+    priority: int = 0
+    definition: Mapping[str, Any] = field(default_factory=dict)
+    operator: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveChain:
+    """What the broker holds on a vhost: exchanges, queues, bindings and policies."""
+
+    exchanges: Mapping[str, LiveExchange]
+    queues: Mapping[str, LiveQueue]
+    bindings: frozenset[Binding]
+    policies: tuple[Policy, ...] = ()
+
+
+def _applies(policy: Policy, name: str, kind: str, queue_type: str | None) -> bool:
+    targets = {
+        "all": ("queue", "exchange"),
+        "queues": ("queue",),
+        "exchanges": ("exchange",),
+        "classic_queues": ("queue",),
+        "quorum_queues": ("queue",),
+        "streams": ("queue",),
+    }.get(policy.apply_to, ())
+    if kind not in targets:
+        return False
+    if policy.apply_to in ("classic_queues", "quorum_queues", "streams"):
+        wanted = {"classic_queues": "classic", "quorum_queues": "quorum", "streams": "stream"}
+        if queue_type != wanted[policy.apply_to]:
+            return False
+    try:
+        return re.search(policy.pattern, name) is not None  # the broker's re:run searches too
+    except re.error:
+        return False
+
+
+def applying_policies(
+    policies: Iterable[Policy], name: str, *, kind: str, queue_type: str | None = None
+) -> list[Policy]:
+    """The policies the broker applies to ``name``: the highest-priority match of each sort.
+
+    Computed from the policy list rather than read from the object, whose
+    reported policy lags behind by the management plugin's statistics interval.
+    """
+    out = []
+    for operator in (False, True):
+        matches = [
+            p for p in policies if p.operator == operator and _applies(p, name, kind, queue_type)
+        ]
+        if matches:
+            out.append(max(matches, key=lambda p: p.priority))
+    return out
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One way the live chain differs from the configuration, and what to do about it."""
+
+    object: str
+    problem: str
+    fix: str
+
+    def line(self) -> str:
+        return f"{self.object}: {self.problem}. Fix: {self.fix}"
+
+
+def topology_options(topology: DelayTopology) -> str:
+    """The command-line options that describe ``topology``."""
+    if topology.naming == "nservicebus-v2":
+        return f"--prefix {topology.prefix} --nservicebus"
+    return (
+        f"--prefix {topology.prefix} --levels {topology.levels} "
+        f"--unit-ms {topology.unit_ms} --queue-type {topology.queue_type}"
+    )
+
+
+def _declare_hint(topology: DelayTopology, queues: Iterable[str] = ()) -> str:
+    binds = "".join(f" --bind {q}" for q in queues)
+    return f"delayed-retry declare {topology_options(topology)}{binds}"
+
+
+def expected_bindings(topology: DelayTopology, queues: Iterable[str] = ()) -> set[Binding]:
+    """Every binding the chain needs, and those of ``queues`` (delivery and parking)."""
+    out = {
+        Binding(exchange, "queue", spec.name, key)
+        for spec in topology.queues()
+        for exchange, key in spec.bindings
+    }
+    out |= {
+        Binding(source, "exchange", destination, key)
+        for destination, source, key in topology.exchange_bindings()
+    }
+    for queue in queues:
+        exchange, key = topology.delivery_binding(queue)
+        out.add(Binding(exchange, "queue", queue, key))
+        spec = topology.parking_queue_spec(queue)
+        out |= {Binding(ex, "queue", spec.name, k) for ex, k in spec.bindings}
+    return out
+
+
+def _mismatched(wanted: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
+    out = []
+    for key, value in wanted.items():
+        if live.get(key) != value:
+            got = "missing" if key not in live else repr(live[key])
+            out.append(f"{key}={got} (wants {value!r})")
+    out += [
+        f"{key}={live[key]!r} (not set by the chain)"
+        for key in sorted(live)
+        if key.startswith("x-") and key not in wanted
+    ]
+    return out
+
+
+def _policy_differences(
+    topology: DelayTopology, name: str, live: LiveChain, queue_type: str, ttl: int | None
+) -> list[Difference]:
+    out = []
+    for policy in applying_policies(live.policies, name, kind="queue", queue_type=queue_type):
+        definition = policy.definition
+        harmful = []
+        for key in HARMFUL_POLICY_KEYS:
+            if key not in definition:
+                continue
+            value = definition[key]
+            if key == "message-ttl" and ttl is not None and isinstance(value, int) and value >= ttl:
+                continue  # the queue's own, lower TTL wins
+            harmful.append(f"{key}={value!r}")
+        if harmful:
+            out.append(
+                Difference(
+                    f"queue {name!r}",
+                    f"{'operator policy' if policy.operator else 'policy'} {policy.name!r} "
+                    f"applies to it with {', '.join(harmful)}, which "
+                    "cuts delays short or drops waiting messages",
+                    f"change the policy's pattern so it does not match names starting with "
+                    f"'{topology.prefix}.' (rabbitmqctl set_policy {policy.name} ...)",
+                )
+            )
+    return out
+
+
+def compare(
+    topology: DelayTopology, live: LiveChain, *, queues: Iterable[str] = ()
+) -> list[Difference]:
+    """Every difference between ``live`` and ``topology``, and ``queues``' bindings and parking."""
+    queues = tuple(queues)
+    hint = _declare_hint(topology, queues)
+    other_settings = (
+        f"the chain under prefix {topology.prefix!r} was declared with other settings; "
+        "check --prefix/--levels/--unit-ms/--queue-type, or move its messages to a new prefix "
+        f"(delayed-retry topology migrate) and remove this one (delayed-retry teardown)"
+    )
+    out: list[Difference] = []
+    for ex in topology.exchanges():
+        got = live.exchanges.get(ex.name)
+        what = f"exchange {ex.name!r}"
+        if got is None:
+            out.append(Difference(what, "missing", f"run {hint}"))
+            continue
+        if got.type != ex.type:
+            out.append(
+                Difference(what, f"is {got.type}, the chain wants {ex.type}", other_settings)
+            )
+        if not got.durable:
+            out.append(Difference(what, "is not durable", f"delete it, then run {hint}"))
+        wanted = {"alternate-exchange": ex.alternate_exchange} if ex.alternate_exchange else {}
+        bad = _mismatched(wanted, got.arguments)
+        if bad:
+            out.append(Difference(what, f"arguments differ: {'; '.join(bad)}", other_settings))
+    specs = [*topology.queues(), *(topology.parking_queue_spec(q) for q in queues)]
+    for spec in specs:
+        got_q = live.queues.get(spec.name)
+        what = f"queue {spec.name!r}"
+        if got_q is None:
+            out.append(Difference(what, "missing", f"run {hint}"))
+            continue
+        if not got_q.durable:
+            out.append(Difference(what, "is not durable", other_settings))
+        bad = _mismatched(dict(amqp_arguments(spec.arguments)), got_q.arguments)
+        if bad:
+            out.append(Difference(what, f"arguments differ: {'; '.join(bad)}", other_settings))
+        ttl = spec.arguments.get("x_message_ttl")
+        queue_type = str(spec.arguments.get("x_queue_type", "classic"))
+        out += _policy_differences(topology, spec.name, live, queue_type, ttl)
+    for queue in queues:
+        if queue not in live.queues:
+            out.append(
+                Difference(
+                    f"queue {queue!r}",
+                    "missing",
+                    "declare it (your application does), then run " + hint,
+                )
+            )
+    wanted_bindings = expected_bindings(topology, queues)
+    for binding in sorted(wanted_bindings - live.bindings, key=_order):
+        out.append(Difference(binding.describe(), "missing", f"run {hint}"))
+    out += _stray_bindings(topology, live.bindings - wanted_bindings)
+    if all(ex.name not in live.exchanges for ex in topology.exchanges()):
+        # Nothing of it exists: its missing bindings say nothing more.
+        out = [d for d in out if not (d.object.startswith("binding ") and d.problem == "missing")]
+    return collapse_absent_chain(topology, out)
+
+
+def _order(binding: Binding) -> tuple[str, str, str]:
+    return binding.source, binding.destination, binding.key
+
+
+def _stray_bindings(topology: DelayTopology, extra: Iterable[Binding]) -> list[Difference]:
+    """Bindings on the chain's level and delivery exchanges that the chain did not make."""
+    levels = {topology.level_name(level) for level in range(topology.levels)}
+    out = []
+    for binding in sorted(extra, key=_order):
+        remove = (
+            f"remove it (rabbitmqadmin delete binding source={binding.source} "
+            f"destination={binding.destination} destination_type={binding.destination_type} "
+            f"properties_key={binding.properties_key or binding.key or '~'})"
+        )
+        if binding.source in levels:
+            out.append(
+                Difference(
+                    binding.describe(),
+                    "is not part of the chain: delayed messages matching it are copied there",
+                    remove,
+                )
+            )
+        elif binding.source == topology.delivery_exchange:
+            words = binding.key.split(".")
+            if (
+                words[: topology.levels] != ["*"] * topology.levels
+                or ".".join(words[topology.levels :]) != binding.destination
+            ):
+                out.append(
+                    Difference(
+                        binding.describe(),
+                        f"does not have the form of {topology.levels} '*' words then the "
+                        "queue's own name, so it delivers other queues' messages or none",
+                        remove,
+                    )
+                )
+    return out
+
+
+def collapse_absent_chain(
+    topology: DelayTopology, differences: list[Difference]
+) -> list[Difference]:
+    """One line instead of one per object when none of the chain exists (a wrong prefix?)."""
+    names = {f"exchange {e.name!r}" for e in topology.exchanges()}
+    names |= {f"queue {q.name!r}" for q in topology.queues()}
+    absent = {d.object for d in differences if d.problem == "missing" and d.object in names}
+    if absent != names:
+        return differences
+    return [
+        Difference(
+            f"chain {topology.prefix!r}",
+            f"does not exist on this vhost (none of its {len(names)} exchanges and queues)",
+            "check --prefix and --levels (or $DELAYED_RETRY_PREFIX) against the consumers', "
+            f"or create it: {_declare_hint(topology)}",
+        ),
+        *(d for d in differences if d.object not in names),
+    ]

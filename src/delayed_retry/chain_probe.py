@@ -1,0 +1,121 @@
+"""Look at a live chain over AMQP: queue depths, and what can be checked without the HTTP API.
+
+AMQP answers whether an exchange or queue exists (a passive declare) and
+whether it was declared with the same arguments (an equivalent declare, a
+no-op when they match and a refusal naming the argument when not); it cannot
+list bindings or policies, which :mod:`delayed_retry.management` reads.
+Each probe runs on a channel of its own, since a refusal closes the channel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import aiormq
+from aio_pika.abc import AbstractConnection
+
+from delayed_retry.chain_diff import Difference, collapse_absent_chain, topology_options
+from delayed_retry.topology import DelayTopology, QueueSpec, amqp_arguments
+
+__all__ = ["QueueDepth", "level_depths", "probe_over_amqp", "queue_depth"]
+
+
+async def queue_depth(connection: AbstractConnection, name: str) -> int | None:
+    """Ready messages in queue ``name``, or ``None`` when it does not exist."""
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        queue = await channel.declare_queue(name, passive=True)
+        count = queue.declaration_result.message_count
+        return int(count) if count is not None else 0
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return None
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    """One level of the chain and the messages waiting in it (``None``: the queue is missing)."""
+
+    level: int
+    name: str
+    messages: int | None
+
+
+async def level_depths(connection: AbstractConnection, topology: DelayTopology) -> list[QueueDepth]:
+    """The depth of every level queue, lowest level first."""
+    return [
+        QueueDepth(level, topology.level_name(level), await queue_depth(connection, name))
+        for level in range(topology.levels)
+        for name in (topology.level_name(level),)
+    ]
+
+
+async def _refusal(connection: AbstractConnection, action: Any) -> str | None:
+    """Run ``action(channel)`` on a fresh channel: ``None`` if accepted, else the refusal text."""
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        await action(channel)
+        return None
+    except aiormq.exceptions.ChannelClosed as exc:
+        return str(exc)
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+
+
+async def probe_over_amqp(
+    connection: AbstractConnection, topology: DelayTopology, *, queues: tuple[str, ...] = ()
+) -> list[Difference]:
+    """Missing exchanges and queues, and those declared with other arguments."""
+    other_settings = (
+        f"the chain under prefix {topology.prefix!r} was declared with other settings; check "
+        "--prefix/--levels/--unit-ms/--queue-type, or migrate its messages to a new prefix"
+    )
+    declare = f"delayed-retry declare {topology_options(topology)}"
+    out: list[Difference] = []
+    for ex in topology.exchanges():
+        what = f"exchange {ex.name!r}"
+        if (
+            await _refusal(
+                connection,
+                lambda ch, name=ex.name: ch.declare_exchange(name, passive=True),
+            )
+            is not None
+        ):
+            out.append(Difference(what, "missing", f"run {declare}"))
+            continue
+        args: dict[str, Any] = (
+            {"alternate-exchange": ex.alternate_exchange} if ex.alternate_exchange else {}
+        )
+        refused = await _refusal(
+            connection,
+            lambda ch, ex=ex, args=args: ch.declare_exchange(
+                ex.name, type=ex.type, durable=True, arguments=args
+            ),
+        )
+        if refused is not None:
+            out.append(Difference(what, f"declared differently: {refused}", other_settings))
+    specs: list[QueueSpec] = [
+        *topology.queues(),
+        *(topology.parking_queue_spec(q) for q in queues),
+    ]
+    for spec in specs:
+        what = f"queue {spec.name!r}"
+        if await queue_depth(connection, spec.name) is None:
+            out.append(Difference(what, "missing", f"run {declare}"))
+            continue
+        refused = await _refusal(
+            connection,
+            lambda ch, spec=spec: ch.declare_queue(
+                spec.name, durable=True, arguments=dict(amqp_arguments(spec.arguments))
+            ),
+        )
+        if refused is not None:
+            out.append(Difference(what, f"declared differently: {refused}", other_settings))
+    for queue in queues:
+        if await queue_depth(connection, queue) is None:
+            out.append(Difference(f"queue {queue!r}", "missing", "declare it, then run " + declare))
+    return collapse_absent_chain(topology, out)

@@ -1,0 +1,115 @@
+"""``delayed-retry router``: delayed retries for queues whose consumers only reject."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+from typing import Any
+
+import aio_pika
+import tenacity
+from tenacity.wait import wait_base
+
+from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.cli.main import run
+from delayed_retry.durations import parse_duration
+from delayed_retry.errors import ConfigurationError
+from delayed_retry.policy import DEFAULT_WAIT
+from delayed_retry.router import RetryRouter
+
+__all__ = ["parse_wait", "register"]
+
+WAIT_HELP = (
+    "backoff: 'exponential:INITIAL:MAX' (doubling from INITIAL up to MAX, plus up to 1 s of "
+    "jitter; the default is exponential:1s:1h) or 'fixed:DELAY'; durations like 500ms, 90s, "
+    "15m, 1h, 2d"
+)
+
+
+def _seconds(text: str, spec: str) -> float:
+    return parse_duration(text, name=f"--wait {spec!r}: {text!r}")
+
+
+def parse_wait(spec: str) -> wait_base:
+    """The tenacity wait strategy a ``--wait`` option describes (see :data:`WAIT_HELP`)."""
+    kind, _, rest = spec.partition(":")
+    parts = rest.split(":") if rest else []
+    if kind == "fixed" and len(parts) == 1:
+        return tenacity.wait_fixed(_seconds(parts[0], spec))
+    if kind == "exponential" and len(parts) <= 2:
+        initial = _seconds(parts[0], spec) if parts else 1.0
+        maximum = _seconds(parts[1], spec) if len(parts) == 2 else 3600.0
+        if maximum < initial:
+            raise ConfigurationError(
+                f"--wait {spec!r}: the maximum is shorter than the first wait; swap them"
+            )
+        return tenacity.wait_exponential_jitter(multiplier=initial, max=maximum, jitter=1)
+    raise ConfigurationError(
+        f"--wait {spec!r} is not a backoff; use exponential:1s:1h or fixed:30s"
+    )
+
+
+def wait_type(spec: str) -> wait_base:
+    """argparse ``type=`` for ``--wait``: a usage error (exit 2) when it cannot be read."""
+    try:
+        return parse_wait(spec)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def register(sub: Any) -> None:
+    """Add the ``router`` command."""
+    router = sub.add_parser(
+        "router",
+        help="retry what consumers in any language reject (x-dead-letter-exchange routing)",
+        description="Consume <prefix>.rejected and send each rejected message of the named "
+        "queues back through the delay chain after the backoff, or to QUEUE.parking past "
+        "--max-retries. A team adds one argument to its queue: x-dead-letter-exchange = "
+        "<prefix>.rejected. Messages of other queues are kept in <prefix>.unroutable. Runs "
+        "until interrupted (Ctrl-C or SIGTERM).",
+    )
+    add_topology_args(router)
+    router.add_argument(
+        "--queue",
+        metavar="QUEUE",
+        action="append",
+        required=True,
+        help="a queue whose rejections to retry (repeatable; the only possible destinations)",
+    )
+    router.add_argument(
+        "--max-retries", type=int, default=5, help="delayed retries before parking (%(default)s)"
+    )
+    router.add_argument("--wait", type=wait_type, default=None, metavar="BACKOFF", help=WAIT_HELP)
+    router.add_argument(
+        "--prefetch", type=int, default=32, help="rejected messages in flight (%(default)s)"
+    )
+    router.set_defaults(func=lambda args: run(_router(args)))
+
+
+async def _router(args: argparse.Namespace) -> int:
+    wait = args.wait or DEFAULT_WAIT
+    retry_router = RetryRouter(
+        queues=args.queue,
+        max_retries=args.max_retries,
+        wait=wait,
+        topology=topology_from_args(args),
+        prefetch=args.prefetch,
+    )
+    connection = await aio_pika.connect_robust(args.url)
+    async with connection:
+        channel = await connection.channel()
+        await retry_router.start(channel)
+        print(
+            f"routing rejections of {', '.join(retry_router.queues)} from "
+            f"{retry_router.topology.rejected_queue!r}; Ctrl-C to stop",
+            flush=True,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    return 0

@@ -1,0 +1,218 @@
+"""Delayed retries for consumers in any language: the router of rejected messages.
+
+A team whose consumer (Go, Java, Node …) simply rejects a failing message
+adds one argument to its queue, ``x-dead-letter-exchange`` =
+``<prefix>.rejected``. The broker dead-letters each rejection there; a
+:class:`RetryRouter` consumes ``<prefix>.rejected``, reads ``x-death`` (and our
+``x-retry``) to learn the queue and how often it failed, applies the same
+backoff policy as :func:`~delayed_retry.with_delayed_retry`, and hands the
+message over exactly as the decorator does (:mod:`delayed_retry.handover`):
+into the delay chain back to the queue, or to ``<queue>.parking`` past the
+limit, confirmed before the rejected copy is acked (at-least-once).
+
+Only queues the router was started with are destinations. A message naming
+another queue, or with no ``x-death`` (published straight to the rejected
+exchange), is kept in ``<prefix>.unroutable`` with a record
+(``x-parked-reason`` = ``unknown-queue`` or ``no-death-record``) and an
+alert copy: never routed by what a header says, never lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base
+
+from delayed_retry import publishing
+from delayed_retry.declare import declarer_for, underlay_of
+from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
+from delayed_retry.errors import ConfigurationError, PublishError
+from delayed_retry.handover import HandOver, ack, give_back
+from delayed_retry.headers import X_PARKED_AT, X_PARKED_REASON, sanitize_headers
+from delayed_retry.observability.instrumentation import Instrumentation
+from delayed_retry.observability.otel import default_instrumentation
+from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
+from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.rejections import RETRIED_REASONS, Rejection, read_rejection
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+
+__all__ = ["X_CLAIMED_QUEUE", "ConsumerRejected", "RetryRouter"]
+
+log = logging.getLogger(__name__)
+
+X_CLAIMED_QUEUE = "x-retry-claimed-queue"
+"""On a message the router could not route: the queue its ``x-death`` named (never trusted)."""
+
+
+class ConsumerRejected(Exception):
+    """The failure the router records for a message a consumer rejected.
+
+    It stands where the decorator records the handler's exception: its type
+    and message go into ``x-retry-last-error`` and the parking record.
+    """
+
+    def __init__(self, queue: str, reason: str) -> None:
+        self.queue = queue
+        self.reason = reason
+        verb = (
+            "rejected by a consumer of" if reason == "rejected" else f"dead-lettered ({reason}) by"
+        )
+        super().__init__(f"message {verb} queue {queue!r}")
+
+
+class RetryRouter:
+    """Retries, then parks, what consumers of ``queues`` reject, whatever their language.
+
+    Use it when a queue's consumers are not Python (or not wrapped with
+    :func:`~delayed_retry.with_delayed_retry`) but should get the same
+    delayed retries: set ``x-dead-letter-exchange`` to
+    ``topology.rejected_exchange`` on the queue, and run one router (the
+    ``delayed-retry router`` command, or this class) listing every such queue
+    of the prefix. Routers sharing a prefix must list the same queues: one that
+    does not know a queue keeps that queue's messages in ``<prefix>.unroutable``.
+    Several routers with the same list may run at once (competing consumers).
+
+    Options are keyword-only and mean what they mean for the decorator:
+    ``max_retries`` delayed retries, then parking; ``wait`` any tenacity wait;
+    ``stop`` an extra tenacity stop; ``prefetch`` rejected messages handled at once.
+    """
+
+    def __init__(
+        self,
+        *,
+        queues: Iterable[str],
+        max_retries: int = 5,
+        wait: wait_base = DEFAULT_WAIT,
+        stop: stop_base | None = None,
+        topology: DelayTopology = DEFAULT_TOPOLOGY,
+        publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
+        prefetch: int = 32,
+        instrumentation: Instrumentation | None = None,
+    ) -> None:
+        if isinstance(queues, str):
+            raise ConfigurationError(
+                f"queues={queues!r} must be a list of queue names, not one string"
+            )
+        names = tuple(dict.fromkeys(queues))
+        if not names:
+            raise ConfigurationError(
+                "RetryRouter needs at least one queue (queues=[...] or --queue Q): it only "
+                "ever sends messages to the queues it was started with"
+            )
+        if not isinstance(topology, DelayTopology):
+            raise ConfigurationError(f"topology={topology!r} must be a DelayTopology")
+        for name in names:
+            topology.check_destination(name)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise ConfigurationError(f"prefetch={prefetch!r} must be a positive int")
+        self.queues = names
+        self.topology = topology
+        self.policy = RetryPolicy(max_retries=max_retries, wait=wait, stop=stop)
+        self.publish_timeout = (
+            to_seconds(publish_timeout, name="publish_timeout") or DEFAULT_PUBLISH_TIMEOUT
+        )
+        self.prefetch = prefetch
+        self.instrumentation = instrumentation or default_instrumentation()
+        self._known = frozenset(names)
+
+    def __repr__(self) -> str:
+        return f"<RetryRouter prefix={self.topology.prefix!r} queues={list(self.queues)!r}>"
+
+    async def declare(self, channel: AbstractChannel | Any) -> None:
+        """Declare the chain (with ``<prefix>.rejected``), each queue's binding and parking."""
+        underlay = await underlay_of(channel)
+        declarer = declarer_for(underlay.connection)
+        await declarer.topology(underlay.connection, self.topology)
+        for queue in self.queues:
+            await declarer.destination(underlay.connection, self.topology, queue)
+
+    async def start(self, channel: AbstractChannel) -> str:
+        """Declare what is needed and consume ``<prefix>.rejected``; returns the consumer tag.
+
+        ``channel`` must have publisher confirms (aio-pika's default): a
+        rejected message is acked only after its next home confirmed it.
+        """
+        underlay = await underlay_of(channel)
+        if not getattr(underlay, "publisher_confirms", False):
+            raise ConfigurationError(
+                f"{self!r} was started on a channel without publisher confirms, so it could "
+                "never know a message was handed over; open it with "
+                "connection.channel(publisher_confirms=True), aio-pika's default"
+            )
+        await self.declare(channel)
+        await channel.set_qos(prefetch_count=self.prefetch)
+        queue = await channel.declare_queue(self.topology.rejected_queue, passive=True)
+        tag: str = await queue.consume(self.handle)
+        log.info("routing rejections of %s from %r", ", ".join(map(repr, self.queues)), queue.name)
+        return tag
+
+    async def handle(self, message: AbstractIncomingMessage) -> None:
+        """Retry, park or keep one message from ``<prefix>.rejected``; ack only once handed over."""
+        rejection = read_rejection(message.headers, queues=self._known)
+        if rejection.queue is None or rejection.state is None:
+            await self._keep(message, rejection)
+            return
+        queue, state = rejection.queue, rejection.state
+        reason = rejection.reason or "rejected"
+        for problem in state.problems:
+            log.warning("message %s rejected from %r: %s", message.message_id, queue, problem)
+        exc = ConsumerRejected(queue, reason)
+        if reason in RETRIED_REASONS:
+            decision = self.policy.decide(state, exc, now=utcnow())
+        else:
+            decision = Decision.park("not-retryable")
+        hand_over = HandOver(
+            queue=queue,
+            topology=self.topology,
+            parking_queue=None,
+            publish_timeout=self.publish_timeout,
+        )
+        with self.instrumentation.attempt(message, state, queue=queue) as scope:
+            await hand_over.failed(message, state, exc, decision, scope)
+
+    async def _keep(self, message: AbstractIncomingMessage, rejection: Rejection) -> None:
+        """Keep a message the router must not route in ``<prefix>.unroutable``, with a record."""
+        assert rejection.problem is not None
+        headers = sanitize_headers(message.headers)
+        headers[X_PARKED_REASON] = rejection.problem
+        headers[X_PARKED_AT] = to_epoch_ms(utcnow())
+        if rejection.claimed_queue is not None:
+            headers[X_CLAIMED_QUEUE] = rejection.claimed_queue
+        exchange = self.topology.unroutable_exchange
+        try:
+            await publishing.publish_copy(
+                message.channel,
+                message,
+                exchange=exchange,
+                routing_key=message.routing_key or "",
+                headers=headers,
+                timeout=self.publish_timeout,
+            )
+        except (PublishError, aiormq.exceptions.AMQPError, ConnectionError) as err:
+            await give_back(message, self.topology.rejected_queue, err)
+            return
+        await ack(message, self.topology.rejected_queue)
+        if rejection.problem == "unknown-queue":
+            log.warning(
+                "message %s was rejected from queue %r, which this router was not started with "
+                "(%s); kept in %r. Add --queue %s to the router, then replay it from there",
+                message.message_id,
+                rejection.claimed_queue,
+                ", ".join(self.queues),
+                self.topology.unroutable_queue,
+                rejection.claimed_queue,
+            )
+        else:
+            log.warning(
+                "message %s in %r has no x-death record, so no consumer rejected it (published "
+                "straight to %r?); kept in %r",
+                message.message_id,
+                self.topology.rejected_queue,
+                self.topology.rejected_exchange,
+                self.topology.unroutable_queue,
+            )
