@@ -82,12 +82,8 @@ def cmd_archive(args: argparse.Namespace) -> int:
 @_one_line_spark_errors
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Analyse archives: terminal tables plus an HTML report next to the archive."""
-    from delayed_retry.spark.analyze import (
-        analyze_archive,
-        default_report_path,
-        format_table,
-        write_html_report,
-    )
+    from delayed_retry.spark.analyze import analyze_archive, default_report_path
+    from delayed_retry.spark.report import format_table, write_html_report
     from delayed_retry.spark.session import progress
 
     spark = _spark(args)

@@ -25,6 +25,7 @@ from delayed_retry.durations import from_epoch_ms, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import X_RETRY
 from delayed_retry.spark.dataset import read_archive, reading
+from delayed_retry.spark.fingerprints import mentions_fingerprint, with_fingerprint
 from delayed_retry.spark.ledger import ledger_keys
 from delayed_retry.spark.publisher import (
     PublishJob,
@@ -80,8 +81,12 @@ def _select(spark: Any, frame: Any, where: str | None) -> Any:
 
     if not where:
         return frame
+    columns = frame.columns
+    if mentions_fingerprint(where):
+        # The report's redrive commands select a failure group by its fingerprint.
+        frame = with_fingerprint(frame)
     try:
-        selected = frame.where(F.expr(where))
+        selected = frame.where(F.expr(where)).select(*columns)
         selected.schema  # noqa: B018  (forces analysis: a bad column fails here)
     except PySparkException as exc:
         raise RedriveError(
