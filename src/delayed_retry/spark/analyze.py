@@ -78,7 +78,8 @@ class ErrorGroup:
 
     def redrive_command(self, paths: Sequence[str]) -> str:
         """The ``delayed-retry spark redrive`` command that sends exactly this group back."""
-        where = shlex.quote(f"fingerprint = '{self.key}'")
+        # The key is hex digits only, so double quotes around the predicate are safe to paste.
+        where = f"\"fingerprint = '{self.key}'\""
         return f"delayed-retry spark redrive {' '.join(map(shlex.quote, paths))} --where {where}"
 
 

@@ -129,7 +129,7 @@ def _png(draw: Callable[[Any], None], *, height: float = 3.4) -> str:
         draw(axes)
         figure.tight_layout()
         buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=100)
+        figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
     finally:
         plt.close(figure)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
@@ -149,7 +149,7 @@ def _time_chart(timeline: Timeline, labels: dict[str, str], what: str) -> Callab
                 width=width,
                 bottom=bottom,
                 align="edge",
-                label=_short(labels.get(name, name), 60),
+                label=_short(labels.get(name, name), 80),
             )
             bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
         locator = mdates.AutoDateLocator(minticks=3, maxticks=10)  # type: ignore[no-untyped-call]
@@ -160,7 +160,16 @@ def _time_chart(timeline: Timeline, labels: dict[str, str], what: str) -> Callab
         ax.set_xlim(timeline.starts[0], end)
         ax.set_xlabel("parked at (UTC)")
         ax.set_ylabel(f"messages per {bucket_name(timeline.bucket_seconds)}")
-        ax.legend(title=what, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        # Below the axes, so long group labels never squeeze the time axis.
+        ax.legend(
+            title=what,
+            fontsize=8,
+            title_fontsize=8,
+            loc="upper left",
+            bbox_to_anchor=(0.0, -0.22),
+            ncol=2,
+            frameon=False,
+        )
         ax.grid(axis="y", alpha=0.3)
 
     return draw
@@ -175,14 +184,14 @@ def _charts(a: Analysis) -> list[tuple[str, str]]:
         charts.append(
             (
                 "Parked over time, by failure group",
-                _png(_time_chart(a.by_group_over_time, labels, "failure group")),
+                _png(_time_chart(a.by_group_over_time, labels, "failure group"), height=4.2),
             )
         )
     if a.by_queue_over_time is not None:
         charts.append(
             (
                 "Parked over time, by queue",
-                _png(_time_chart(a.by_queue_over_time, {}, "queue")),
+                _png(_time_chart(a.by_queue_over_time, {}, "queue"), height=4.2),
             )
         )
     if a.by_retries:
