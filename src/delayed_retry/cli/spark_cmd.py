@@ -18,7 +18,43 @@ __all__ = ["register"]
 def _spark(args: argparse.Namespace) -> Any:
     from delayed_retry.spark.session import get_spark
 
-    return get_spark(master=args.master)
+    return get_spark(master=args.master, verbose=bool(getattr(args, "verbose", False)))
+
+
+def _check_broker(url: str, queue: str | None = None) -> None:
+    """Connect (and find ``queue``) before Spark starts: a dead broker fails in a second."""
+    import asyncio
+
+    import aio_pika
+
+    async def probe() -> None:
+        try:
+            connection = await asyncio.wait_for(aio_pika.connect(url), 15)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"cannot connect to the broker at {_safe(url)}: {exc or type(exc).__name__}; "
+                "check --url and that RabbitMQ is running"
+            ) from exc
+        try:
+            if queue is not None:
+                channel = await connection.channel()
+                try:
+                    await channel.declare_queue(queue, passive=True)
+                except Exception as exc:
+                    raise ConfigurationError(
+                        f"queue {queue!r} does not exist on {_safe(url)}; declare it "
+                        "(start its consumer once) or fix --queue"
+                    ) from exc
+        finally:
+            await connection.close()
+
+    asyncio.run(probe())
+
+
+def _safe(url: str) -> str:
+    from delayed_retry.cli.main import redact
+
+    return repr(redact(url))
 
 
 def _rate(text: str) -> float:
@@ -83,9 +119,11 @@ def cmd_archive(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Analyse archives: terminal tables plus an HTML report next to the archive."""
     from delayed_retry.spark.analyze import analyze_archive, default_report_path
+    from delayed_retry.spark.dataset import check_archive_paths
     from delayed_retry.spark.report import format_table, write_html_report
     from delayed_retry.spark.session import progress
 
+    check_archive_paths(args.paths)
     spark = _spark(args)
     with progress(spark, "analyzing"):
         analysis = analyze_archive(spark, args.paths, top=args.top)
@@ -99,9 +137,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 @_one_line_spark_errors
 def cmd_redrive(args: argparse.Namespace) -> int:
     """Send selected archived messages back to their queues through the delay chain."""
+    from delayed_retry.spark.dataset import check_archive_paths
     from delayed_retry.spark.redrive import redrive
     from delayed_retry.spark.session import progress
 
+    check_archive_paths(args.paths)
+    if not args.dry_run and args.url:
+        _check_broker(args.url)
     spark = _spark(args)
     with progress(spark, "redrive"):
         result = redrive(
@@ -133,8 +175,13 @@ def cmd_redrive(args: argparse.Namespace) -> int:
 def cmd_schedule(args: argparse.Namespace) -> int:
     """Schedule one message per row of a Parquet, CSV or JSON file."""
     from delayed_retry.spark.bulk import schedule_dataframe
+    from delayed_retry.spark.ledger import path_exists
     from delayed_retry.spark.session import progress
 
+    if not path_exists(args.input):
+        raise ConfigurationError(f"input {args.input!r} does not exist; check the path")
+    if args.url:
+        _check_broker(args.url, args.queue)
     spark = _spark(args)
     reader = spark.read
     if args.format == "csv":
