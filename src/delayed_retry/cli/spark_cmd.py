@@ -214,6 +214,17 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Write a synthetic archive (no Spark, no broker): for benchmarks and trying the report."""
+    from delayed_retry.spark.generate import generate_archive
+
+    if args.rows < 1:
+        raise ConfigurationError(f"--rows {args.rows} must be at least 1")
+    files = generate_archive(args.to, rows=args.rows, hours=args.hours, seed=args.seed)
+    print(f"wrote {args.rows} synthetic parked messages in {files} part file(s) under {args.to}")
+    return 0
+
+
 def register(subparsers: Any) -> None:
     """Add ``archive`` and ``spark`` to the command line."""
     p = subparsers.add_parser(
@@ -246,6 +257,15 @@ def register(subparsers: Any) -> None:
             default=None,
             help="publishing connections at once (default: one per executor core)",
         )
+
+    g = commands.add_parser(
+        "generate", help="write a synthetic archive of parked messages (benchmarks, demos)"
+    )
+    g.add_argument("--rows", type=int, required=True, help="how many parked messages")
+    g.add_argument("--to", required=True, help="archive folder to write")
+    g.add_argument("--hours", type=int, default=72, help="span of parked times (default 72)")
+    g.add_argument("--seed", type=int, default=7, help="random seed (same seed, same archive)")
+    g.set_defaults(func=cmd_generate)
 
     a = commands.add_parser("analyze", help="report on archived parked messages")
     a.add_argument("paths", nargs="+", help="archive folder(s)")
