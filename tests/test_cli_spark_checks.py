@@ -69,3 +69,32 @@ def test_schedule_reports_a_missing_queue_before_spark(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"queue {queue!r} does not exist" in err
+
+
+def test_generate_writes_a_synthetic_archive_of_few_failure_groups(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pyarrow.dataset as ds
+
+    from delayed_retry.fingerprint import fingerprint_headers
+
+    target = tmp_path / "arch"
+    assert main(["spark", "generate", "--rows", "400", "--to", str(target)]) == 0
+    assert "wrote 400 synthetic parked messages" in capsys.readouterr().out
+    table = ds.dataset(str(target), format="parquet", partitioning="hive").to_table()
+    assert table.num_rows == 400
+    assert len(set(table.column("message_id").to_pylist())) == 400
+    keys = {
+        fingerprint_headers(
+            {
+                "x-exception-type": row["exception_type"],
+                "x-exception-message": row["exception_message"],
+                "x-exception-traceback": row["exception_traceback"],
+            }
+        ).key
+        for row in table.to_pylist()
+    }
+    # 400 different messages, 4 ways of failing.
+    assert len(keys) == 4
+    assert main(["spark", "generate", "--rows", "0", "--to", str(target)]) == 2
+    assert "--rows 0 must be at least 1" in capsys.readouterr().err
