@@ -30,7 +30,7 @@ from pathlib import Path
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry import DelayTopology, RetryAfter, consume, with_delayed_retry
+from delayed_retry import DelayTopology, RetryAfter, consume, declare_topology, with_delayed_retry
 from delayed_retry.testing import broker_url
 
 PREFETCH = 100
@@ -62,7 +62,7 @@ async def _measure(url: str, n: int, mode: str, topology: DelayTopology) -> floa
         await channel.set_qos(prefetch_count=PREFETCH)
         name = f"bench-{mode}-{uuid.uuid4().hex[:6]}"
         queue = await channel.declare_queue(name, durable=True)
-        await topology.declare(channel, queues=[name])
+        await declare_topology(channel, topology, queues=[name])
         await _publish(channel, name, n)
         done = asyncio.Event()
         count = 0

@@ -31,6 +31,7 @@ from typing import Any
 
 import aio_pika
 
+from delayed_retry import declare_topology
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.spark import redrive, schedule_dataframe
 from delayed_retry.spark.schema import archive_spark_schema
@@ -47,7 +48,7 @@ async def _prepare(url: str, topology: DelayTopology, queue: str) -> None:
     await channel.declare_queue(
         queue, durable=True, arguments={"x-max-length": 20_000, "x-overflow": "drop-head"}
     )
-    await topology.declare(channel, queues=[queue])
+    await declare_topology(channel, topology, queues=[queue])
     await connection.close()
 
 

@@ -43,7 +43,13 @@ import aio_pika
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry import DelayTopology, consume, current_retry_state, with_delayed_retry
+from delayed_retry import (
+    DelayTopology,
+    consume,
+    current_retry_state,
+    declare_topology,
+    with_delayed_retry,
+)
 from delayed_retry.testing import RabbitMQNode
 
 TOPOLOGY = DelayTopology(prefix="soak", levels=16, unit=timedelta(milliseconds=1))
@@ -298,7 +304,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
         connection = await aio_pika.connect(node.url)
         channel = await connection.channel()
         await channel.declare_queue(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
-        await TOPOLOGY.declare(channel, queues=[QUEUE])
+        await declare_topology(channel, TOPOLOGY, queues=[QUEUE])
         await connection.close()
         print(f"broker {node.name} at {node.url}; work folder {workdir}", flush=True)
         return await Soak(args, node, workdir).run()

@@ -20,6 +20,7 @@ from delayed_retry import (
     DelayTopology,
     consume,
     current_retry_state,
+    declare_topology,
     peek_parked,
     publish_delayed,
     with_delayed_retry,
@@ -48,7 +49,7 @@ async def run(url: str) -> int:
         await channel.set_qos(prefetch_count=10)
         queue = await channel.declare_queue(queue_name, durable=True)
         await queue.purge()
-        await topology.declare(channel, queues=[queue_name])
+        await declare_topology(channel, topology, queues=[queue_name])
         parking = await channel.declare_queue(f"{queue_name}.parking", passive=True)
         await parking.purge()
         finished: asyncio.Queue[str] = asyncio.Queue()

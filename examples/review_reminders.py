@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry import DelayTopology
+from delayed_retry import DelayTopology, declare_topology
 from delayed_retry.headers import X_DUE_AT
 from delayed_retry.spark import get_spark, schedule_dataframe
 from delayed_retry.testing import broker_url
@@ -68,7 +68,7 @@ def main() -> None:
             connection = await aio_pika.connect(url)
             channel = await connection.channel()
             queue = await channel.declare_queue(queue_name, durable=True)
-            await topology.declare(channel, queues=[queue_name])
+            await declare_topology(channel, topology, queues=[queue_name])
 
             async def on_reminder(message: AbstractIncomingMessage) -> None:
                 await received.put((message, time.time()))

@@ -39,6 +39,7 @@ from delayed_retry import (
     ParkingAlerts,
     SinkRetry,
     consume,
+    declare_topology,
     with_delayed_retry,
 )
 from delayed_retry.testing import broker_url
@@ -118,7 +119,7 @@ async def run(url: str) -> int:
         channel = await connection.channel()
         queue = await channel.declare_queue(QUEUE, durable=True)
         await queue.purge()
-        await topology.declare(channel, queues=[QUEUE])
+        await declare_topology(channel, topology, queues=[QUEUE])
         parking_name = topology.default_parking_queue(QUEUE)
         await (await channel.declare_queue(parking_name, passive=True)).purge()
         await (await channel.declare_queue(topology.alerts_queue, passive=True)).purge()

@@ -15,8 +15,8 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from chain_support import Scenario, open_scenario
 from delayed_retry.testing import BrokerHarnessError, RabbitMQCluster, broker_url
+from tests.support.chain import Scenario, open_scenario
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -64,7 +64,7 @@ async def scenario(
     unique: str,
     rabbitmq_url: str,
 ) -> AsyncIterator[Scenario]:
-    """A :class:`~chain_support.Scenario` on a chain of its own, once per queue type."""
+    """A :class:`~tests.support.chain.Scenario` on a chain of its own, once per queue type."""
     async with open_scenario(connection, unique, rabbitmq_url, request.param) as opened:
         yield opened
 
@@ -73,7 +73,7 @@ async def scenario(
 async def quorum(
     connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
 ) -> AsyncIterator[Scenario]:
-    """A :class:`~chain_support.Scenario` on a quorum chain of its own."""
+    """A :class:`~tests.support.chain.Scenario` on a quorum chain of its own."""
     async with open_scenario(connection, unique, rabbitmq_url, "quorum") as opened:
         yield opened
 

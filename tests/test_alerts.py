@@ -16,7 +16,13 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from aiohttp import web
 from tenacity import wait_fixed
 
-from delayed_retry import ConfigurationError, DelayTopology, consume, with_delayed_retry
+from delayed_retry import (
+    ConfigurationError,
+    DelayTopology,
+    consume,
+    declare_topology,
+    with_delayed_retry,
+)
 from delayed_retry.alerts import (
     Alert,
     AlertSinkError,
@@ -29,8 +35,9 @@ from delayed_retry.alerts import (
 )
 from delayed_retry.cli.alerts_cmd import run_alerts
 from delayed_retry.cli.main import build_parser
-from delayed_retry.observe import NoInstrumentation
-from telemetry_support import cleaned, depth, wait_until
+from delayed_retry.observability.instrumentation import NoInstrumentation
+from tests.support.queues import cleaned, depth
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -119,7 +126,7 @@ async def park(
 async def test_webhook_gets_one_grouped_alert_and_the_copies_are_acked(
     connection: AbstractRobustConnection, unique: str, topology: DelayTopology, webhook: Webhook
 ) -> None:
-    await topology.declare(await connection.channel())
+    await declare_topology(await connection.channel(), topology)
     await park(connection, topology, f"{unique}.q", ["a1", "a2", "a3"])
     await park(connection, topology, f"{unique}.other", ["b1"], already=3)
     alerts = ParkingAlerts(
@@ -150,13 +157,13 @@ async def test_webhook_gets_one_grouped_alert_and_the_copies_are_acked(
     assert body["groups"] == [
         {
             "queue": f"{unique}.q",
-            "exception_type": "test_alerts.GatewayDown",
+            "exception_type": f"{__name__}.GatewayDown",
             "count": 3,
             "example": None,
         },
         {
             "queue": f"{unique}.other",
-            "exception_type": "test_alerts.GatewayDown",
+            "exception_type": f"{__name__}.GatewayDown",
             "count": 1,
             "example": "gateway down for b1",
         },
@@ -170,7 +177,7 @@ async def test_webhook_gets_one_grouped_alert_and_the_copies_are_acked(
 async def test_a_sink_failing_twice_then_succeeding_is_retried_and_then_acked(
     connection: AbstractRobustConnection, unique: str, topology: DelayTopology, webhook: Webhook
 ) -> None:
-    await topology.declare(await connection.channel())
+    await declare_topology(await connection.channel(), topology)
     await park(connection, topology, f"{unique}.q", ["m1"])
     webhook.statuses = [500, 503]
     async with ParkingAlerts(
@@ -195,7 +202,7 @@ async def test_a_sink_that_always_fails_leaves_the_copies_in_the_alert_queue(
     webhook: Webhook,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    await topology.declare(await connection.channel())
+    await declare_topology(await connection.channel(), topology)
     await park(connection, topology, f"{unique}.q", ["f1", "f2"])
     webhook.default = 500
     delivered: list[Alert] = []
@@ -235,7 +242,7 @@ async def test_callback_and_logging_sinks(
     topology: DelayTopology,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    await topology.declare(await connection.channel())
+    await declare_topology(await connection.channel(), topology)
     await park(connection, topology, f"{unique}.q", ["c1", "c2"])
     got: asyncio.Queue[Alert] = asyncio.Queue()
 
@@ -262,7 +269,7 @@ async def test_unroutable_chain_messages_are_alerted_too(
     connection: AbstractRobustConnection, unique: str, topology: DelayTopology
 ) -> None:
     channel = await connection.channel()
-    await topology.declare(channel)
+    await declare_topology(channel, topology)
     # A chain message for a queue that is not bound to the delivery exchange.
     route = topology.route(1, f"{unique}.gone")
     exchange = await channel.get_exchange(route.exchange)
@@ -329,7 +336,7 @@ async def test_alerts_command_posts_to_the_webhook(
     topology: DelayTopology,
     webhook: Webhook,
 ) -> None:
-    await topology.declare(await connection.channel())
+    await declare_topology(await connection.channel(), topology)
     await park(connection, topology, f"{unique}.q", ["k1"])
     args = build_parser().parse_args(
         [

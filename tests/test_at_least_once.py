@@ -5,28 +5,20 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractRobustConnection
 
-from chain_support import WAIT, Inbox, Scenario, open_scenario
+from delayed_retry import declare_topology
 from delayed_retry import headers as h
+from tests.support.chain import Inbox, Scenario
+from tests.support.waiting import WAIT
 
 pytestmark = pytest.mark.broker
 
-CONSUMER = Path(__file__).with_name("at_least_once_consumer.py")
+CONSUMER = Path(__file__).parent / "support" / "at_least_once_consumer.py"
 LEVELS = 16
-
-
-@pytest.fixture
-async def s(
-    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
-) -> AsyncIterator[Scenario]:
-    async with open_scenario(connection, unique, rabbitmq_url, "quorum", levels=LEVELS) as opened:
-        yield opened
 
 
 async def run_crashing_consumer(url: str, queue: str, prefix: str, max_retries: int) -> int:
@@ -53,14 +45,14 @@ async def run_crashing_consumer(url: str, queue: str, prefix: str, max_retries: 
 
 
 async def test_crash_after_confirmed_retry_gives_a_duplicate_not_a_loss(
-    s: Scenario, rabbitmq_url: str
+    quorum: Scenario, rabbitmq_url: str
 ) -> None:
-    queue = await s.queue()
-    await s.topology.declare(s.ch, queues=[queue.name])
-    await s.ch.default_exchange.publish(
+    queue = await quorum.queue()
+    await declare_topology(quorum.ch, quorum.topology, queues=[queue.name])
+    await quorum.ch.default_exchange.publish(
         aio_pika.Message(b"payment-9", message_id="payment-9"), queue.name
     )
-    await run_crashing_consumer(rabbitmq_url, queue.name, s.topology.prefix, max_retries=3)
+    await run_crashing_consumer(rabbitmq_url, queue.name, quorum.topology.prefix, max_retries=3)
 
     inbox = Inbox()
     await queue.consume(inbox)
@@ -72,28 +64,28 @@ async def test_crash_after_confirmed_retry_gives_a_duplicate_not_a_loss(
     assert copy.headers[h.X_RETRY] == 1  # and the confirmed retry copy arrived too
     assert copy.at >= copy.headers[h.X_DUE_AT] / 1000 - 0.001
     assert {d.message.body for d in deliveries} == {b"payment-9"}
-    await s.wait_for_depth(queue.name, 0)
-    for spec in s.topology.queues():
-        assert await s.depth(spec.name) == 0, spec.name
+    await quorum.wait_for_depth(queue.name, 0)
+    for spec in quorum.topology.queues():
+        assert await quorum.depth(spec.name) == 0, spec.name
     assert inbox.pending() == 0
 
 
 async def test_crash_after_confirmed_parking_gives_a_duplicate_not_a_loss(
-    s: Scenario, rabbitmq_url: str
+    quorum: Scenario, rabbitmq_url: str
 ) -> None:
-    queue = await s.queue()
-    await s.topology.declare(s.ch, queues=[queue.name])
-    await s.ch.default_exchange.publish(
+    queue = await quorum.queue()
+    await declare_topology(quorum.ch, quorum.topology, queues=[queue.name])
+    await quorum.ch.default_exchange.publish(
         aio_pika.Message(b"payment-10", message_id="payment-10"), queue.name
     )
-    await run_crashing_consumer(rabbitmq_url, queue.name, s.topology.prefix, max_retries=0)
+    await run_crashing_consumer(rabbitmq_url, queue.name, quorum.topology.prefix, max_retries=0)
 
     inbox = Inbox()
     await queue.consume(inbox)
     original = await inbox.get()
     assert original.message.redelivered
     assert original.message.body == b"payment-10"
-    parking = await s.ch.get_queue(s.topology.default_parking_queue(queue.name))
+    parking = await quorum.ch.get_queue(quorum.topology.default_parking_queue(queue.name))
     parked = await asyncio.wait_for(_get(parking), WAIT)
     assert parked.body == b"payment-10"
     assert (parked.headers or {})[h.X_PARKED_REASON] == "max-retries"

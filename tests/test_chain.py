@@ -11,14 +11,16 @@ from datetime import UTC, datetime, timedelta, timezone
 import aio_pika
 import pytest
 
-from chain_support import WAIT, Inbox, Scenario
 from delayed_retry import (
     ConfigurationError,
     DelayOutOfRangeError,
+    declare_topology,
     publish_delayed,
 )
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.headers import X_DUE_AT
+from tests.support.chain import Inbox, Scenario
+from tests.support.waiting import WAIT
 
 pytestmark = pytest.mark.broker
 
@@ -73,7 +75,7 @@ async def test_zero_delay_passes_straight_through(quorum: Scenario) -> None:
 
 async def test_delay_as_timedelta_seconds_and_aware_datetime(quorum: Scenario) -> None:
     queue = await quorum.queue()
-    await quorum.topology.declare(quorum.ch, queues=[queue.name])
+    await declare_topology(quorum.ch, quorum.topology, queues=[queue.name])
     inbox = Inbox()
     await queue.consume(inbox)
     elsewhere = timezone(timedelta(hours=-5))
@@ -136,7 +138,7 @@ async def test_message_properties_survive_and_expiration_does_not_cut_the_delay(
 @pytest.mark.parametrize(
     ("delay", "error", "match"),
     [
-        (datetime(2030, 1, 1), ConfigurationError, "no timezone"),
+        (datetime(2030, 1, 1), ConfigurationError, "no timezone"),  # noqa: DTZ001 (the bad input)
         (-1, DelayOutOfRangeError, "negative"),
         (timedelta(seconds=-1), DelayOutOfRangeError, "negative"),
         (math.nan, DelayOutOfRangeError, "finite"),
@@ -151,7 +153,7 @@ async def test_bad_delays_raise_at_publish_time_and_publish_nothing(
     quorum: Scenario, delay: object, error: type[Exception], match: str
 ) -> None:
     queue = await quorum.queue()
-    await quorum.topology.declare(quorum.ch, queues=[queue.name])
+    await declare_topology(quorum.ch, quorum.topology, queues=[queue.name])
     with pytest.raises(error, match=match):
         await publish_delayed(
             quorum.ch,

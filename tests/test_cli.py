@@ -8,14 +8,26 @@ import aio_pika
 import pytest
 
 from delayed_retry.cli import main
-from delayed_retry.cli.main import redact
+from delayed_retry.urls import redact_url
 
 pytestmark = pytest.mark.broker
 
 
-def test_redact_hides_the_password() -> None:
-    assert redact("amqp://user:s3cret@host:5672/vh") == "amqp://user:***@host:5672/vh"
-    assert redact("amqp://host/") == "amqp://host/"
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("amqp://user:s3cret@host:5672/vh", "amqp://user:***@host:5672/vh"),
+        ("amqps://user:p%40ss@host/", "amqps://user:***@host/"),
+        ("amqp://user:a:b@c@host:5672/", "amqp://user:***@host:5672/"),
+        ("amqp://user@host/", "amqp://user@host/"),
+        ("amqp://host/", "amqp://host/"),
+        ("amqp://user:s3cret@host:notaport/", "amqp://user:***@host:notaport/"),
+        ("not a url", "not a url"),
+    ],
+)
+def test_redact_url_hides_the_password_and_keeps_the_rest(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+    assert "s3cret" not in redact_url(url)
 
 
 def test_declare_status_and_mismatch(

@@ -9,16 +9,18 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from chain_support import Inbox, Scenario, eventually, publish
 from delayed_retry import (
     DelayTopology,
     TopologyMismatchError,
     consume,
+    declare_topology,
     publish_delayed,
     with_delayed_retry,
 )
 from delayed_retry import declare as declare_module
 from delayed_retry.headers import X_DUE_AT
+from tests.support.chain import Inbox, Scenario, publish
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -40,11 +42,11 @@ async def test_declaring_twice_and_from_another_connection_is_harmless(
     scenario: Scenario, rabbitmq_url: str
 ) -> None:
     queue = await scenario.queue()
-    await scenario.topology.declare(scenario.ch, queues=[queue.name])
-    await scenario.topology.declare(scenario.ch, queues=[queue.name])
+    await declare_topology(scenario.ch, scenario.topology, queues=[queue.name])
+    await declare_topology(scenario.ch, scenario.topology, queues=[queue.name])
     other = await aio_pika.connect(rabbitmq_url)
     try:
-        await scenario.topology.declare(await other.channel(), queues=[queue.name])
+        await declare_topology(await other.channel(), scenario.topology, queues=[queue.name])
     finally:
         await other.close()
     inbox = Inbox()
@@ -63,12 +65,12 @@ async def test_declaring_twice_and_from_another_connection_is_harmless(
 
 
 async def test_a_new_connection_declares_again(quorum: Scenario, rabbitmq_url: str) -> None:
-    await quorum.topology.declare(quorum.ch)
+    await declare_topology(quorum.ch, quorum.topology)
     level = quorum.topology.level_name(2)
     await quorum.ch.queue_delete(level)
     other = await aio_pika.connect(rabbitmq_url)  # as after a reconnect: a new cache
     try:
-        await quorum.topology.declare(await other.channel())
+        await declare_topology(await other.channel(), quorum.topology)
     finally:
         await other.close()
     assert await quorum.depth(level) == 0  # passive declare finds it again
@@ -95,8 +97,8 @@ async def test_concurrent_first_use_declares_once(
                 )
                 for i in range(8)
             ),
-            quorum.topology.declare(channel, queues=[queue.name]),
-            quorum.topology.declare(channel),
+            declare_topology(channel, quorum.topology, queues=[queue.name]),
+            declare_topology(channel, quorum.topology),
         )
     finally:
         await fresh.close()
@@ -137,13 +139,13 @@ async def test_existing_queue_with_other_arguments_is_a_clear_mismatch(quorum: S
     with pytest.raises(
         TopologyMismatchError, match=rf"(?s)queue '{level}'.*another DelayTopology prefix"
     ) as info:
-        await quorum.topology.declare(quorum.ch)
+        await declare_topology(quorum.ch, quorum.topology)
     assert "x-message-ttl" in str(info.value)
     # The caller's channel survives: the declarations ran on a channel of their own.
     assert not quorum.ch.is_closed
     queue = await quorum.queue()
     await publish(quorum.ch, queue.name, b"still usable")
-    await eventually(lambda: _has(quorum, queue.name, 1))
+    await wait_until(lambda: _has(quorum, queue.name, 1), what=f"1 message in {queue.name}")
     # publish_delayed on the same channel fails the same way, and the channel still lives.
     with pytest.raises(TopologyMismatchError, match=level):
         await publish_delayed(
@@ -164,13 +166,13 @@ async def test_existing_exchange_of_another_type_is_a_clear_mismatch(quorum: Sce
     delivery = quorum.topology.delivery_exchange
     await quorum.ch.declare_exchange(delivery, aio_pika.ExchangeType.DIRECT, durable=True)
     with pytest.raises(TopologyMismatchError, match=rf"exchange '{delivery}'"):
-        await quorum.topology.declare(quorum.ch)
+        await declare_topology(quorum.ch, quorum.topology)
     assert not quorum.ch.is_closed
 
 
 async def test_deleted_destination_while_delayed_lands_in_unroutable(scenario: Scenario) -> None:
     queue = await scenario.queue()
-    await scenario.topology.declare(scenario.ch, queues=[queue.name])
+    await declare_topology(scenario.ch, scenario.topology, queues=[queue.name])
     alerts = Inbox()
     await (await scenario.ch.get_queue(scenario.topology.alerts_queue)).consume(alerts)
     due = await publish_delayed(
@@ -206,7 +208,7 @@ async def test_the_longest_chain_allowed_is_accepted_by_the_broker(
     )
     channel = await longest.open()
     try:
-        await longest.topology.declare(channel)
+        await declare_topology(channel, longest.topology)
         assert await longest.depth(longest.topology.level_name(38)) == 0
     finally:
         await longest.close(rabbitmq_url)

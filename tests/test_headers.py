@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pamqp.encode import decimal as encode_decimal
 from pamqp.encode import field_table
 
 from delayed_retry import headers as h
@@ -231,7 +232,7 @@ def test_sanitize_keeps_datetimes_as_timestamps() -> None:
     "moment",
     [
         datetime(1960, 1, 1, tzinfo=UTC),
-        datetime(1, 1, 1),
+        datetime(1, 1, 1),  # noqa: DTZ001 (naive, as a publisher may send)
         datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))),
     ],
 )
@@ -335,3 +336,20 @@ def test_header_problems_travel_to_parking() -> None:
 def test_scheduled_headers_carry_the_due_time() -> None:
     out = h.scheduled_headers({"x-death": [], "a": "b"}, due_at=NOW)
     assert out == {"a": "b", h.X_DUE_AT: to_epoch_ms(NOW)}
+
+
+@given(
+    st.decimals(allow_nan=True, allow_infinity=True)
+    | st.builds(
+        lambda mantissa, exponent: Decimal(mantissa).scaleb(exponent),
+        st.integers(-(1 << 40), 1 << 40),
+        st.integers(-300, 300),
+    )
+)
+def test_decimal_check_agrees_with_the_amqp_encoder(value: Decimal) -> None:
+    try:
+        encode_decimal(value)
+        encodable = True
+    except (TypeError, ValueError, OverflowError):
+        encodable = False
+    assert h._amqp_decimal(value) is encodable

@@ -11,9 +11,17 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from tenacity import retry_if_exception_type, wait_fixed
 
-from delayed_retry import DelayTopology, consume, publish_delayed, with_delayed_retry
-from delayed_retry.monitor import DELAYED_MESSAGES, PARKED_MESSAGES, ChainMonitor
-from telemetry_support import Telemetry, cleaned, make_telemetry, wait_until
+from delayed_retry import (
+    DelayTopology,
+    consume,
+    declare_topology,
+    publish_delayed,
+    with_delayed_retry,
+)
+from delayed_retry.observability.gauges import DELAYED_MESSAGES, PARKED_MESSAGES, ChainMonitor
+from tests.support.queues import cleaned
+from tests.support.telemetry import Telemetry, make_telemetry
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -180,7 +188,7 @@ async def test_chain_monitor_gauges_read_depths_per_level_and_parking_queue(
 ) -> None:
     channel = await connection.channel()
     queue = await channel.declare_queue(f"{unique}.q", durable=True)
-    await topology.declare(channel, queues=[queue.name])
+    await declare_topology(channel, topology, queues=[queue.name])
     # 40 s = 40000 ms: highest bit 2^15, so both wait in level 15 for a long time.
     for _ in range(2):
         await publish_delayed(
@@ -241,7 +249,7 @@ async def test_chain_monitor_polls_in_the_background(
 ) -> None:
     channel = await connection.channel()
     await channel.declare_queue(f"{unique}.q", durable=True)
-    await topology.declare(channel, queues=[f"{unique}.q"])
+    await declare_topology(channel, topology, queues=[f"{unique}.q"])
     parking_name = topology.default_parking_queue(f"{unique}.q")
     async with ChainMonitor(
         url=rabbitmq_url,
@@ -279,7 +287,7 @@ def test_prometheus_exporter_names() -> None:
 
     from delayed_retry.durations import utcnow
     from delayed_retry.headers import RetryState
-    from delayed_retry.metrics import RetryMetrics, meter_for
+    from delayed_retry.observability.metrics import RetryMetrics, meter_for
 
     reader = PrometheusMetricReader()
     provider = MeterProvider(metric_readers=[reader])

@@ -17,6 +17,7 @@ from delayed_retry.parking import (
     replay_headers,
     replay_parked,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -80,11 +81,10 @@ async def _wait_parked(
 ) -> None:
     # Peeking, not the declare-ok message count: on quorum queues (3.10) that count leaves
     # out messages returned by a closed channel, which is exactly what peeking produces.
-    async def poll() -> None:
-        while len(await peek_parked(channel, queue=queue, topology=topology)) != depth:
-            await asyncio.sleep(0.02)
+    async def parked() -> bool:
+        return len(await peek_parked(channel, queue=queue, topology=topology)) == depth
 
-    await asyncio.wait_for(poll(), 10)
+    await wait_until(parked, what=f"{depth} parked messages for {queue!r}")
 
 
 async def test_peek_leaves_parked_messages_and_replay_returns_them(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -12,10 +11,9 @@ from typing import Any
 import aio_pika
 import pytest
 import tenacity
-from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
+from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 from pamqp.common import FieldTable
 
-from chain_support import WAIT, Inbox, Scenario, open_scenario, publish
 from delayed_retry import (
     ConfigurationError,
     ParkMessage,
@@ -30,24 +28,12 @@ from delayed_retry import (
 from delayed_retry import headers as h
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.middleware import EARLY_TOLERANCE
-from delayed_retry.topology import QueueType
+from tests.support.chain import Inbox, Scenario, publish
+from tests.support.waiting import WAIT, wait_until
 
 pytestmark = pytest.mark.broker
 
 FAST = tenacity.wait_fixed(0.2)
-
-
-@pytest.fixture
-async def s(
-    request: pytest.FixtureRequest,
-    connection: AbstractRobustConnection,
-    unique: str,
-    rabbitmq_url: str,
-) -> AsyncIterator[Scenario]:
-    """A quorum chain of 16 levels; ``indirect`` parametrization may ask for ``classic``."""
-    queue_type: QueueType = getattr(request, "param", "quorum")
-    async with open_scenario(connection, unique, rabbitmq_url, queue_type) as opened:
-        yield opened
 
 
 class Calls:
@@ -67,33 +53,32 @@ class Calls:
 
 
 async def start(
-    s: Scenario, handler: RetryingHandler[[AbstractIncomingMessage]], suffix: str = "q"
+    scenario: Scenario, handler: RetryingHandler[[AbstractIncomingMessage]], suffix: str = "q"
 ) -> tuple[AbstractQueue, Inbox]:
     """Declare a queue, consume it with ``handler`` and watch its parking queue."""
-    queue = await s.queue(suffix)
+    queue = await scenario.queue(suffix)
     await consume(queue, handler)
     parked = Inbox()
-    parking = await s.ch.get_queue(s.topology.default_parking_queue(queue.name))
+    parking = await scenario.ch.get_queue(scenario.topology.default_parking_queue(queue.name))
     await parking.consume(parked)
     return queue, parked
 
 
-@pytest.mark.parametrize("s", ["quorum", "classic"], indirect=True)
-async def test_retries_back_off_with_the_tenacity_wait_and_then_succeed(s: Scenario) -> None:
+async def test_retries_back_off_with_the_tenacity_wait_and_then_succeed(scenario: Scenario) -> None:
     calls = Calls()
     waits = [0.2, 0.3, 0.4]
 
     @with_delayed_retry(
         max_retries=5,
         wait=tenacity.wait_incrementing(start=0.2, increment=0.1),
-        topology=s.topology,
+        topology=scenario.topology,
     )
     async def handler(message: AbstractIncomingMessage) -> None:
         if calls.record(message).attempt <= len(waits):
             raise ConnectionError("database down")
 
-    queue, parked = await start(s, handler)
-    await publish(s.ch, queue.name, b"order-1", message_id="order-1")
+    queue, parked = await start(scenario, handler)
+    await publish(scenario.ch, queue.name, b"order-1", message_id="order-1")
     seen = [await calls.get() for _ in range(len(waits) + 1)]
     assert [st.attempt for _, st, _, _ in seen] == [1, 2, 3, 4]
     assert [st.retries for _, st, _, _ in seen] == [0, 1, 2, 3]
@@ -108,20 +93,20 @@ async def test_retries_back_off_with_the_tenacity_wait_and_then_succeed(s: Scena
     assert seen[-1][1].last_error == "ConnectionError: database down"
     assert seen[-1][1].original_exchange == ""
     assert seen[-1][1].original_routing_key == queue.name
-    await s.wait_for_depth(queue.name, 0)
+    await scenario.wait_for_depth(queue.name, 0)
     assert parked.pending() == 0
 
 
-async def test_retry_after_sets_the_delay_of_that_retry(s: Scenario) -> None:
+async def test_retry_after_sets_the_delay_of_that_retry(quorum: Scenario) -> None:
     calls = Calls()
 
-    @with_delayed_retry(max_retries=3, wait=tenacity.wait_fixed(30), topology=s.topology)
+    @with_delayed_retry(max_retries=3, wait=tenacity.wait_fixed(30), topology=quorum.topology)
     async def handler(message: AbstractIncomingMessage) -> None:
         if calls.record(message).attempt == 1:
             raise RetryAfter(0.3, "rate limited")
 
-    queue, _ = await start(s, handler)
-    await publish(s.ch, queue.name, b"x")
+    queue, _ = await start(quorum, handler)
+    await publish(quorum.ch, queue.name, b"x")
     failed_at, _, _, _ = await calls.get()
     back_at, state, _, _ = await calls.get()  # well before the 30 s wait
     assert back_at - failed_at >= 0.3
@@ -129,60 +114,60 @@ async def test_retry_after_sets_the_delay_of_that_retry(s: Scenario) -> None:
     assert state.last_error is not None and "rate limited" in state.last_error
 
 
-async def test_park_message_parks_at_once_with_its_reason(s: Scenario) -> None:
+async def test_park_message_parks_at_once_with_its_reason(quorum: Scenario) -> None:
     calls = Calls()
 
-    @with_delayed_retry(max_retries=5, wait=FAST, topology=s.topology)
+    @with_delayed_retry(max_retries=5, wait=FAST, topology=quorum.topology)
     async def handler(message: AbstractIncomingMessage) -> None:
         calls.record(message)
         raise ParkMessage("order references customer 42, which does not exist")
 
-    queue, parked = await start(s, handler)
-    await publish(s.ch, queue.name, b"x")
+    queue, parked = await start(quorum, handler)
+    await publish(quorum.ch, queue.name, b"x")
     record = (await parked.get()).headers
     assert record[h.X_PARKED_REASON] == "park-requested"
     assert "customer 42" in record[h.X_EXCEPTION_MESSAGE]
     assert record[h.X_RETRY] == 0
     assert calls.queue.qsize() == 1
-    await s.wait_for_depth(queue.name, 0)
+    await quorum.wait_for_depth(queue.name, 0)
 
 
-async def test_exception_outside_retry_parks_at_once(s: Scenario) -> None:
+async def test_exception_outside_retry_parks_at_once(quorum: Scenario) -> None:
     calls = Calls()
 
     @with_delayed_retry(
         max_retries=5,
         wait=FAST,
         retry=tenacity.retry_if_exception_type(ConnectionError),
-        topology=s.topology,
+        topology=quorum.topology,
     )
     async def handler(message: AbstractIncomingMessage) -> None:
         calls.record(message)
         raise KeyError("sku")
 
-    queue, parked = await start(s, handler)
-    await publish(s.ch, queue.name, b"x")
+    queue, parked = await start(quorum, handler)
+    await publish(quorum.ch, queue.name, b"x")
     record = (await parked.get()).headers
     assert record[h.X_PARKED_REASON] == "not-retryable"
     assert record[h.X_EXCEPTION_TYPE] == "KeyError"
     assert calls.queue.qsize() == 1
 
 
-async def test_parking_record_after_max_retries_is_complete(s: Scenario) -> None:
+async def test_parking_record_after_max_retries_is_complete(quorum: Scenario) -> None:
     calls = Calls()
 
-    @with_delayed_retry(max_retries=2, wait=tenacity.wait_fixed(0.1), topology=s.topology)
+    @with_delayed_retry(max_retries=2, wait=tenacity.wait_fixed(0.1), topology=quorum.topology)
     async def failing_handler(message: AbstractIncomingMessage) -> None:
         calls.record(message)
         raise ValueError("price is negative")
 
-    queue, parked = await start(s, failing_handler)
-    orders = s.name("orders")
-    s.track_exchange(orders)
-    exchange = await s.ch.declare_exchange(orders, aio_pika.ExchangeType.TOPIC, durable=True)
+    queue, parked = await start(quorum, failing_handler)
+    orders = quorum.name("orders")
+    quorum.track_exchange(orders)
+    exchange = await quorum.ch.declare_exchange(orders, aio_pika.ExchangeType.TOPIC, durable=True)
     await queue.bind(exchange, "order.#")
     alerts = Inbox()
-    await (await s.ch.get_queue(s.topology.alerts_queue)).consume(alerts)
+    await (await quorum.ch.get_queue(quorum.topology.alerts_queue)).consume(alerts)
 
     await exchange.publish(
         aio_pika.Message(b"order-7", message_id="order-7", headers={"tenant": "acme"}),
@@ -213,30 +198,32 @@ async def test_parking_record_after_max_retries_is_complete(s: Scenario) -> None
     alert = await alerts.get()
     assert alert.message.message_id == "order-7"
     assert alert.headers[h.X_PARKED_REASON] == "max-retries"
-    await s.wait_for_depth(queue.name, 0)
+    await quorum.wait_for_depth(queue.name, 0)
 
 
-async def test_a_wait_longer_than_the_chain_parks(s: Scenario) -> None:
-    @with_delayed_retry(max_retries=3, wait=tenacity.wait_fixed(3600), topology=s.topology)
+async def test_a_wait_longer_than_the_chain_parks(quorum: Scenario) -> None:
+    @with_delayed_retry(max_retries=3, wait=tenacity.wait_fixed(3600), topology=quorum.topology)
     async def handler(message: AbstractIncomingMessage) -> None:
         raise ConnectionError("down")
 
-    queue, parked = await start(s, handler)
-    await publish(s.ch, queue.name, b"x")
+    queue, parked = await start(quorum, handler)
+    await publish(quorum.ch, queue.name, b"x")
     assert (await parked.get()).headers[h.X_PARKED_REASON] == "delay-out-of-range"
 
 
-async def test_ten_retries_through_the_same_levels_all_arrive(s: Scenario) -> None:
+async def test_ten_retries_through_the_same_levels_all_arrive(quorum: Scenario) -> None:
     calls = Calls()
     retries = 10
 
-    @with_delayed_retry(max_retries=retries, wait=tenacity.wait_fixed(0.1), topology=s.topology)
+    @with_delayed_retry(
+        max_retries=retries, wait=tenacity.wait_fixed(0.1), topology=quorum.topology
+    )
     async def handler(message: AbstractIncomingMessage) -> None:
         if calls.record(message).attempt <= retries:
             raise ConnectionError("still down")
 
-    queue, parked = await start(s, handler)
-    await publish(s.ch, queue.name, b"loop")
+    queue, parked = await start(quorum, handler)
+    await publish(quorum.ch, queue.name, b"loop")
     seen = [await calls.get() for _ in range(retries + 1)]
     assert [st.attempt for _, st, _, _ in seen] == list(range(1, retries + 2))
     for _, state, headers, _ in seen[1:]:
@@ -244,14 +231,14 @@ async def test_ten_retries_through_the_same_levels_all_arrive(s: Scenario) -> No
         deaths = headers["x-death"]
         assert all(d["count"] == 1 and d["reason"] == "expired" for d in deaths), deaths
         assert headers[h.X_RETRY] == state.retries
-    await s.wait_for_depth(queue.name, 0)
+    await quorum.wait_for_depth(queue.name, 0)
     assert parked.pending() == 0
 
 
-async def test_odd_incoming_messages_are_retried_or_parked_never_stuck(s: Scenario) -> None:
+async def test_odd_incoming_messages_are_retried_or_parked_never_stuck(quorum: Scenario) -> None:
     calls = Calls()
 
-    @with_delayed_retry(max_retries=1, wait=tenacity.wait_fixed(0.1), topology=s.topology)
+    @with_delayed_retry(max_retries=1, wait=tenacity.wait_fixed(0.1), topology=quorum.topology)
     async def handler(message: AbstractIncomingMessage) -> None:
         state = calls.record(message)
         if message.body == b"huge":
@@ -259,8 +246,8 @@ async def test_odd_incoming_messages_are_retried_or_parked_never_stuck(s: Scenar
         if state.attempt == 1:
             raise ConnectionError("first try fails")
 
-    queue, parked = await start(s, handler)
-    level = s.topology.level_name(6)
+    queue, parked = await start(quorum, handler)
+    level = quorum.topology.level_name(6)
     odd: dict[bytes, dict[str, Any] | None] = {
         b"none": None,
         b"deaths": {
@@ -271,12 +258,12 @@ async def test_odd_incoming_messages_are_retried_or_parked_never_stuck(s: Scenar
                     {
                         "count": 5,
                         "reason": "expired",
-                        "queue": s.topology.level_name(n),
-                        "exchange": s.topology.level_name(n),
+                        "queue": quorum.topology.level_name(n),
+                        "exchange": quorum.topology.level_name(n),
                         "routing-keys": ["x"],
                         "time": datetime.now(UTC),
                     }
-                    for n in range(s.topology.levels)
+                    for n in range(quorum.topology.levels)
                 ),
                 {"count": 1, "reason": "rejected", "queue": "elsewhere", "exchange": ""},
             ],
@@ -297,7 +284,7 @@ async def test_odd_incoming_messages_are_retried_or_parked_never_stuck(s: Scenar
         b"huge": {"note": "y" * 60_000},
     }
     for body, headers in odd.items():
-        await publish(s.ch, queue.name, body, headers=headers)
+        await publish(quorum.ch, queue.name, body, headers=headers)
 
     bodies: dict[bytes, list[RetryState]] = {}
     for _ in range(2 * len(odd) - 1):  # each fails once and comes back, except "huge" which…
@@ -314,24 +301,24 @@ async def test_odd_incoming_messages_are_retried_or_parked_never_stuck(s: Scenar
     assert len(record[h.X_EXCEPTION_MESSAGE]) <= h.MAX_ERROR_CHARS
     assert len(record[h.X_EXCEPTION_TRACEBACK]) <= h.MAX_TRACEBACK_CHARS
     assert record[h.X_RETRY] == 1
-    await s.wait_for_depth(queue.name, 0)
+    await quorum.wait_for_depth(queue.name, 0)
 
 
-async def test_retries_return_only_to_the_failing_queue(s: Scenario) -> None:
+async def test_retries_return_only_to_the_failing_queue(quorum: Scenario) -> None:
     calls = Calls()
 
-    @with_delayed_retry(max_retries=2, wait=FAST, topology=s.topology)
+    @with_delayed_retry(max_retries=2, wait=FAST, topology=quorum.topology)
     async def handler(message: AbstractIncomingMessage) -> None:
         if calls.record(message).attempt == 1:
             raise ConnectionError("down")
 
-    failing, _ = await start(s, handler, "failing")
-    other = await s.queue("other")
+    failing, _ = await start(quorum, handler, "failing")
+    other = await quorum.queue("other")
     bystander = Inbox()
     await other.consume(bystander)
-    fanout = s.name("events")
-    s.track_exchange(fanout)
-    exchange = await s.ch.declare_exchange(fanout, aio_pika.ExchangeType.FANOUT, durable=True)
+    fanout = quorum.name("events")
+    quorum.track_exchange(fanout)
+    exchange = await quorum.ch.declare_exchange(fanout, aio_pika.ExchangeType.FANOUT, durable=True)
     await failing.bind(exchange)
     await other.bind(exchange)
     # The headers claim the message belongs to `other`: nothing from a message decides where
@@ -346,11 +333,11 @@ async def test_retries_return_only_to_the_failing_queue(s: Scenario) -> None:
     assert headers[h.X_QUEUE] == failing.name
     # Anything routed with the retry would be in `other` by now: a marker published after
     # the retry arrived queues behind it.
-    await publish(s.ch, other.name, b"marker")
+    await publish(quorum.ch, other.name, b"marker")
     assert (await bystander.get()).message.body == b"marker"
 
 
-async def test_decorator_with_and_without_parentheses(s: Scenario) -> None:
+async def test_decorator_with_and_without_parentheses(quorum: Scenario) -> None:
     calls = Calls()
 
     @with_delayed_retry
@@ -366,17 +353,17 @@ async def test_decorator_with_and_without_parentheses(s: Scenario) -> None:
         calls.record(message)
 
     assert isinstance(empty, RetryingHandler)
-    queue = await s.queue()
+    queue = await quorum.queue()
 
-    @with_delayed_retry(queue=queue.name, topology=s.topology, max_retries=1, wait=FAST)
+    @with_delayed_retry(queue=queue.name, topology=quorum.topology, max_retries=1, wait=FAST)
     async def named(message: AbstractIncomingMessage) -> None:
         if calls.record(message).attempt == 1:
             raise ConnectionError("down")
 
     assert named.options.queue == queue.name
-    await named.declare(s.ch)
+    await named.declare(quorum.ch)
     await queue.consume(named)
-    await publish(s.ch, queue.name, b"x")
+    await publish(quorum.ch, queue.name, b"x")
     assert [(await calls.get())[1].attempt for _ in range(2)] == [1, 2]
 
 
@@ -408,37 +395,37 @@ def test_bad_option_values_raise_configuration_error(options: dict[str, Any], ma
         with_delayed_retry(**options)
 
 
-async def test_consume_binds_the_queue_and_declares_parking(s: Scenario) -> None:
+async def test_consume_binds_the_queue_and_declares_parking(quorum: Scenario) -> None:
     calls = Calls()
 
-    @with_delayed_retry(topology=s.topology, max_retries=1, wait=FAST)
+    @with_delayed_retry(topology=quorum.topology, max_retries=1, wait=FAST)
     async def handler(message: AbstractIncomingMessage) -> None:
         if calls.record(message).attempt == 1:
             raise ConnectionError("down")
 
-    queue = await s.queue()
+    queue = await quorum.queue()
     tag = await consume(queue, handler)
     assert tag
     # Declared before any message: the parking queue exists, passive declare finds it.
-    assert await s.depth(s.topology.default_parking_queue(queue.name)) == 0
-    await publish(s.ch, queue.name, b"x")
+    assert await quorum.depth(quorum.topology.default_parking_queue(queue.name)) == 0
+    await publish(quorum.ch, queue.name, b"x")
     states = [(await calls.get())[1] for _ in range(2)]
     assert [st.attempt for st in states] == [1, 2]
     assert states[1].queue == queue.name
-    other = await s.queue("other")
+    other = await quorum.queue("other")
     with pytest.raises(ConfigurationError, match="configured for queue"):
         await consume(other, handler.for_queue(queue.name))
 
 
-async def test_handler_without_a_queue_is_a_clear_error(s: Scenario) -> None:
-    @with_delayed_retry(topology=s.topology)
+async def test_handler_without_a_queue_is_a_clear_error(quorum: Scenario) -> None:
+    @with_delayed_retry(topology=quorum.topology)
     async def handler(message: AbstractIncomingMessage) -> None:
         return None
 
     with pytest.raises(ConfigurationError, match=r"does not know which queue.*consume"):
-        await handler.declare(s.ch)
-    queue = await s.queue()
-    await publish(s.ch, queue.name, b"x")
+        await handler.declare(quorum.ch)
+    queue = await quorum.queue()
+    await publish(quorum.ch, queue.name, b"x")
     message = await _get(queue)
     with pytest.raises(ConfigurationError, match="does not know which queue"):
         await handler(message)
@@ -446,30 +433,32 @@ async def test_handler_without_a_queue_is_a_clear_error(s: Scenario) -> None:
 
 
 async def _get(queue: AbstractQueue) -> AbstractIncomingMessage:
-    async def attempt() -> AbstractIncomingMessage | None:
-        return await queue.get(fail=False)
+    got: list[AbstractIncomingMessage] = []
 
-    deadline = time.monotonic() + WAIT
-    while (message := await attempt()) is None:
-        assert time.monotonic() < deadline, f"nothing arrived in {queue.name}"
-        await asyncio.sleep(0.05)
-    return message
+    async def arrived() -> bool:
+        message = await queue.get(fail=False)
+        if message is not None:
+            got.append(message)
+        return bool(got)
+
+    await wait_until(arrived, what=f"a message in {queue.name}")
+    return got[0]
 
 
-async def test_a_message_arriving_before_its_due_time_waits_again(s: Scenario) -> None:
+async def test_a_message_arriving_before_its_due_time_waits_again(quorum: Scenario) -> None:
     calls = Calls()
 
-    @with_delayed_retry(topology=s.topology)
+    @with_delayed_retry(topology=quorum.topology)
     async def handler(message: AbstractIncomingMessage) -> None:
         calls.record(message)
 
-    queue, _ = await start(s, handler)
+    queue, _ = await start(quorum, handler)
     due_ms = to_epoch_ms(datetime.now(UTC)) + 600
     # Straight onto the end of the chain, as if a level had let it go too soon.
-    delivery = await s.ch.get_exchange(s.topology.delivery_exchange)
+    delivery = await quorum.ch.get_exchange(quorum.topology.delivery_exchange)
     await delivery.publish(
         aio_pika.Message(b"early", headers={h.X_DUE_AT: due_ms}),
-        s.topology.route(0, queue.name).routing_key,
+        quorum.topology.route(0, queue.name).routing_key,
     )
     handled_at, state, _, body = await calls.get()
     assert body == b"early"
@@ -479,66 +468,72 @@ async def test_a_message_arriving_before_its_due_time_waits_again(s: Scenario) -
 
 
 async def test_headers_that_would_overflow_a_frame_park_with_the_record_alone(
-    s: Scenario,
+    quorum: Scenario,
 ) -> None:
     calls = Calls()
 
-    @with_delayed_retry(max_retries=1, wait=tenacity.wait_fixed(0.1), topology=s.topology)
+    @with_delayed_retry(max_retries=1, wait=tenacity.wait_fixed(0.1), topology=quorum.topology)
     async def handler(message: AbstractIncomingMessage) -> None:
         calls.record(message)
         raise ValueError("z" * 5_000)
 
-    queue, parked = await start(s, handler)
+    queue, parked = await start(quorum, handler)
     # About 126 KB of headers: the original fits a 128 KB frame, the copy with the failure
     # record does not. Sent as is, the broker would close the consumer's connection.
     bulky: FieldTable = {f"h{i}": "y" * 21_000 for i in range(6)}
-    await publish(s.ch, queue.name, b"bulky", headers=bulky, message_id="bulky")
+    await publish(quorum.ch, queue.name, b"bulky", headers=bulky, message_id="bulky")
     record = (await parked.get()).headers
     assert record[h.X_PARKED_REASON] in ("max-retries", "unencodable")
     assert record[h.X_EXCEPTION_TYPE] == "ValueError"
     assert "h0" not in record
-    assert not s.ch.is_closed
-    await s.wait_for_depth(queue.name, 0)
+    assert not quorum.ch.is_closed
+    await quorum.wait_for_depth(queue.name, 0)
 
 
-async def test_a_channel_without_publisher_confirms_is_refused_at_start_up(s: Scenario) -> None:
-    @with_delayed_retry(topology=s.topology)
+async def test_a_channel_without_publisher_confirms_is_refused_at_start_up(
+    quorum: Scenario,
+) -> None:
+    @with_delayed_retry(topology=quorum.topology)
     async def handler(message: AbstractIncomingMessage) -> None:
         raise ConnectionError("down")
 
-    unconfirmed = await s.connection.channel(publisher_confirms=False)
-    queue = await s.queue(channel=unconfirmed)
+    unconfirmed = await quorum.connection.channel(publisher_confirms=False)
+    queue = await quorum.queue(channel=unconfirmed)
     with pytest.raises(ConfigurationError, match="publisher_confirms=True"):
         await consume(queue, handler)
 
 
-async def test_a_method_can_be_the_handler(s: Scenario) -> None:
+async def test_a_method_can_be_the_handler(quorum: Scenario) -> None:
     calls = Calls()
 
     class Orders:
-        @with_delayed_retry(topology=s.topology, max_retries=1, wait=FAST)
+        @with_delayed_retry(topology=quorum.topology, max_retries=1, wait=FAST)
         async def handle(self, message: AbstractIncomingMessage) -> None:
             assert isinstance(self, Orders)
             if calls.record(message).attempt == 1:
                 raise ConnectionError("down")
 
-    queue, _ = await start(s, Orders().handle)
-    await publish(s.ch, queue.name, b"x")
+    queue, _ = await start(quorum, Orders().handle)
+    await publish(quorum.ch, queue.name, b"x")
     assert [(await calls.get())[1].attempt for _ in range(2)] == [1, 2]
 
 
-async def test_a_scheduled_message_that_fails_records_no_chain_internals(s: Scenario) -> None:
-    @with_delayed_retry(max_retries=0, topology=s.topology)
+async def test_a_scheduled_message_that_fails_records_no_chain_internals(quorum: Scenario) -> None:
+    @with_delayed_retry(max_retries=0, topology=quorum.topology)
     async def handler(message: AbstractIncomingMessage) -> None:
         raise ValueError("bad")
 
-    queue, parked = await start(s, handler)
+    queue, parked = await start(quorum, handler)
     await publish_delayed(
-        s.ch, aio_pika.Message(b"later"), queue=queue.name, delay=0.05, topology=s.topology
+        quorum.ch,
+        aio_pika.Message(b"later"),
+        queue=queue.name,
+        delay=0.05,
+        topology=quorum.topology,
     )
     record = (await parked.get()).headers
     # It came off a level exchange with a chain routing key; neither is where it came from.
-    assert not record[h.X_ORIGINAL_EXCHANGE].startswith(s.topology.prefix)
+    assert not record[h.X_ORIGINAL_EXCHANGE].startswith(quorum.topology.prefix)
     assert record[h.X_ORIGINAL_ROUTING_KEY] == queue.name
 
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractConnection
 
 from delayed_retry.testing import RabbitMQCluster
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -27,9 +25,10 @@ def test_three_nodes_run_as_one_cluster(cluster: RabbitMQCluster) -> None:
 
 async def get_with_retry(url: str, queue: str, timeout: float = 60.0) -> bytes:
     """Read one message, retrying while the queue elects a new leader."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
+    got: list[bytes] = []
+    errors: list[Exception] = []
+
+    async def read() -> bool:
         try:
             connection: AbstractConnection = await aio_pika.connect(url, timeout=5)
             async with connection:
@@ -37,11 +36,16 @@ async def get_with_retry(url: str, queue: str, timeout: float = 60.0) -> bytes:
                 declared = await channel.get_queue(queue, ensure=True)
                 message = await declared.get(no_ack=True, fail=False, timeout=5)
                 if message is not None:
-                    return message.body
+                    got.append(message.body)
         except (TimeoutError, aio_pika.exceptions.AMQPError, OSError) as exc:
-            last_error = exc
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"no message in {queue!r} at {url} within {timeout} s: {last_error!r}")
+            errors.append(exc)
+        return bool(got)
+
+    try:
+        await wait_until(read, timeout=timeout, interval=0.5, what=f"a message in {queue!r}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc} at {url}; last error: {errors[-1:]!r}") from None
+    return got[0]
 
 
 async def test_quorum_message_survives_leader_kill(cluster: RabbitMQCluster, unique: str) -> None:

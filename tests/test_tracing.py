@@ -24,10 +24,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from tenacity import wait_fixed
 
 from delayed_retry import DelayTopology, consume, publish_delayed, with_delayed_retry
-from delayed_retry.observe import default_instrumentation
-from delayed_retry.telemetry import OpenTelemetryInstrumentation
-from delayed_retry.tracing import X_TRACE_ORIGIN, HeaderGetter
-from telemetry_support import Telemetry, cleaned, make_telemetry
+from delayed_retry.observability.otel import OpenTelemetryInstrumentation, default_instrumentation
+from delayed_retry.observability.spans import X_TRACE_ORIGIN, HeaderGetter
+from tests.support.queues import cleaned
+from tests.support.telemetry import Telemetry, make_telemetry
 
 pytestmark = pytest.mark.broker
 

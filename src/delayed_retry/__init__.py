@@ -10,6 +10,7 @@ from delayed_retry.alerts import (
     SinkRetry,
     WebhookSink,
 )
+from delayed_retry.declare import declare_topology
 from delayed_retry.errors import (
     ConfigurationError,
     DelayedRetryError,
@@ -30,12 +31,12 @@ from delayed_retry.middleware import (
     retry_state,
     with_delayed_retry,
 )
-from delayed_retry.monitor import ChainMonitor
-from delayed_retry.observe import Instrumentation, NoInstrumentation
+from delayed_retry.observability.gauges import ChainMonitor
+from delayed_retry.observability.instrumentation import Instrumentation, NoInstrumentation
+from delayed_retry.observability.otel import OpenTelemetryInstrumentation
 from delayed_retry.parking import ParkedMessage, ReplayResult, peek_parked, replay_parked
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
 from delayed_retry.scheduling import publish_delayed
-from delayed_retry.telemetry import OpenTelemetryInstrumentation
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     # topology
     "DelayTopology",
     "DEFAULT_TOPOLOGY",
+    "declare_topology",
     # telemetry
     "Instrumentation",
     "NoInstrumentation",

@@ -12,16 +12,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import aiormq
 import aiormq.abc
 
 from delayed_retry.errors import ConfigurationError, TopologyMismatchError
-from delayed_retry.topology import DelayTopology, QueueSpec, amqp_arguments
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, QueueSpec, amqp_arguments
 
-__all__ = ["TopologyDeclarer", "declare_on", "declare_parking_queue", "declarer_for", "underlay_of"]
+__all__ = [
+    "TopologyDeclarer",
+    "declare_topology",
+    "declare_parking_queue",
+    "declarer_for",
+    "underlay_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -187,10 +193,16 @@ async def underlay_of(channel: Any) -> aiormq.abc.AbstractChannel:
     return underlay
 
 
-async def declare_on(
-    channel: Any, topology: DelayTopology, *, queues: tuple[str, ...] = ()
+async def declare_topology(
+    channel: Any, topology: DelayTopology = DEFAULT_TOPOLOGY, *, queues: Iterable[str] = ()
 ) -> None:
-    """Declare ``topology`` through ``channel``'s connection and bind ``queues`` to it."""
+    """Declare ``topology`` now, and bind ``queues`` to its end (with their parking queues).
+
+    Optional: the decorator and :func:`~delayed_retry.publish_delayed` declare
+    what they need on first use. Call it at start-up to fail fast on a
+    mismatch. ``channel`` is an aio-pika or aiormq channel; the declarations
+    are cached per connection, so calling it again costs nothing.
+    """
     underlay = await underlay_of(channel)
     declarer = declarer_for(underlay.connection)
     await declarer.topology(underlay.connection, topology)

@@ -36,7 +36,7 @@ from delayed_retry.headers import (
     parking_headers,
     sanitize_headers,
 )
-from delayed_retry.observe import AttemptScope
+from delayed_retry.observability.instrumentation import AttemptScope
 from delayed_retry.policy import Decision
 from delayed_retry.topology import DelayTopology
 

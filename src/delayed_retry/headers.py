@@ -44,6 +44,8 @@ __all__ = [
     "read_epoch_ms",
     "sanitize_headers",
     "scheduled_headers",
+    "encode_body_preview",
+    "exception_name",
 ]
 
 X_RETRY = "x-retry"
@@ -224,6 +226,21 @@ def _key(key: object) -> str:
     return _utf8(str(key)[:128])
 
 
+def _amqp_decimal(value: Decimal) -> bool:
+    """Whether AMQP's decimal (an octet scale, a signed 32-bit mantissa) holds ``value``.
+
+    The same arithmetic as pamqp's encoder, kept here so this module stays pure.
+    """
+    exponent = value.as_tuple().exponent
+    if not isinstance(exponent, int):  # NaN, Infinity
+        return False
+    if exponent > 0:
+        scale, mantissa = 0, int(value)
+    else:
+        scale, mantissa = -exponent, int(value.scaleb(-exponent))
+    return 0 <= scale <= 255 and -(1 << 31) <= mantissa < 1 << 31
+
+
 def _sanitize_value(value: object, depth: int) -> Any:
     """A header value pamqp can encode, keeping its meaning where possible."""
     if value is None or isinstance(value, bool | bytearray):
@@ -241,13 +258,7 @@ def _sanitize_value(value: object, depth: int) -> Any:
             return value
         return repr(value)
     if isinstance(value, Decimal):
-        try:
-            from pamqp.encode import decimal as encode_decimal
-
-            encode_decimal(value)
-            return value
-        except (TypeError, ValueError, struct.error, OverflowError):
-            return str(value)
+        return value if _amqp_decimal(value) else str(value)
     if isinstance(value, bytes):
         return bytearray(value)
     if isinstance(value, str):
@@ -290,10 +301,17 @@ def _bounded(text: str, limit: int, *, keep_end: bool = False) -> str:
 
 def describe_exception(exc: BaseException) -> str:
     """``Type: message`` of ``exc``, bounded."""
-    return _bounded(f"{_qualname(exc)}: {exc}", MAX_ERROR_CHARS)
+    return _bounded(f"{exception_name(exc)}: {exc}", MAX_ERROR_CHARS)
 
 
-def _qualname(exc: BaseException) -> str:
+def exception_name(exc: BaseException | None) -> str:
+    """Qualified name of ``exc``'s type, ``builtins`` left out; ``"unknown"`` for ``None``.
+
+    The one spelling of an exception type: the ``x-exception-type`` header,
+    the ``error.type`` span attribute and the metrics' labels all use it.
+    """
+    if exc is None:
+        return "unknown"
     cls = type(exc)
     return (
         cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
@@ -341,7 +359,7 @@ def parking_headers(
     out.pop(X_DUE_AT, None)
     out[X_PARKED_REASON] = reason
     out[X_PARKED_AT] = to_epoch_ms(now)
-    out[X_EXCEPTION_TYPE] = _qualname(exc)
+    out[X_EXCEPTION_TYPE] = exception_name(exc)
     out[X_EXCEPTION_MESSAGE] = _bounded(str(exc), MAX_ERROR_CHARS)
     trace = "".join(tb.format_exception(exc))
     out[X_EXCEPTION_TRACEBACK] = _bounded(trace, MAX_TRACEBACK_CHARS, keep_end=True)

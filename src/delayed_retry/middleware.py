@@ -34,12 +34,20 @@ from delayed_retry.headers import (
     RetryState,
     parse_retry_state,
 )
-from delayed_retry.observe import Instrumentation, default_instrumentation
+from delayed_retry.observability.instrumentation import Instrumentation
+from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
-__all__ = ["RetryingHandler", "consume", "current_retry_state", "retry_state", "with_delayed_retry"]
+__all__ = [
+    "RetryingHandler",
+    "consume",
+    "current_retry_state",
+    "retry_state",
+    "with_delayed_retry",
+    "EARLY_TOLERANCE",
+]
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ returns: at-least-once.
 from __future__ import annotations
 
 import asyncio
-import logging
 import struct
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -35,7 +34,6 @@ __all__ = [
     "publish_copy",
 ]
 
-log = logging.getLogger(__name__)
 
 DEFAULT_PUBLISH_TIMEOUT = 30.0
 """Seconds to wait for a publisher confirm before giving up on a publish."""

@@ -12,7 +12,8 @@ from delayed_retry.declare import declarer_for
 from delayed_retry.durations import Duration, resolve_due_at, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers import X_ORIGINAL_EXCHANGE, X_ORIGINAL_ROUTING_KEY, scheduled_headers
-from delayed_retry.observe import Instrumentation, default_instrumentation
+from delayed_retry.observability.instrumentation import Instrumentation
+from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, publish_copy
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 

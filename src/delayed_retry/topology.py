@@ -19,10 +19,9 @@ Picture for ``prefix="delayed-retry"``::
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, NamedTuple, TypedDict
+from typing import Literal, NamedTuple, TypedDict
 
 from delayed_retry import encoding
 from delayed_retry.durations import Duration, to_seconds
@@ -36,6 +35,7 @@ __all__ = [
     "QueueSpec",
     "QueueType",
     "Route",
+    "amqp_arguments",
 ]
 
 QueueType = Literal["quorum", "classic"]
@@ -148,17 +148,6 @@ class DelayTopology:
                 f"{(MAX_QUEUE_TTL_MS // round(unit_ms)).bit_length()} levels with this unit"
             )
         object.__setattr__(self, "unit_ms", round(unit_ms))
-
-    async def declare(self, channel: Any, *, queues: Iterable[str] = ()) -> None:
-        """Declare this topology now, and bind ``queues`` to its end (with parking queues).
-
-        Optional: the decorator and :func:`~delayed_retry.publish_delayed`
-        declare what they need on first use. Call it at start-up to fail fast
-        on a mismatch. ``channel`` is an aio-pika or aiormq channel.
-        """
-        from delayed_retry.declare import declare_on
-
-        await declare_on(channel, self, queues=tuple(queues))
 
     # -- names ---------------------------------------------------------------
     def level_name(self, level: int) -> str:

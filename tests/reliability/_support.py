@@ -1,9 +1,11 @@
-"""Helpers shared by the reliability tests: waiting, counting, draining queues."""
+"""Helpers of the reliability tests: a ledger of sent, handled and parked ids; publish, drain.
+
+Waiting, queue depths and clean-up come from :mod:`tests.support`.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -48,26 +50,6 @@ class Ledger:
         return counts
 
 
-async def wait_until(
-    predicate: Callable[[], bool | Awaitable[bool]], *, timeout: float, what: str
-) -> None:
-    """Poll ``predicate`` until it holds; fail with ``what`` after ``timeout`` seconds."""
-
-    async def poll() -> None:
-        while True:
-            result = predicate()
-            if not isinstance(result, bool):
-                result = await result
-            if result:
-                return
-            await asyncio.sleep(0.05)
-
-    try:
-        await asyncio.wait_for(poll(), timeout)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
-
-
 async def publish_ids(
     channel: AbstractChannel,
     queue: str,
@@ -109,20 +91,3 @@ async def drain_ids(channel: AbstractChannel, queue: str) -> list[int]:
         ids.append(body_id(message))
         await message.ack()
     return ids
-
-
-async def depth(channel: AbstractChannel, queue: str) -> int:
-    """Messages ready in ``queue``, from a passive declare on the underlying channel.
-
-    (aio-pika's robust channel may answer a repeated ``declare_queue`` from its
-    cache, with the count of the first declaration.)
-    """
-    underlay = await channel.get_underlay_channel()
-    result = await underlay.queue_declare(queue, passive=True)
-    return int(result.message_count or 0)
-
-
-async def delete_queues(channel: AbstractChannel, *names: str) -> None:
-    for name in names:
-        with contextlib.suppress(Exception):  # cleanup: the queue may be gone already
-            await channel.queue_delete(name, if_unused=False, if_empty=False)

@@ -15,10 +15,12 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry import DelayTopology, publish_delayed
+from delayed_retry import DelayTopology, declare_topology, publish_delayed
 from delayed_retry.testing import RabbitMQNode
+from tests.support.queues import depth
+from tests.support.waiting import wait_until
 
-from ._support import QUORUM, Ledger, depth, wait_until
+from ._support import QUORUM, Ledger
 
 MESSAGES = 2000
 
@@ -37,7 +39,7 @@ async def test_messages_in_the_chain_survive_a_broker_restart(
     connection = await aio_pika.connect(node.url)
     channel = await connection.channel()
     await channel.declare_queue(queue, durable=True, arguments=QUORUM)
-    await topology.declare(channel, queues=[queue])
+    await declare_topology(channel, topology, queues=[queue])
     # RabbitMQ 3.10 saves a new quorum queue's registry entry and Raft term lazily (up to
     # 5 s later); a node killed sooner brings the queue itself back leaderless, whatever
     # its messages. That is the broker's weakness for fresh queues, not what this test

@@ -18,10 +18,18 @@ import pytest
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-from delayed_retry import DelayTopology, consume, current_retry_state, with_delayed_retry
+from delayed_retry import (
+    DelayTopology,
+    consume,
+    current_retry_state,
+    declare_topology,
+    with_delayed_retry,
+)
 from delayed_retry.testing import RabbitMQCluster
+from tests.support.queues import delete_all
+from tests.support.waiting import wait_until
 
-from ._support import QUORUM, Ledger, delete_queues, publish_ids, wait_until
+from ._support import QUORUM, Ledger, publish_ids
 
 pytestmark = pytest.mark.cluster
 
@@ -45,7 +53,7 @@ async def test_killing_the_chain_leader_loses_no_message(
     connections.append(admin)
     channel = await admin.channel()
     await channel.declare_queue(queue, durable=True, arguments=QUORUM)
-    await topology.declare(channel, queues=[queue])
+    await declare_topology(channel, topology, queues=[queue])
     leader = cluster.leader_of(topology.level_name(DELAY_LEVEL))
     assert cluster.members_of(topology.level_name(DELAY_LEVEL)) == [0, 1, 2]
 
@@ -110,11 +118,13 @@ async def test_killing_the_chain_leader_loses_no_message(
     finally:
         await asyncio.to_thread(cluster.ensure_all_running)
         cleanup = await aio_pika.connect(cluster.urls[0])
-        await delete_queues(
+        await delete_all(
             await cleanup.channel(),
-            queue,
-            topology.default_parking_queue(queue),
-            *(spec.name for spec in topology.queues()),
+            queues=[
+                queue,
+                topology.default_parking_queue(queue),
+                *(spec.name for spec in topology.queues()),
+            ],
         )
         await cleanup.close()
         for opened in connections:

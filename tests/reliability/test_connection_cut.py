@@ -20,8 +20,10 @@ import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, consume, current_retry_state, with_delayed_retry
+from tests.support.queues import delete_all
+from tests.support.waiting import wait_until
 
-from ._support import QUORUM, Ledger, delete_queues, publish_ids, wait_until
+from ._support import QUORUM, Ledger, publish_ids
 
 MESSAGES = 20
 
@@ -162,9 +164,11 @@ async def test_connection_cut_while_publishing_a_retry_redelivers_the_original(
     finally:
         await consumer.close()
         await proxy.close()
-        await delete_queues(
+        await delete_all(
             broker_channel,
-            queue,
-            topology.default_parking_queue(queue),
-            *(spec.name for spec in topology.queues()),
+            queues=[
+                queue,
+                topology.default_parking_queue(queue),
+                *(spec.name for spec in topology.queues()),
+            ],
         )

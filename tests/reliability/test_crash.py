@@ -21,8 +21,10 @@ import pytest
 from aio_pika.abc import AbstractChannel
 
 from delayed_retry import DelayTopology
+from tests.support.queues import delete_all, depth
+from tests.support.waiting import wait_until
 
-from ._support import QUORUM, Ledger, delete_queues, depth, drain_ids, publish_ids, wait_until
+from ._support import QUORUM, Ledger, drain_ids, publish_ids
 
 CHILD = Path(__file__).with_name("crash_consumer.py")
 MESSAGES = 300
@@ -123,11 +125,13 @@ async def run_crash_scenario(
         return ledger
     finally:
         child.kill()
-        await delete_queues(
+        await delete_all(
             channel,
-            queue,
-            topology.default_parking_queue(queue),
-            *(spec.name for spec in topology.queues()),
+            queues=[
+                queue,
+                topology.default_parking_queue(queue),
+                *(spec.name for spec in topology.queues()),
+            ],
         )
 
 

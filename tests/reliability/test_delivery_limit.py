@@ -23,8 +23,10 @@ from delayed_retry.checks import (
     broker_major_version,
     check_delivery_limit,
 )
+from tests.support.queues import delete_all
+from tests.support.waiting import wait_until
 
-from ._support import Ledger, delete_queues, wait_until
+from ._support import Ledger
 
 # --- the pure check ----------------------------------------------------------
 
@@ -151,9 +153,11 @@ async def test_tiny_delivery_limit_does_not_cut_retries_short_and_is_warned_abou
         assert attempts == {1: 6, 2: 6}
         assert ledger.report("delivery-limit-2-max-retries-5")["lost"] == 0
     finally:
-        await delete_queues(
+        await delete_all(
             channel,
-            queue,
-            topology.default_parking_queue(queue),
-            *(spec.name for spec in topology.queues()),
+            queues=[
+                queue,
+                topology.default_parking_queue(queue),
+                *(spec.name for spec in topology.queues()),
+            ],
         )

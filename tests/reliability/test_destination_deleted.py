@@ -16,8 +16,10 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from delayed_retry import DelayTopology, consume, with_delayed_retry
 from delayed_retry.headers import X_QUEUE, X_RETRY
 from delayed_retry.parking import parse_parked
+from tests.support.queues import delete_all, depth
+from tests.support.waiting import wait_until
 
-from ._support import QUORUM, Ledger, delete_queues, depth, publish_ids, wait_until
+from ._support import QUORUM, Ledger, publish_ids
 
 MESSAGES = 50
 
@@ -80,9 +82,11 @@ async def test_messages_of_a_deleted_queue_are_kept_as_unroutable(
         assert counts["lost"] == 0
         assert counts["parked"] == MESSAGES
     finally:
-        await delete_queues(
+        await delete_all(
             channel,
-            queue,
-            topology.default_parking_queue(queue),
-            *(spec.name for spec in topology.queues()),
+            queues=[
+                queue,
+                topology.default_parking_queue(queue),
+                *(spec.name for spec in topology.queues()),
+            ],
         )

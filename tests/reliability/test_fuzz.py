@@ -104,8 +104,10 @@ amqp_scalars = st.one_of(
     st.decimals(min_value=-(10**6), max_value=10**6, places=2, allow_nan=False),
     st.text(max_size=30),
     st.binary(max_size=30).map(bytearray),
-    st.datetimes(
-        min_value=datetime(1970, 1, 2), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)
+    st.datetimes(  # hypothesis bounds are naive by its API; the values get timezones=UTC
+        min_value=datetime(1970, 1, 2),  # noqa: DTZ001
+        max_value=datetime(2200, 1, 1),  # noqa: DTZ001
+        timezones=st.just(UTC),
     ),
 )
 amqp_values = st.recursive(

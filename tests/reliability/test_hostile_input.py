@@ -37,8 +37,10 @@ from delayed_retry.headers import (
     X_RETRY,
 )
 from delayed_retry.parking import replay_parked
+from tests.support.queues import delete_all, depth
+from tests.support.waiting import wait_until
 
-from ._support import QUORUM, delete_queues, depth, wait_until
+from ._support import QUORUM
 
 Behaviour = Callable[[AbstractIncomingMessage, int], Any]
 
@@ -111,11 +113,13 @@ async def start_consumer(
     try:
         yield start
     finally:
-        await delete_queues(
+        await delete_all(
             channel,
-            queue,
-            topology.default_parking_queue(queue),
-            *(spec.name for spec in topology.queues()),
+            queues=[
+                queue,
+                topology.default_parking_queue(queue),
+                *(spec.name for spec in topology.queues()),
+            ],
         )
 
 
@@ -168,7 +172,7 @@ async def test_forged_routing_headers_do_not_route_anywhere_else(
         )
         assert await depth(channel, victim) == 0
     finally:
-        await delete_queues(channel, victim, f"{victim}.parking")
+        await delete_all(channel, queues=[victim, f"{victim}.parking"])
         await channel.exchange_delete(victim_exchange)
 
 

@@ -23,8 +23,9 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, consume, current_retry_state, with_delayed_retry
 from delayed_retry.testing import RabbitMQNode
+from tests.support.waiting import wait_until
 
-from ._support import QUORUM, Ledger, body_id, wait_until
+from ._support import QUORUM, Ledger, body_id
 
 
 @pytest.fixture

@@ -24,8 +24,9 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.testing import BrokerHarnessError, RabbitMQNode, TLSFiles
+from tests.support.waiting import wait_until
 
-from ._support import QUORUM, Ledger, wait_until
+from ._support import QUORUM, Ledger
 
 
 def write_ca(folder: Path, name: str) -> trustme.CA:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -13,6 +12,7 @@ import pyarrow.dataset as pads
 import pytest
 from aio_pika.abc import AbstractRobustConnection, FieldValue
 
+from delayed_retry import declare_topology
 from delayed_retry.headers import X_PARKED_AT
 from delayed_retry.spark import (
     ArchiveError,
@@ -24,6 +24,7 @@ from delayed_retry.spark import (
 from delayed_retry.spark.codec import headers_from_json
 from delayed_retry.spark.synthetic import parked_headers
 from delayed_retry.topology import DelayTopology
+from tests.support.queues import delete_all, depth, wait_for_depth
 
 pytestmark = pytest.mark.spark
 
@@ -32,40 +33,9 @@ async def _setup(connection: AbstractRobustConnection, unique: str) -> tuple[Del
     topology = DelayTopology(prefix=unique, levels=20)
     channel = await connection.channel()
     await channel.declare_queue(unique, durable=True)
-    await topology.declare(channel, queues=[unique])
+    await declare_topology(channel, topology, queues=[unique])
     await channel.close()
     return topology, f"{unique}.parking"
-
-
-async def _count(connection: AbstractRobustConnection, queue: str) -> int:
-    channel = await connection.channel()
-    try:
-        declared = await channel.declare_queue(queue, passive=True)
-        count = declared.declaration_result.message_count
-        assert count is not None
-        return count
-    finally:
-        await channel.close()
-
-
-async def _wait_count(connection: AbstractRobustConnection, queue: str, want: int) -> int:
-    async def poll() -> int:
-        while (n := await _count(connection, queue)) != want:
-            await asyncio.sleep(0.05)
-        return n
-
-    try:
-        return await asyncio.wait_for(poll(), 20)
-    except TimeoutError:
-        return await _count(connection, queue)
-
-
-async def _cleanup(connection: AbstractRobustConnection, *queues: str) -> None:
-    channel = await connection.channel()
-    for name in queues:
-        queue = await channel.declare_queue(name, passive=True)
-        await queue.delete(if_unused=False, if_empty=False)
-    await channel.close()
 
 
 async def _park(
@@ -105,7 +75,7 @@ async def test_archive_round_trip_keeps_parked_and_foreign_messages(
         await channel.default_exchange.publish(aio_pika.Message(b"\x00\xfe\xff binary"), parking)
         await channel.default_exchange.publish(aio_pika.Message(b"odd", headers=odd), parking)
         await channel.close()
-        await _wait_count(connection, parking, 5)
+        await wait_for_depth(connection, parking, 5, timeout=20)
 
         result = await archive_queue(
             connection,
@@ -118,7 +88,7 @@ async def test_archive_round_trip_keeps_parked_and_foreign_messages(
 
         assert result.messages == 5
         assert len(result.files) == 3  # batches of 2, 2, 1
-        assert await _count(connection, parking) == 0
+        assert await depth(connection, parking) == 0
         frame = read_archive(spark, str(tmp_path / "a"))
         rows = {r["body"]: r.asDict() for r in frame.collect()}
         assert set(rows) == {b'{"n": 0}', b'{"n": 1}', b'{"n": 2}', b"\x00\xfe\xff binary", b"odd"}
@@ -151,7 +121,7 @@ async def test_archive_round_trip_keeps_parked_and_foreign_messages(
         table = pads.dataset(str(tmp_path / "a"), format="parquet", partitioning="hive").to_table()
         assert table.num_rows == 5
     finally:
-        await _cleanup(connection, unique, parking)
+        await delete_all(connection, queues=[unique, parking])
 
 
 class FailingSink:
@@ -176,7 +146,7 @@ async def test_failing_write_acks_nothing_it_did_not_store(
     topology, parking = await _setup(connection, unique)
     try:
         await _park(connection, topology, unique, 5)
-        await _wait_count(connection, parking, 5)
+        await wait_for_depth(connection, parking, 5, timeout=20)
         sink = FailingSink(tmp_path / "a", ok=ok_batches)
 
         with pytest.raises(ArchiveError, match="No space left") as info:
@@ -190,12 +160,12 @@ async def test_failing_write_acks_nothing_it_did_not_store(
             )
 
         assert "\n" not in str(info.value)
-        assert await _wait_count(connection, parking, 5 - 2 * ok_batches) == 5 - 2 * ok_batches
+        await wait_for_depth(connection, parking, 5 - 2 * ok_batches, timeout=20)
         stored = list((tmp_path / "a").rglob("*.parquet"))
         assert len(stored) == ok_batches
         assert not list((tmp_path / "a").rglob(".*.tmp"))
     finally:
-        await _cleanup(connection, unique, parking)
+        await delete_all(connection, queues=[unique, parking])
 
 
 async def test_missing_queue_and_unwritable_target_are_one_line_errors(
@@ -223,7 +193,7 @@ async def test_archive_through_a_pyarrow_filesystem_reads_back_with_spark(
     topology, parking = await _setup(connection, unique)
     try:
         await _park(connection, topology, unique, 3)
-        await _wait_count(connection, parking, 3)
+        await wait_for_depth(connection, parking, 3, timeout=20)
         uri = (tmp_path / "remote").as_uri()
         filesystem, root = pafs.FileSystem.from_uri(uri)
         sink = ArrowFileSystemSink(filesystem, root, uri)
@@ -231,8 +201,8 @@ async def test_archive_through_a_pyarrow_filesystem_reads_back_with_spark(
             connection, queue=parking, to=sink, batch_size=2, idle_timeout=0.5, topology=topology
         )
         assert result.messages == 3 and len(result.files) == 2
-        assert await _count(connection, parking) == 0
+        assert await depth(connection, parking) == 0
         bodies = sorted(r["body"] for r in read_archive(spark, uri).collect())
         assert bodies == [b'{"n": 0}', b'{"n": 1}', b'{"n": 2}']
     finally:
-        await _cleanup(connection, unique, parking)
+        await delete_all(connection, queues=[unique, parking])

@@ -15,11 +15,14 @@ import pyarrow.dataset as pads
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
+from delayed_retry import declare_topology
 from delayed_retry.headers import X_DUE_AT
 from delayed_retry.spark import X_SCHEDULE_ID, PublishRunError, redrive, schedule_dataframe
 from delayed_retry.spark.synthetic import parked_row, write_archive
 from delayed_retry.testing import RabbitMQNode
 from delayed_retry.topology import DelayTopology
+from tests.support.queues import depth
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -42,7 +45,7 @@ async def test_schedule_dataframe_delivers_every_row_never_early_and_once(
         await got.put((message, -(-time.time_ns() // 1_000_000)))
         await message.ack()
 
-    await topology.declare(channel, queues=[unique])
+    await declare_topology(channel, topology, queues=[unique])
     await queue.consume(on_message)
     start = datetime.now(UTC)
     orders = spark.createDataFrame(
@@ -165,19 +168,14 @@ async def _declare(url: str, queue: str) -> None:
     await connection.close()
 
 
-async def _wait_for_depth(url: str, queue: str, depth: int) -> None:
+async def _wait_for_depth(url: str, queue: str, n: int) -> None:
     connection = await aio_pika.connect(url)
-    channel = await connection.channel()
 
-    async def poll() -> None:
-        while True:
-            declared = await channel.declare_queue(queue, passive=True)
-            if (declared.declaration_result.message_count or 0) >= depth:
-                return
-            await asyncio.sleep(0.02)
+    async def enough() -> bool:
+        return await depth(connection, queue) >= n
 
     try:
-        await asyncio.wait_for(poll(), 120)
+        await wait_until(enough, timeout=120, what=f"{n} messages in {queue!r}")
     finally:
         await connection.close()
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 
+from delayed_retry import declare_topology
 from delayed_retry.spark import ArchiveSinkError, PublishRunError, schedule_dataframe
 from delayed_retry.spark.publisher import PUBLISH_COLUMNS, PublishJob, publish_attempt
 from delayed_retry.spark.redrive import _spread
@@ -83,7 +84,7 @@ async def _declare(url: str, topology: DelayTopology, queue: str) -> None:
     connection = await aio_pika.connect(url)
     channel = await connection.channel()
     await channel.declare_queue(queue, durable=True)
-    await topology.declare(channel, queues=[queue])
+    await declare_topology(channel, topology, queues=[queue])
     await connection.close()
 
 

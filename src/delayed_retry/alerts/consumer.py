@@ -30,6 +30,7 @@ from delayed_retry.alerts.sinks import (
     SinkRetry,
     deliver,
 )
+from delayed_retry.declare import declare_topology
 from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
@@ -105,15 +106,15 @@ class ParkingAlerts:
         await channel.set_qos(prefetch_count=self._window.max_batch)
         try:
             if self.declare:
-                await self.topology.declare(channel)
+                await declare_topology(channel, self.topology)
             queue = await channel.declare_queue(name, passive=True)
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
             with contextlib.suppress(Exception):
                 await channel.close()
             raise ConfigurationError(
                 f"alert queue {name!r} does not exist; declare the topology first "
-                f"(DelayTopology(prefix={self.topology.prefix!r}).declare(channel)) or use "
-                "declare=True"
+                f"(declare_topology(channel, DelayTopology(prefix={self.topology.prefix!r})))"
+                " or use declare=True"
             ) from exc
         self._channel, self._queue = channel, queue
         self._stopping.clear()

@@ -13,11 +13,16 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 from delayed_retry.errors import DelayedRetryError
+from delayed_retry.urls import redact_url
 
-__all__ = ["SUBCOMMAND_MODULES", "build_parser", "main"]
+__all__ = [
+    "SUBCOMMAND_MODULES",
+    "build_parser",
+    "main",
+    "run",
+]
 
 SUBCOMMAND_MODULES = (
     "delayed_retry.cli.topology_cmd",
@@ -60,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (ConnectionError, OSError) as exc:
         print(
-            f"delayed-retry: error: cannot reach the broker at {redact(args.url)!r}: {exc}. "
+            f"delayed-retry: error: cannot reach the broker at {redact_url(args.url)!r}: {exc}. "
             "Check --url or $RABBITMQ_URL",
             file=sys.stderr,
         )
@@ -68,15 +73,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return code
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***``, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def run(coro: object) -> int:

@@ -52,9 +52,9 @@ def _check_broker(url: str, queue: str | None = None) -> None:
 
 
 def _safe(url: str) -> str:
-    from delayed_retry.cli.main import redact
+    from delayed_retry.urls import redact_url
 
-    return repr(redact(url))
+    return repr(redact_url(url))
 
 
 def _rate(text: str) -> float:

@@ -10,6 +10,7 @@ import aiormq
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
+from delayed_retry.declare import declare_topology
 
 __all__ = ["register"]
 
@@ -45,7 +46,7 @@ async def _declare(args: argparse.Namespace) -> int:
     connection = await aio_pika.connect(args.url)
     async with connection:
         channel = await connection.channel()
-        await topology.declare(channel, queues=args.bind)
+        await declare_topology(channel, topology, queues=args.bind)
     print(
         f"declared topology {topology.prefix!r}: {topology.levels} levels of "
         f"{topology.unit_ms} ms ({topology.queue_type}), max delay {topology.max_delay}"

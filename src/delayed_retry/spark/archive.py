@@ -39,7 +39,13 @@ from delayed_retry.spark.schema import archive_arrow_schema, escape_partition_va
 from delayed_retry.spark.sinks import ArchiveSink, sink_for
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
-__all__ = ["ArchiveError", "ArchiveResult", "archive_queue", "archive_row"]
+__all__ = [
+    "ArchiveError",
+    "ArchiveResult",
+    "archive_queue",
+    "archive_row",
+    "archive",
+]
 
 log = logging.getLogger(__name__)
 

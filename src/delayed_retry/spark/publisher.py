@@ -23,6 +23,7 @@ from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 from delayed_retry import encoding
+from delayed_retry.declare import declare_topology
 from delayed_retry.durations import from_epoch_ms
 from delayed_retry.errors import ConfigurationError, DelayedRetryError, DelayOutOfRangeError
 from delayed_retry.topology import DelayTopology
@@ -386,7 +387,7 @@ async def declare_destinations(
         connection = await aio_pika.connect(url, timeout=timeout)
         try:
             channel = await connection.channel()
-            await topology.declare(channel, queues=queues)
+            await declare_topology(channel, topology, queues=queues)
         finally:
             await connection.close()
 

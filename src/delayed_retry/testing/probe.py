@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import aio_pika
 
 from delayed_retry.errors import DelayedRetryError
+from delayed_retry.urls import redact_url
 
 
 class BrokerHarnessError(DelayedRetryError, RuntimeError):
@@ -36,7 +37,7 @@ def check_connect(url: str, timeout: float) -> None:
 
     # Probing the port first keeps the client from logging an error per refused attempt.
     if not _port_open(url, timeout):
-        raise ConnectionRefusedError(f"nothing listens at {redact(url)}")
+        raise ConnectionRefusedError(f"nothing listens at {redact_url(url)}")
     # A private event loop in a worker thread: callers may already run one.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="broker-probe") as pool:
         pool.submit(asyncio.run, attempt()).result()
@@ -59,17 +60,7 @@ def wait_for_broker(url: str, timeout: float = 60.0) -> None:
             last_error = exc
         if time.monotonic() >= deadline:
             raise BrokerHarnessError(
-                f"no AMQP broker answered at {redact(url)} within {timeout:.0f} s "
+                f"no AMQP broker answered at {redact_url(url)} within {timeout:.0f} s "
                 f"(last error: {last_error!r}); start one there or point RABBITMQ_URL elsewhere"
             ) from last_error
         time.sleep(0.2)
-
-
-def redact(url: str) -> str:
-    """``url`` with its password masked, for logs and error messages."""
-    scheme, sep, rest = url.partition("://")
-    if "@" not in rest:
-        return url
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}{sep}{user}:***@{host}"

@@ -1,7 +1,7 @@
 """The seam between the middleware and telemetry: what is observed, not how.
 
 The middleware reports each handling attempt and each hand-over through an
-:class:`Instrumentation`. :mod:`delayed_retry.tracing` implements it with
+:class:`Instrumentation`. :mod:`delayed_retry.observability.otel` implements it with
 OpenTelemetry; :class:`NoInstrumentation` does nothing, for tests and for
 those who want no telemetry at all.
 """
@@ -93,21 +93,3 @@ class NoInstrumentation:
         self, headers: dict[str, Any], *, queue: str, exchange: str, routing_key: str, delay: float
     ) -> Iterator[None]:
         yield
-
-
-_default: Instrumentation | None = None
-
-
-def default_instrumentation() -> Instrumentation:
-    """The instrumentation used when none is given: OpenTelemetry on the global providers.
-
-    Made once and cached. The API's global providers are proxies, so spans and
-    metrics start flowing when an SDK is configured, even later; until then
-    it costs only the API's no-op.
-    """
-    global _default
-    if _default is None:
-        from delayed_retry.telemetry import OpenTelemetryInstrumentation
-
-        _default = OpenTelemetryInstrumentation()
-    return _default

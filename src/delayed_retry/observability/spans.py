@@ -31,7 +31,7 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from delayed_retry.headers import RetryState
+from delayed_retry.headers import RetryState, exception_name
 
 __all__ = [
     "ATTR_ATTEMPT",
@@ -44,11 +44,19 @@ __all__ = [
     "HeaderGetter",
     "HeaderSetter",
     "active_consumer_span",
-    "exception_type",
     "instrumentation_version",
     "message_attributes",
     "publish_attributes",
     "tracer_for",
+    "AttemptSpan",
+    "ERROR_TYPE",
+    "HEADER_GETTER",
+    "HEADER_SETTER",
+    "MESSAGING_DESTINATION_NAME",
+    "W3C",
+    "attempt_span",
+    "global_propagator",
+    "producer_span",
 ]
 
 INSTRUMENTATION_NAME = "delayed_retry"
@@ -251,18 +259,8 @@ class AttemptSpan:
             span.set_attribute(ATTR_REASON, reason)
         if exc is not None:
             span.record_exception(exc)
-            span.set_attribute(ERROR_TYPE, exception_type(exc))
+            span.set_attribute(ERROR_TYPE, exception_name(exc))
             span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
-
-
-def exception_type(exc: BaseException | None) -> str:
-    """Qualified name of ``exc``'s type (``builtins`` left out), as ``error.type`` wants it."""
-    if exc is None:
-        return "unknown"
-    cls = type(exc)
-    return (
-        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-    )
 
 
 @contextmanager

@@ -1,7 +1,8 @@
-"""Helpers for the broker tests of the delay chain and the retry middleware.
+"""Scenarios for the broker tests of the delay chain and the retry middleware.
 
-Not fixtures: each test module wraps :class:`Scenario` in its own small
-fixture, so a test reads top to bottom without a hidden conftest.
+A :class:`Scenario` is a topology and the queues of one test, deleted
+afterwards; ``tests/conftest.py`` opens them as the ``scenario`` and
+``quorum`` fixtures through :func:`open_scenario`.
 """
 
 from __future__ import annotations
@@ -9,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
-import aiormq
 from aio_pika.abc import (
     AbstractChannel,
     AbstractIncomingMessage,
@@ -24,9 +24,8 @@ from aio_pika.abc import (
 
 from delayed_retry import DelayTopology
 from delayed_retry.topology import QueueType
-
-WAIT = 15.0
-"""Generous upper bound for anything a test waits for: a bug fails, a slow machine does not."""
+from tests.support.queues import delete_all, depth, wait_for_depth
+from tests.support.waiting import WAIT
 
 
 @dataclass(frozen=True)
@@ -109,39 +108,20 @@ class Scenario:
         self._exchanges.extend(names)
 
     async def depth(self, queue: str) -> int:
-        """Messages ready in ``queue``, through a passive declare on a channel of its own."""
-        channel = await self.connection.channel()
-        try:
-            q = await channel.declare_queue(queue, passive=True)
-            count = q.declaration_result.message_count
-            assert count is not None
-            return count
-        finally:
-            await channel.close()
+        """Messages ready in ``queue`` (see :func:`tests.support.queues.depth`)."""
+        return await depth(self.connection, queue)
 
     async def wait_for_depth(self, queue: str, n: int, timeout: float = WAIT) -> None:
-        """Poll until ``queue`` holds ``n`` ready messages (quorum queues count asynchronously)."""
-        deadline = time.monotonic() + timeout
-        while (got := await self.depth(queue)) != n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"queue {queue!r} holds {got} messages, expected {n}")
-            await asyncio.sleep(0.05)
+        """Wait until ``queue`` holds ``n`` ready messages (quorum queues count asynchronously)."""
+        await wait_for_depth(self.connection, queue, n, timeout=timeout)
 
     async def close(self, url: str) -> None:
         """Delete the topology and every tracked queue and exchange, on a fresh connection."""
         conn = await aio_pika.connect(url)
         try:
-            channel = await conn.channel()
-            names = [q.name for q in self.topology.queues()]
-            for name in [*names, *self._queues]:
-                try:
-                    await channel.queue_delete(name)
-                except aiormq.exceptions.ChannelClosed:
-                    channel = await conn.channel()
-            for spec in self.topology.exchanges():
-                await channel.exchange_delete(spec.name)
-            for name in self._exchanges:
-                await channel.exchange_delete(name)
+            await delete_all(
+                conn, topology=self.topology, queues=self._queues, exchanges=self._exchanges
+            )
         finally:
             await conn.close()
 
@@ -149,15 +129,6 @@ class Scenario:
 async def publish(channel: AbstractChannel, routing_key: str, body: bytes, **props: Any) -> None:
     """Publish to the default exchange (straight into queue ``routing_key``), confirmed."""
     await channel.default_exchange.publish(aio_pika.Message(body, **props), routing_key)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = WAIT) -> None:
-    """Wait until ``check()`` is true, polling; for broker state with no event to await."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{check!r} still false after {timeout} s")
-        await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager

@@ -1,10 +1,10 @@
-"""OpenTelemetry implementation of :class:`~delayed_retry.observe.Instrumentation`.
+"""OpenTelemetry implementation of :class:`~delayed_retry.Instrumentation`.
 
 Pass an :class:`OpenTelemetryInstrumentation` with explicit providers to
 ``@with_delayed_retry(instrumentation=...)`` and ``publish_delayed`` when the
 application does not use the global providers (tests do this with the SDK's
 in-memory exporter and reader). Without one, the middleware uses
-:func:`delayed_retry.observe.default_instrumentation`: this class on the
+:func:`default_instrumentation`: this class on the
 global providers, a no-op until an SDK is configured.
 """
 
@@ -21,9 +21,9 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import TracerProvider
 
 from delayed_retry.headers import RetryState
-from delayed_retry.metrics import RetryMetrics, meter_for
-from delayed_retry.observe import Outcome, PublishKind
-from delayed_retry.tracing import (
+from delayed_retry.observability.instrumentation import Instrumentation, Outcome, PublishKind
+from delayed_retry.observability.metrics import RetryMetrics, meter_for
+from delayed_retry.observability.spans import (
     HEADER_GETTER,
     HEADER_SETTER,
     W3C,
@@ -36,7 +36,7 @@ from delayed_retry.tracing import (
     tracer_for,
 )
 
-__all__ = ["OpenTelemetryInstrumentation"]
+__all__ = ["OpenTelemetryInstrumentation", "default_instrumentation"]
 
 
 class _Scope:
@@ -154,3 +154,19 @@ class OpenTelemetryInstrumentation:
         with producer_span(self.tracer, self.propagator, headers, attrs, exchange=exchange):
             yield
         self.metrics.record_schedule(queue=queue, delay=delay)
+
+
+_default: Instrumentation | None = None
+
+
+def default_instrumentation() -> Instrumentation:
+    """The instrumentation used when none is given: OpenTelemetry on the global providers.
+
+    Made once and cached. The API's global providers are proxies, so spans and
+    metrics start flowing when an SDK is configured, even later; until then
+    it costs only the API's no-op.
+    """
+    global _default
+    if _default is None:
+        _default = OpenTelemetryInstrumentation()
+    return _default

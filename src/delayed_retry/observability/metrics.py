@@ -15,7 +15,7 @@ instrument                             unit       attributes
 =====================================  =========  ========================================
 
 The queue-depth gauges (messages delayed per level, parked per queue) are
-in :mod:`delayed_retry.monitor`, because they need a broker connection.
+in :mod:`delayed_retry.observability.gauges`, because they need a broker connection.
 """
 
 from __future__ import annotations
@@ -26,15 +26,14 @@ from opentelemetry import metrics
 from opentelemetry.metrics import Meter, MeterProvider
 
 from delayed_retry.durations import utcnow
-from delayed_retry.headers import RetryState
-from delayed_retry.tracing import (
+from delayed_retry.headers import RetryState, exception_name
+from delayed_retry.observability.spans import (
     ATTR_OUTCOME,
     ATTR_PUBLISH_KIND,
     ATTR_REASON,
     ERROR_TYPE,
     INSTRUMENTATION_NAME,
     MESSAGING_DESTINATION_NAME,
-    exception_type,
     instrumentation_version,
 )
 
@@ -129,7 +128,7 @@ class RetryMetrics:
         base = {MESSAGING_DESTINATION_NAME: queue}
         self.attempts.add(1, {**base, ATTR_OUTCOME: outcome})
         if outcome == "retry":
-            self.retries.add(1, {**base, ERROR_TYPE: exception_type(exc)})
+            self.retries.add(1, {**base, ERROR_TYPE: exception_name(exc)})
             if delay is not None:
                 self.delay.record(delay, {**base, ATTR_PUBLISH_KIND: "retry"})
         elif outcome == "success" and state.first_failure_at is not None:
@@ -137,7 +136,7 @@ class RetryMetrics:
             self._resolved(state, base, "success", now)
         elif outcome == "parked":
             self.parked.add(
-                1, {**base, ERROR_TYPE: exception_type(exc), ATTR_REASON: reason or "unknown"}
+                1, {**base, ERROR_TYPE: exception_name(exc), ATTR_REASON: reason or "unknown"}
             )
             self._resolved(state, base, "parked", now)
 

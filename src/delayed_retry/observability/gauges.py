@@ -27,9 +27,10 @@ import aiormq.abc
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from delayed_retry.durations import Duration, to_seconds
-from delayed_retry.metrics import meter_for
+from delayed_retry.observability.metrics import meter_for
+from delayed_retry.observability.spans import MESSAGING_DESTINATION_NAME
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
-from delayed_retry.tracing import MESSAGING_DESTINATION_NAME
+from delayed_retry.urls import redact_url
 
 __all__ = ["DELAYED_MESSAGES", "PARKED_MESSAGES", "ChainMonitor", "DepthReading"]
 
@@ -178,14 +179,11 @@ class ChainMonitor:
             except (aiormq.exceptions.AMQPError, ConnectionError, OSError) as exc:
                 log.warning(
                     "ChainMonitor could not read queue depths from %s (%r); retrying in %.0f s",
-                    self._safe_url(),
+                    redact_url(self.url),
                     exc,
                     self.interval,
                 )
                 await self._close_connection()
-
-    def _safe_url(self) -> str:
-        return self.url.split("@")[-1]
 
     async def start(self) -> None:
         """Take a first reading (fails loudly if the broker is unreachable), then poll."""

@@ -1,0 +1,1 @@
+"""The test suite, one package: ``tests.support`` holds the helpers every module shares."""

@@ -1,0 +1,1 @@
+"""PySpark tests: archive, analysis, redrive, bulk publishing and the spark command line."""

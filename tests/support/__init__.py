@@ -1,0 +1,1 @@
+"""Helpers shared by the test modules: waiting, queue depths, clean-up, scenarios, telemetry."""

@@ -1,0 +1,144 @@
+"""The layers of the package, as contracts on its import graph (see docs/architecture.md).
+
+- The pure core (names, encodings, policies, header parsing) imports no I/O
+  library, directly or through another module.
+- Every layer imports only itself and the layers below it: the core knows
+  nothing of alerts, Spark, the web view or the command line; the command
+  line sits on top of everything.
+
+Modules that appear later (a new pure module, the web view) are checked as soon
+as they exist: the layer of a module comes from its name, not from a list of
+files.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import grimp
+import pytest
+
+PACKAGE = "delayed_retry"
+
+PURE = (
+    "durations",
+    "encoding",
+    "topology",
+    "headers",
+    "policy",
+    "checks",
+    "errors",
+    "urls",
+    "fingerprint",
+)
+"""Modules that must stay pure logic: no broker, no telemetry, no network, no Spark."""
+
+IO_LIBRARIES = ("aio_pika", "aiormq", "pamqp", "opentelemetry", "aiohttp", "pyspark", "pyarrow")
+
+LAYERS = ("cli", "web", "spark", "alerts")
+"""Subpackages above the core, highest first; everything else is the core, at the bottom."""
+
+
+def layer_of(module: str, package: str = PACKAGE) -> int:
+    """0 for the command line, rising downwards; the core is ``len(LAYERS)``."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return LAYERS.index(parts[1])
+    return len(LAYERS)
+
+
+def pure_violations(graph: grimp.ImportGraph, package: str = PACKAGE) -> list[str]:
+    """Each chain from a pure module to an I/O library, as ``a -> b -> aio_pika``."""
+    found = []
+    for name in PURE:
+        module = f"{package}.{name}"
+        if module not in graph.modules:
+            continue  # not written yet; checked from the day it exists
+        for library in IO_LIBRARIES:
+            if library in graph.modules:
+                chain = graph.find_shortest_chain(importer=module, imported=library)
+                if chain:
+                    found.append(" -> ".join(chain))
+    return found
+
+
+def layer_violations(graph: grimp.ImportGraph, package: str = PACKAGE) -> list[str]:
+    """Each direct import of a higher layer, as ``importer -> imported (line)``.
+
+    The package's ``__init__`` is the public facade and may re-export from any
+    layer; no module in the package imports it, which is checked too (importing
+    it would pull every layer in).
+    """
+    found = []
+    for importer in sorted(m for m in graph.modules if m.startswith(f"{package}.")):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+            if imported == package:
+                found.append(f"{importer} -> {package} (the facade; import the module instead)")
+            elif imported.startswith(f"{package}.") and layer_of(imported) < layer_of(importer):
+                lines = graph.get_import_details(importer=importer, imported=imported)
+                where = ", ".join(f"line {d['line_number']}" for d in lines)
+                found.append(f"{importer} -> {imported} ({where})")
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> grimp.ImportGraph:
+    return grimp.build_graph(PACKAGE, include_external_packages=True, cache_dir=None)
+
+
+def test_the_pure_core_imports_no_io_library(graph: grimp.ImportGraph) -> None:
+    assert pure_violations(graph) == [], (
+        "a pure module reaches an I/O library; move the I/O next to its caller"
+    )
+
+
+def test_the_instrumentation_protocol_does_not_reach_opentelemetry(
+    graph: grimp.ImportGraph,
+) -> None:
+    # The protocol stays apart from its implementation: the default instrumentation is
+    # built in observability/otel.py, which imports the protocol, never the reverse.
+    chain = graph.find_shortest_chain(
+        importer=f"{PACKAGE}.observability.instrumentation", imported="opentelemetry"
+    )
+    assert chain is None, " -> ".join(chain or ())
+
+
+def test_each_layer_imports_only_itself_and_the_layers_below(graph: grimp.ImportGraph) -> None:
+    assert layer_violations(graph) == [], "a module imports a layer above it"
+
+
+def test_the_contracts_catch_a_violation(tmp_path: Path) -> None:
+    # A small package that breaks both contracts, checked in a process of its own
+    # (grimp imports nothing, but finds packages on sys.path).
+    root = tmp_path / "layered"
+    for folder in ("", "cli", "alerts"):
+        (root / folder).mkdir(exist_ok=True)
+        (root / folder / "__init__.py").write_text("")
+    (root / "cli" / "main.py").write_text("X = 1\n")
+    (root / "alerts" / "sinks.py").write_text("import aiohttp\n")
+    (root / "headers.py").write_text("from layered import policy\n")
+    (root / "policy.py").write_text("from layered.alerts import sinks\n")
+    (root / "middleware.py").write_text("from layered.cli.main import X\n")
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path[:0] = [{str(tmp_path)!r}, {str(Path(__file__).parent.parent)!r}]
+        import grimp
+        from tests.test_layers import layer_violations, pure_violations
+        graph = grimp.build_graph("layered", include_external_packages=True, cache_dir=None)
+        for line in pure_violations(graph, "layered") + layer_violations(graph, "layered"):
+            print(line)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert sorted(out) == [
+        "layered.headers -> layered.policy -> layered.alerts.sinks -> aiohttp",
+        "layered.middleware -> layered.cli.main (line 1)",
+        "layered.policy -> layered.alerts.sinks (line 1)",
+        "layered.policy -> layered.alerts.sinks -> aiohttp",
+    ]
