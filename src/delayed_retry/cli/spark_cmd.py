@@ -295,7 +295,11 @@ def register(subparsers: Any) -> None:
     s.add_argument("--queue", required=True, help="destination queue")
     s.add_argument("--due-at", required=True, help="column holding the due time")
     s.add_argument("--body", required=True, help="column holding the body")
-    s.add_argument("--key", default=None, help="column identifying a row (idempotency)")
+    s.add_argument(
+        "--key",
+        default=None,
+        help="column identifying a row: the message_id consumers deduplicate on (default: a hash)",
+    )
     s.add_argument("--schedule-id", required=True, help="name of this schedule, for the ledger")
     s.add_argument("--ledger", required=True, help="ledger folder")
     s.add_argument(
