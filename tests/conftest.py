@@ -25,7 +25,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         fixtures = getattr(item, "fixturenames", ())
         if "cluster" in fixtures:
             item.add_marker(pytest.mark.cluster)
-        if "rabbitmq_url" in fixtures:
+        # Anything that reaches or starts a RabbitMQ node is a broker test, so that
+        # `-m "not broker"` runs without one.
+        if {"rabbitmq_url", "node", "running_node", "cluster"} & set(fixtures) or (
+            # The soak and the container tests bring brokers of their own.
+            item.get_closest_marker("soak") is not None
+            or item.get_closest_marker("container") is not None
+        ):
             item.add_marker(pytest.mark.broker)
 
 

@@ -23,6 +23,8 @@ from delayed_retry.errors import (
     RetryAfter,
     TopologyMismatchError,
 )
+from delayed_retry.forwarding import Forwarder
+from delayed_retry.frontdoor import FrontDoor
 from delayed_retry.headers import RetryState
 from delayed_retry.middleware import (
     RetryingHandler,
@@ -51,6 +53,8 @@ __all__ = [
     "current_retry_state",
     # scheduling
     "publish_delayed",
+    "Forwarder",
+    "FrontDoor",
     # parking
     "peek_parked",
     "replay_parked",

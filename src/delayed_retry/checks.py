@@ -1,18 +1,29 @@
 """Start-up checks of the queues a retrying consumer reads. Pure functions.
 
 A quorum queue's *delivery limit* makes the broker drop (or dead-letter) a
-message once it has been redelivered that many times. delayed-retry never
-counts retries with broker redeliveries: a delayed retry is a new message in
-the queue, with a fresh delivery count. Redeliveries still happen, though,
-after a consumer crash, a lost connection, or a hand-over into the delay chain
-that could not be confirmed. A small limit can then remove a message before
-the retry policy has parked it, without any parking record.
+message once it has been returned to the queue that many times. delayed-retry
+never counts retries with broker redeliveries: a delayed retry is a new
+message in the queue, with a fresh delivery count, so ``max_retries`` has no
+bearing on the limit. What does count, on every version:
+
+- a hand-over into the delay chain or to parking that is not confirmed for
+  :data:`~delayed_retry.handover.HANDOVER_RETRY_WINDOW` (30 s): the message is
+  nacked back to its queue, one delivery per 30 s of broker trouble;
+- a message given back after an internal failure (a declaration refused, a
+  channel without confirms), after a pause of up to 30 s;
+- consumer crashes and lost connections;
+- on RabbitMQ 4.0–4.2, every ``basic.get`` returned unacked: each
+  ``peek_parked`` of a parked message (measured on 4.0.5).
 
 RabbitMQ 4.0 and later give every quorum queue a default delivery limit of
-20 when none is set; 3.x has none. Set ``x-delivery-limit`` (or a
-``delivery-limit`` policy) well above ``max_retries``, and give the queue a
-dead-letter exchange so what passes it is kept; on 4.0+ ``-1`` turns the limit
-off.
+20 when none is set; 3.x has none. A consumed queue's limit should be off
+(``-1``, 4.0+ only: 3.10 reads ``-1`` as "drop at the first return") or at
+least :data:`SAFE_DELIVERY_LIMIT`, with a dead-letter exchange so what passes
+it is kept. delayed-retry's own parking and unroutable queues are declared
+with :data:`~delayed_retry.topology.PARKED_DELIVERY_LIMIT`; one declared by an
+older version without it is reported by :func:`kept_queue_risk`. Policies
+(``delivery-limit``) cannot be read over AMQP; check them with
+``rabbitmqctl list_policies``.
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ from typing import Any
 
 __all__ = [
     "BROKER_DEFAULT_DELIVERY_LIMIT",
+    "SAFE_DELIVERY_LIMIT",
+    "kept_queue_risk",
     "DeliveryLimitRisk",
     "broker_major_version",
     "check_delivery_limit",
@@ -36,8 +49,9 @@ log = logging.getLogger(__name__)
 BROKER_DEFAULT_DELIVERY_LIMIT = 20
 """The delivery limit RabbitMQ 4.0+ applies to quorum queues that set none."""
 
-SAFE_REDELIVERIES = 10
-"""Redeliveries from crashes and failed hand-overs a limit should leave room for."""
+SAFE_DELIVERY_LIMIT = 100
+"""The smallest delivery limit not reported: about 50 minutes of failed hand-overs
+(one give-back per 30 s) plus crashes, per message."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +92,7 @@ def check_delivery_limit(
     *,
     queue: str,
     arguments: Mapping[str, Any] | None,
-    max_retries: int,
+    max_retries: int | None = None,
     broker_major: int | None = None,
 ) -> DeliveryLimitRisk | None:
     """The risk a queue's delivery limit poses to retried messages, or ``None`` if there is none.
@@ -87,8 +101,8 @@ def check_delivery_limit(
     unknown, e.g. after a passive declare; a ``delivery-limit`` policy cannot be
     seen from a client either). ``broker_major`` is the broker's major version,
     which decides whether the default limit of 20 applies. A limit is a risk
-    when it is finite and leaves fewer than :data:`SAFE_REDELIVERIES` redeliveries
-    beyond ``max_retries``.
+    when it is finite and below :data:`SAFE_DELIVERY_LIMIT`. ``max_retries``
+    is accepted for the message only: delayed retries never count toward it.
     """
     args: Mapping[str, Any] = arguments if isinstance(arguments, Mapping) else {}
     if args.get("x-queue-type") != "quorum":
@@ -104,7 +118,7 @@ def check_delivery_limit(
         limit, from_default = BROKER_DEFAULT_DELIVERY_LIMIT, True
     if limit is None or limit < 0:
         return None
-    if limit >= max_retries + SAFE_REDELIVERIES:
+    if limit >= SAFE_DELIVERY_LIMIT:
         return None
     where = (
         f"dead-letters them to exchange {dead_letter_exchange!r} instead of parking them"
@@ -116,15 +130,17 @@ def check_delivery_limit(
         if from_default
         else f"it is declared with x-delivery-limit={limit}"
     )
+    retries = f" (with max_retries={max_retries})" if max_retries is not None else ""
     message = (
         f"quorum queue {queue!r} has a delivery limit of {limit} ({origin}): a message "
-        f"redelivered more than {limit} times, after consumer crashes, lost connections or "
-        f"hand-overs into the delay chain that were not confirmed, is removed by the broker, "
-        f"which {where}. Delayed retries do not count toward it (each one is a new message), "
-        f"but with max_retries={max_retries} the limit leaves little room for redeliveries. "
-        f"Fix: declare the queue with x-delivery-limit of at least "
-        f"{max_retries + SAFE_REDELIVERIES} (or -1 on RabbitMQ 4.0+ to turn it off) and a "
-        "dead-letter exchange"
+        f"returned to it more than {limit} times is removed by the broker, which {where}. "
+        f"Delayed retries{retries} never count toward it (each one is a new message); "
+        "what counts is every hand-over into the delay chain that stays unconfirmed for "
+        "30 s (the message is nacked back: one delivery per 30 s of broker trouble), every "
+        "consumer crash or lost connection, and every message given back after an internal "
+        f"error. Fix: declare the queue with x-delivery-limit of at least {SAFE_DELIVERY_LIMIT} "
+        "(or -1 on RabbitMQ 4.0+ only, where it turns the limit off; 3.10 reads -1 as 'drop "
+        "at the first return') and a dead-letter exchange"
     )
     return DeliveryLimitRisk(
         queue=queue,
@@ -135,11 +151,39 @@ def check_delivery_limit(
     )
 
 
+def kept_queue_risk(*, queue: str, broker_major: int | None) -> str:
+    """Why a parking or unroutable queue declared without a delivery limit may lose messages.
+
+    Used when such a queue exists from before delayed-retry set
+    ``x-delivery-limit`` on it (the broker refuses to change a queue's
+    arguments). Returns the warning to log, naming the queue and the fix.
+    """
+    from delayed_retry.topology import PARKED_DELIVERY_LIMIT
+
+    if broker_major is not None and broker_major >= 4:
+        danger = (
+            f"RabbitMQ {broker_major}.x gives it a delivery limit of "
+            f"{BROKER_DEFAULT_DELIVERY_LIMIT}, and every peek (basic.get returned unacked) "
+            "counts: a message kept there is dropped after about 20 peeks"
+        )
+    else:
+        danger = (
+            "RabbitMQ 3.x sets no limit, but 4.0-4.2 apply one of 20 that every peek counts "
+            "toward, so upgrading the broker would put kept messages at risk"
+        )
+    return (
+        f"queue {queue!r} exists with other x-delivery-limit arguments than delayed-retry "
+        f"declares ({PARKED_DELIVERY_LIMIT}); {danger}. Fix: move its messages elsewhere "
+        f"(shovel or replay), delete {queue!r} and let the next consumer declare it again, "
+        f"or set a policy with delivery-limit {PARKED_DELIVERY_LIMIT} on it"
+    )
+
+
 def warn_about_delivery_limit(
     *,
     queue: str,
     arguments: Mapping[str, Any] | None,
-    max_retries: int,
+    max_retries: int | None = None,
     server_properties: Mapping[str, Any] | None = None,
 ) -> DeliveryLimitRisk | None:
     """Log a warning when :func:`check_delivery_limit` finds a risk; return the risk."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import aiormq
 import aiormq.abc
 
+from delayed_retry.checks import broker_major_version, kept_queue_risk
 from delayed_retry.errors import ConfigurationError, TopologyMismatchError
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, QueueSpec, amqp_arguments
 
@@ -34,7 +36,7 @@ log = logging.getLogger(__name__)
 
 async def _on_fresh_channel(
     connection: aiormq.abc.AbstractConnection,
-    action: Callable[[aiormq.abc.AbstractChannel], Awaitable[None]],
+    action: Callable[[aiormq.abc.AbstractChannel], Awaitable[object]],
 ) -> None:
     channel = await connection.channel(publisher_confirms=False)
     try:
@@ -67,15 +69,39 @@ def _explain(exc: aiormq.exceptions.ChannelClosed, what: str, wanted: Any) -> Ex
 
 async def _declare_queue(channel: aiormq.abc.AbstractChannel, spec: QueueSpec) -> None:
     args: dict[str, Any] = dict(amqp_arguments(spec.arguments))
-    try:
-        await channel.queue_declare(spec.name, durable=True, arguments=args)
-    except aiormq.exceptions.ChannelClosed as exc:
-        raise _explain(exc, f"queue {spec.name!r}", args) from exc
+    if "x-delivery-limit" in args:
+        # A queue declared by an older version without the limit refuses the new
+        # argument and would close the channel: declare it on a channel of its own.
+        await _declare_kept_queue(channel.connection, spec.name, args)
+    else:
+        try:
+            await channel.queue_declare(spec.name, durable=True, arguments=args)
+        except aiormq.exceptions.ChannelClosed as exc:
+            raise _explain(exc, f"queue {spec.name!r}", args) from exc
     for exchange, key in spec.bindings:
         try:
             await channel.queue_bind(spec.name, exchange, routing_key=key)
         except aiormq.exceptions.ChannelClosed as exc:
             raise _explain(exc, f"binding of queue {spec.name!r} to {exchange!r}", key) from exc
+
+
+async def _declare_kept_queue(
+    connection: aiormq.abc.AbstractConnection, name: str, args: dict[str, Any]
+) -> None:
+    """Declare a parking or unroutable queue; keep using one that predates its delivery limit."""
+    try:
+        await _on_fresh_channel(
+            connection, lambda ch: ch.queue_declare(name, durable=True, arguments=args)
+        )
+        return
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        if "x-delivery-limit" not in str(exc):
+            raise _explain(exc, f"queue {name!r}", args) from exc
+    except aiormq.exceptions.ChannelClosed as exc:
+        raise _explain(exc, f"queue {name!r}", args) from exc
+    major = broker_major_version(getattr(connection, "server_properties", None))
+    log.warning("%s", kept_queue_risk(queue=name, broker_major=major))
+    await _on_fresh_channel(connection, lambda ch: ch.queue_declare(name, passive=True))
 
 
 async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: DelayTopology) -> None:
@@ -106,12 +132,63 @@ async def declare_parking_queue(
     await _on_fresh_channel(connection, lambda ch: _declare_queue(ch, spec))
 
 
+PARKING_REDECLARE_INTERVAL = 1.0
+"""Seconds a parking queue's re-declaration counts as fresh for the parks that follow."""
+
+
 class TopologyDeclarer:
     """Declarations already made on one connection, and the lock that serialises them."""
 
     def __init__(self) -> None:
         self._done: set[tuple[object, ...]] = set()
         self._lock = asyncio.Lock()
+        self._parking_at: dict[tuple[object, ...], float] = {}
+        self._parking_now: dict[tuple[object, ...], asyncio.Future[None]] = {}
+
+    def has_destination(
+        self, topology: DelayTopology, queue: str, parking_queue: str | None = None
+    ) -> bool:
+        """Whether :meth:`destination` (with parking) has succeeded on this connection."""
+        return ("destination", topology, queue, parking_queue, True) in self._done
+
+    async def parking(
+        self,
+        connection: aiormq.abc.AbstractConnection,
+        topology: DelayTopology,
+        queue: str,
+        parking_queue: str | None = None,
+    ) -> None:
+        """Re-declare ``queue``'s parking queue before a park, so one deleted by hand is back.
+
+        Concurrent parks share one declaration (one channel), and a declaration
+        serves the parks of the next :data:`PARKING_REDECLARE_INTERVAL` seconds:
+        a storm of parks opens a bounded number of channels, never one each
+        (the broker closes the whole connection past its ``channel_max``). A
+        park in that window after a deletion is caught by the parking
+        exchange's alternate exchange, in the unroutable queue.
+        """
+        key = (topology, queue, parking_queue)
+        declared_at = self._parking_at.get(key)
+        if declared_at is not None and time.monotonic() - declared_at < PARKING_REDECLARE_INTERVAL:
+            return
+        running = self._parking_now.get(key)
+        if running is not None:
+            await asyncio.shield(running)
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._parking_now[key] = done
+        try:
+            spec = topology.parking_queue_spec(queue, parking_queue)
+            await _on_fresh_channel(connection, lambda ch: _declare_queue(ch, spec))
+        except BaseException as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved: waiters, if any, raise it themselves
+            raise
+        else:
+            self._parking_at[key] = time.monotonic()
+            done.set_result(None)
+        finally:
+            self._parking_now.pop(key, None)
 
     async def _once(
         self,

@@ -17,18 +17,23 @@ import asyncio
 import logging
 import struct
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import publishing
-from delayed_retry.declare import declare_parking_queue
+from delayed_retry.declare import declarer_for
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import DelayOutOfRangeError, PublishError
+from delayed_retry.forwarding import (
+    X_FORWARD_ROUTING_KEY,
+    declare_forward_queue,
+    forward_queue_name,
+)
 from delayed_retry.headers import (
     X_DUE_AT,
     RetryState,
@@ -40,14 +45,35 @@ from delayed_retry.observability.instrumentation import AttemptScope
 from delayed_retry.policy import Decision
 from delayed_retry.topology import DelayTopology
 
-__all__ = ["HANDOVER_RETRY_WINDOW", "HandOver", "ack", "give_back"]
+__all__ = ["HANDOVER_RETRY_WINDOW", "HandOver", "Trouble", "ack", "channel_open", "give_back"]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 HANDOVER_RETRY_WINDOW = 30.0
 """Seconds a failed hand-over is tried again, original unacked, before it is requeued."""
 HANDOVER_FIRST_PAUSE = 0.5
 HANDOVER_MAX_PAUSE = 8.0
+REQUEUE_FIRST_PAUSE = 0.5
+"""Seconds a message is held before it is given back after the first internal failure."""
+REQUEUE_MAX_PAUSE = 30.0
+"""The longest such pause; it doubles with each message given back in a row."""
+
+
+@dataclass(eq=False)
+class Trouble:
+    """Messages given back in a row without a handling in between: sets the next pause."""
+
+    given_back: int = 0
+
+    def clear(self) -> None:
+        self.given_back = 0
+
+    def next_pause(self) -> float:
+        pause = min(REQUEUE_FIRST_PAUSE * 2.0 ** min(self.given_back, 30), REQUEUE_MAX_PAUSE)
+        self.given_back += 1
+        return pause
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +84,8 @@ class HandOver:
     topology: DelayTopology
     parking_queue: str | None
     publish_timeout: float
+    trouble: Trouble = field(default_factory=Trouble)
+    return_to: Literal["queue", "exchange"] = "queue"
 
     async def forward(
         self,
@@ -79,43 +107,41 @@ class HandOver:
 
     async def redelay(self, message: AbstractIncomingMessage, due_at: datetime) -> None:
         """Send a message that arrived before its due time back for the rest of its wait."""
-        now = utcnow()
-        route = self.topology.route(self.topology.units_until(due_at, now=now), self.queue)
-        try:
+
+        async def publish() -> bool:
+            now = utcnow()
+            route = self.topology.route(self.topology.units_until(due_at, now=now), self.queue)
             await self.forward(
                 message,
                 exchange=route.exchange,
                 routing_key=route.routing_key,
                 headers=sanitize_headers(message.headers),
             )
-        except (PublishError, aiormq.exceptions.AMQPError, ConnectionError) as err:
-            await give_back(message, self.queue, err)
-            return
-        await ack(message, self.queue)
+            return True
 
-    async def failed(
-        self,
-        message: AbstractIncomingMessage,
-        state: RetryState,
-        exc: Exception,
-        decision: Decision,
-        scope: AttemptScope,
-    ) -> None:
-        """Carry out ``decision`` for a message whose handler raised ``exc``, then ack it."""
-        # Requeueing an unconfirmed hand-over at once would spin, and every requeue counts
-        # toward a quorum queue's delivery limit: try again while the channel is open.
+        # Requeueing at once after a failed re-publish would spin the early message.
+        if await self._keep_trying(message, publish) is not None:
+            await ack(message, self.queue)
+
+    async def _keep_trying(
+        self, message: AbstractIncomingMessage, publish: Callable[[], Awaitable[_T]]
+    ) -> _T | None:
+        """Run ``publish`` until it is confirmed, with pauses; give the message back if never.
+
+        Requeueing an unconfirmed hand-over at once would spin, and every requeue counts
+        toward a quorum queue's delivery limit: try again while the channel is open.
+        Returns ``None`` after giving the message back.
+        """
         started = time.monotonic()
         pause = HANDOVER_FIRST_PAUSE
         while True:
             try:
-                decision = await self._publish_copy(message, state, exc, decision, scope)
-                break
+                return await publish()
             except (PublishError, aiormq.exceptions.AMQPError, ConnectionError) as err:
                 elapsed = time.monotonic() - started
-                if not _channel_open(message) or elapsed + pause > HANDOVER_RETRY_WINDOW:
-                    scope.finish("error", exc=err)
+                if not channel_open(message) or elapsed + pause > HANDOVER_RETRY_WINDOW:
                     await give_back(message, self.queue, err)
-                    return
+                    return None
                 log.warning(
                     "hand-over of message %s from queue %r was not confirmed (%s); "
                     "keeping it unacked and trying again in %.1f s",
@@ -126,6 +152,52 @@ class HandOver:
                 )
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, HANDOVER_MAX_PAUSE)
+
+    async def park_now(
+        self, message: AbstractIncomingMessage, state: RetryState, exc: BaseException, reason: str
+    ) -> None:
+        """Park ``message`` for ``reason`` (one attempt, raising if not confirmed), then ack it."""
+        from delayed_retry.observability.instrumentation import NoInstrumentation
+
+        with NoInstrumentation().attempt(message, state, queue=self.queue) as scope:
+            await self._park(message, state, exc, reason, scope, utcnow())
+        await ack(message, self.queue)
+
+    async def give_back_later(self, message: AbstractIncomingMessage, err: BaseException) -> None:
+        """Hold ``message`` for a backoff pause, then return it to its queue (nack, requeue).
+
+        For failures the message cannot fix (a broker refusing declarations, a
+        channel without confirms): the consumer keeps going, and the pause keeps
+        a queue of such messages from spinning.
+        """
+        pause = self.trouble.next_pause()
+        log.error(
+            "message %s from queue %r could not be handled or parked (%r); returning it "
+            "to the queue in %.1f s",
+            message.message_id,
+            self.queue,
+            err,
+            pause,
+        )
+        await asyncio.sleep(pause)
+        await give_back(message, self.queue, err)
+
+    async def failed(
+        self,
+        message: AbstractIncomingMessage,
+        state: RetryState,
+        exc: Exception,
+        decision: Decision,
+        scope: AttemptScope,
+    ) -> None:
+        """Carry out ``decision`` for a message whose handler raised ``exc``, then ack it."""
+        carried_out = await self._keep_trying(
+            message, lambda: self._publish_copy(message, state, exc, decision, scope)
+        )
+        if carried_out is None:
+            scope.finish("error", exc=exc)
+            return
+        decision = carried_out
         await ack(message, self.queue)
         if decision.action == "retry":
             scope.finish("retry", delay=decision.delay, exc=exc)
@@ -158,13 +230,16 @@ class HandOver:
         scope: AttemptScope,
         now: datetime,
     ) -> Decision:
+        target, forward_key = await self._retry_target(message)
         try:
             due_at = now + timedelta(seconds=decision.delay)
-            route = self.topology.route(self.topology.units_until(due_at, now=now), self.queue)
+            route = self.topology.route(self.topology.units_until(due_at, now=now), target)
         except (DelayOutOfRangeError, OverflowError):
             return Decision.park("delay-out-of-range")
         headers = failure_headers(message.headers, state, exc, now=now, retries=state.retries + 1)
         headers[X_DUE_AT] = to_epoch_ms(due_at)
+        if forward_key is not None:
+            headers[X_FORWARD_ROUTING_KEY] = forward_key
         try:
             with scope.publishing(
                 headers, kind="retry", exchange=route.exchange, routing_key=route.routing_key
@@ -193,19 +268,39 @@ class HandOver:
         )
         return decision
 
+    async def _retry_target(self, message: AbstractIncomingMessage) -> tuple[str, str | None]:
+        """(chain destination, forward routing key or None) of a retry of ``message``.
+
+        With ``return_to="exchange"`` a retry goes to the exchange and key of
+        the delivery itself (broker-set, not read from headers), through its
+        forward queue. Deliveries straight to the queue (default exchange) or
+        out of the chain have no such exchange and return to the queue.
+        """
+        exchange = message.exchange
+        if (
+            self.return_to != "exchange"
+            or not exchange
+            or self.topology.is_chain_exchange(exchange)
+        ):
+            return self.queue, None
+        connection = message.channel.connection
+        await declare_forward_queue(connection, self.topology, exchange)
+        return forward_queue_name(self.topology, exchange), message.routing_key or ""
+
     async def _park(
         self,
         message: AbstractIncomingMessage,
         state: RetryState,
-        exc: Exception,
+        exc: BaseException,
         reason: str,
         scope: AttemptScope,
         now: datetime,
     ) -> None:
-        # Parking is rare: re-declare the parking queue each time so one deleted by
-        # hand is back before the message is routed to it.
-        await declare_parking_queue(
-            message.channel.connection, self.topology, self.queue, self.parking_queue
+        # Re-declared so that one deleted by hand comes back; one declaration (one channel)
+        # at a time per connection serves a whole storm of parks (declare.py).
+        connection = message.channel.connection
+        await declarer_for(connection).parking(
+            connection, self.topology, self.queue, self.parking_queue
         )
         headers = parking_headers(message.headers, state, exc, now=now, reason=reason)
         exchange = self.topology.parking_exchange
@@ -236,7 +331,7 @@ def _unencodable(err: PublishError) -> bool:
     return isinstance(err.__cause__, TypeError | ValueError | OverflowError | struct.error)
 
 
-def _channel_open(message: AbstractIncomingMessage) -> bool:
+def channel_open(message: AbstractIncomingMessage) -> bool:
     try:
         channel = message.channel  # aio-pika raises once the channel is closed
     except Exception:
@@ -245,12 +340,12 @@ def _channel_open(message: AbstractIncomingMessage) -> bool:
 
 
 async def ack(message: AbstractIncomingMessage, queue: str) -> None:
-    """Ack a message whose copy is confirmed; a failure only means a duplicate later."""
+    """Ack a handled or handed-over message; a failure only means a duplicate later."""
     try:
         await message.ack()
-    except Exception as err:  # the copy is confirmed; the original will be redelivered
+    except Exception as err:  # done or handed over; the original will be redelivered
         log.warning(
-            "message %s on queue %r was handed over but could not be acked (%r); "
+            "message %s on queue %r was handled or handed over but could not be acked (%r); "
             "it will be delivered again (a duplicate, not a loss)",
             message.message_id,
             queue,

@@ -86,6 +86,8 @@ MAX_TRACEBACK_CHARS = 8_000
 MAX_HEADER_STRING_CHARS = 32_000
 MAX_HEADER_DEPTH = 8
 _COUNTED_DEATHS = ("rejected", "delivery_limit")
+_QUEUE_STATE = (X_RETRY, X_FIRST_FAILURE_AT, X_LAST_FAILURE_AT, X_LAST_ERROR, X_DUE_AT)
+"""Headers that count only for the queue named in :data:`X_QUEUE`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,9 +180,15 @@ def parse_retry_state(
             problems.append(
                 f"{X_RETRY}={raw!r:.60} is not a count in 0..{MAX_RETRY_COUNT}; counting from 0"
             )
+    header_queue = _text(h.get(X_QUEUE), X_QUEUE, problems)
+    if queue is not None and header_queue is not None and header_queue != queue:
+        # Written by another queue's consumer (a message forwarded with its headers
+        # copied): that count and those times belong to that queue, not to this one.
+        h = {k: v for k, v in h.items() if k not in _QUEUE_STATE}
+        retries = 0
+        problems.clear()
     deaths = _broker_deaths(h.get("x-death"), queue)
     retries = max(retries, deaths)
-    header_queue = _text(h.get(X_QUEUE), X_QUEUE, problems)
     original_exchange = _text(h.get(X_ORIGINAL_EXCHANGE), X_ORIGINAL_EXCHANGE, problems)
     original_key = _text(h.get(X_ORIGINAL_ROUTING_KEY), X_ORIGINAL_ROUTING_KEY, problems)
     return RetryState(
@@ -299,9 +307,17 @@ def _bounded(text: str, limit: int, *, keep_end: bool = False) -> str:
     return text[: limit - len(marker)] + marker
 
 
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder when the exception's ``__str__`` itself fails."""
+    try:
+        return str(exc)
+    except Exception as err:
+        return f"<str() of {exception_name(exc)} raised {type(err).__name__}>"
+
+
 def describe_exception(exc: BaseException) -> str:
     """``Type: message`` of ``exc``, bounded."""
-    return _bounded(f"{exception_name(exc)}: {exc}", MAX_ERROR_CHARS)
+    return _bounded(f"{exception_name(exc)}: {exception_text(exc)}", MAX_ERROR_CHARS)
 
 
 def exception_name(exc: BaseException | None) -> str:
@@ -360,7 +376,7 @@ def parking_headers(
     out[X_PARKED_REASON] = reason
     out[X_PARKED_AT] = to_epoch_ms(now)
     out[X_EXCEPTION_TYPE] = exception_name(exc)
-    out[X_EXCEPTION_MESSAGE] = _bounded(str(exc), MAX_ERROR_CHARS)
+    out[X_EXCEPTION_MESSAGE] = _bounded(exception_text(exc), MAX_ERROR_CHARS)
     trace = "".join(tb.format_exception(exc))
     out[X_EXCEPTION_TRACEBACK] = _bounded(trace, MAX_TRACEBACK_CHARS, keep_end=True)
     if state.problems:

@@ -7,14 +7,17 @@ carry out the policy's decision (publish the copy with confirms, then ack).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Generic, ParamSpec, overload
+from typing import Any, Generic, Literal, ParamSpec, overload
 
 import aiormq
 import aiormq.abc
@@ -29,15 +32,21 @@ from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import (
     ConfigurationError,
 )
-from delayed_retry.handover import HandOver
+from delayed_retry.handover import HandOver, Trouble, ack, channel_open
 from delayed_retry.headers import (
     RetryState,
     parse_retry_state,
 )
-from delayed_retry.observability.instrumentation import Instrumentation
+from delayed_retry.observability.instrumentation import (
+    AttemptScope,
+    Instrumentation,
+    Outcome,
+    PublishKind,
+)
 from delayed_retry.observability.otel import default_instrumentation
-from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
+from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.settlement import HeldMessage
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
@@ -47,23 +56,98 @@ __all__ = [
     "retry_state",
     "with_delayed_retry",
     "EARLY_TOLERANCE",
+    "HandlerCancelledError",
+    "early_tolerance",
 ]
 
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 
-_current_state: contextvars.ContextVar[RetryState | None] = contextvars.ContextVar(
+ReturnTo = Literal["queue", "exchange"]
+
+
+class _StateCell:
+    """The retry state of one delivery, read from its headers only when something asks.
+
+    A message that succeeds on its first attempt never needs it: the success
+    path parses no headers. Header problems are logged when the state is read.
+    """
+
+    __slots__ = ("_message", "_queue", "_state")
+
+    def __init__(self, message: AbstractIncomingMessage, queue: str) -> None:
+        self._message = message
+        self._queue = queue
+        self._state: RetryState | None = None
+
+    def get(self) -> RetryState:
+        if self._state is None:
+            message = self._message
+            self._state = state = parse_retry_state(
+                message.headers,
+                exchange=message.exchange,
+                routing_key=message.routing_key,
+                queue=self._queue,
+            )
+            for problem in state.problems:
+                log.warning("message %s on queue %r: %s", message.message_id, self._queue, problem)
+        return self._state
+
+
+class _Quiet:
+    """Attempt scope and its context manager when telemetry records nothing: free to enter."""
+
+    def __enter__(self) -> AttemptScope:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def publishing(
+        self, headers: dict[str, Any], *, kind: PublishKind, exchange: str, routing_key: str
+    ) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def finish(
+        self,
+        outcome: Outcome,
+        *,
+        delay: float | None = None,
+        exc: BaseException | None = None,
+        reason: str | None = None,
+    ) -> None:
+        return None
+
+
+_QUIET = _Quiet()
+
+_current_state: contextvars.ContextVar[_StateCell | None] = contextvars.ContextVar(
     "delayed_retry_state", default=None
 )
 
 EARLY_TOLERANCE = timedelta(milliseconds=50)
-"""A message arriving this much before its due time is sent back for the rest of the wait."""
+"""A message arriving this much before its due time is sent back for the rest of the wait,
+and never less than one unit of the topology (see :func:`early_tolerance`)."""
+
+
+def early_tolerance(topology: DelayTopology) -> timedelta:
+    """How early a message may arrive and still be handled now: 50 ms, or one unit if longer.
+
+    Sending back a message due in less than one unit would cost it a whole
+    unit more in the chain (delays are rounded up to units).
+    """
+    return max(EARLY_TOLERANCE, timedelta(milliseconds=topology.unit_ms))
+
+
+class HandlerCancelledError(Exception):
+    """A handler raised ``CancelledError`` although its task was not being cancelled."""
 
 
 def current_retry_state() -> RetryState | None:
     """The retry state of the message being handled by this task, inside a wrapped handler."""
-    return _current_state.get()
+    cell = _current_state.get()
+    return None if cell is None else cell.get()
 
 
 def retry_state(message: AbstractIncomingMessage, *, queue: str | None = None) -> RetryState:
@@ -83,6 +167,9 @@ class RetryOptions:
     parking_queue: str | None
     publish_timeout: float
     instrumentation: Instrumentation
+    trouble: Trouble = field(default_factory=Trouble, compare=False, repr=False)
+    """Consecutive messages given back unhandled, for the backoff before each requeue."""
+    return_to: ReturnTo = "queue"
 
 
 class RetryingHandler(Generic[P]):
@@ -95,7 +182,14 @@ class RetryingHandler(Generic[P]):
     def __init__(self, fn: Callable[P, Awaitable[object]], options: RetryOptions) -> None:
         self.fn = fn
         self.options = options
-        functools.update_wrapper(self, fn)
+        # updated=(): copying a callable instance's __dict__ would overwrite fn and options.
+        functools.update_wrapper(self, fn, updated=())
+        # The connection whose declarations are known done: checked without awaiting.
+        self._declared_on: weakref.ref[object] | None = None
+        # An instrumentation may say it records nothing now (OpenTelemetry without an SDK).
+        self._telemetry_on: Callable[[], bool] = getattr(
+            options.instrumentation, "enabled", _always
+        )
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", self.fn)
@@ -127,6 +221,8 @@ class RetryingHandler(Generic[P]):
             topology=opts.topology,
             parking_queue=opts.parking_queue,
             publish_timeout=opts.publish_timeout,
+            trouble=opts.trouble,
+            return_to=opts.return_to,
         )
 
     def _queue(self) -> str:
@@ -140,56 +236,169 @@ class RetryingHandler(Generic[P]):
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> None:
         message = args[-1] if args else None
+        if isinstance(message, HeldMessage):  # stacked decorators: settle the real message
+            message = message.message
         if not isinstance(message, AbstractIncomingMessage):
             raise TypeError(
                 f"{self!r} was called without an aio-pika message as its last positional argument"
             )
+        if message.processed:
+            raise ConfigurationError(
+                f"{self!r} got message {message.message_id} already settled: it is consumed with "
+                "no_ack=True, so a failure could not be retried without losing it; consume with "
+                "no_ack=False (aio-pika's default)"
+            )
         queue = self._queue()
+        held = HeldMessage(message)
+        call_args = (*args[:-1], held)
+        # Read from the headers only when something needs it: the success path parses nothing.
+        cell = _StateCell(message, queue)
+        try:
+            await self._handle(message, held, cell, queue, call_args, kwargs)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # shutting down: the channel closes and the broker redelivers it
+            await self._rescue(message, queue, cell, exc)
+        except Exception as exc:
+            await self._rescue(message, queue, cell, exc)
+
+    async def _handle(
+        self,
+        message: AbstractIncomingMessage,
+        held: HeldMessage,
+        cell: _StateCell,
+        queue: str,
+        call_args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
         opts = self.options
-        channel = message.channel
-        # First use on this connection: declare what we need. A failure here leaves the
-        # message unacked (redelivered when the channel closes): nothing is lost.
-        await declarer_for(channel.connection).destination(
-            channel.connection, opts.topology, queue, opts.parking_queue
-        )
-        state = parse_retry_state(
-            message.headers, exchange=message.exchange, routing_key=message.routing_key, queue=queue
-        )
-        for problem in state.problems:
-            log.warning("message %s on queue %r: %s", message.message_id, queue, problem)
-        settled_before = message.processed
-        now = utcnow()
-        if (
-            state.due_at is not None
-            and opts.topology.is_chain_exchange(message.exchange)
-            and state.due_at - now > EARLY_TOLERANCE
-            and state.due_at - now <= opts.topology.max_delay
-        ):
-            await self._hand_over(queue).redelay(message, state.due_at)
-            return
-        with opts.instrumentation.attempt(message, state, queue=queue) as scope:
-            token = _current_state.set(state)
-            try:
-                await self.fn(*args, **kwargs)
-            except Exception as exc:
-                if message.processed and not settled_before:
-                    log.error(
-                        "handler %r settled message %s itself and then raised %r; "
-                        "delayed-retry leaves it as the handler left it",
-                        self,
-                        message.message_id,
-                        exc,
-                    )
-                    scope.finish("error", exc=exc, reason="settled-by-handler")
-                    return
-                decision = opts.policy.decide(state, exc, now=utcnow())
-                await self._hand_over(queue).failed(message, state, exc, decision, scope)
+        connection = message.channel.connection
+        if self._declared_on is None or self._declared_on() is not connection:
+            # First use on this connection: declare what we need. A failure is given back
+            # to the queue after a backoff (_rescue): nothing is lost, nothing spins.
+            await declarer_for(connection).destination(
+                connection, opts.topology, queue, opts.parking_queue
+            )
+            self._declared_on = weakref.ref(connection)
+        if opts.topology.is_chain_exchange(message.exchange):
+            state = cell.get()
+            now = utcnow()
+            if (
+                state.due_at is not None
+                and state.due_at - now > early_tolerance(opts.topology)
+                and state.due_at - now <= opts.topology.max_delay
+            ):
+                await self._hand_over(queue).redelay(message, state.due_at)
                 return
+        observed: contextlib.AbstractContextManager[AttemptScope] = (
+            opts.instrumentation.attempt(message, cell.get(), queue=queue)
+            if self._telemetry_on()
+            else _QUIET
+        )
+        with observed as scope:
+            token = _current_state.set(cell)
+            failure: Exception | None = None
+            try:
+                await self.fn(*call_args, **kwargs)
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                failure = HandlerCancelledError(
+                    f"handler {self!r} raised CancelledError without being cancelled"
+                )
+                failure.__cause__ = exc
+            except Exception as exc:
+                failure = exc
             finally:
                 _current_state.reset(token)
-            if not message.processed:
-                await message.ack()
-            scope.finish("success")
+            if failure is None:
+                opts.trouble.clear()
+                if held.held is not None:
+                    # The handler rejected or nacked without raising: its explicit choice.
+                    await held.send_held()
+                    scope.finish("error", reason="settled-by-handler")
+                    return
+                if not message.processed:
+                    # Handled: a failed ack means a redelivery (a duplicate), never a park.
+                    await ack(message, queue)
+                scope.finish("success")
+                return
+            if held.acked or message.processed:
+                log.error(
+                    "handler %r acked message %s itself and then raised %r; the ack stands, "
+                    "so it is neither retried nor parked",
+                    self,
+                    message.message_id,
+                    failure,
+                )
+                scope.finish("error", exc=failure, reason="settled-by-handler")
+                return
+            # A reject or nack the handler asked for on its way out (message.process())
+            # is dropped: the failure is retried or parked like any other.
+            state = cell.get()
+            try:
+                decision = opts.policy.decide(state, failure, now=utcnow())
+            except Exception as policy_exc:
+                log.exception(
+                    "the retry policy of %r failed on message %s; parking it",
+                    self,
+                    message.message_id,
+                )
+                policy_exc.__context__ = failure  # the record shows both tracebacks
+                decision, failure = Decision.park("internal-error"), policy_exc
+            await self._hand_over(queue).failed(message, state, failure, decision, scope)
+
+    async def _rescue(
+        self,
+        message: AbstractIncomingMessage,
+        queue: str,
+        cell: _StateCell,
+        exc: BaseException,
+    ) -> None:
+        """Settle a message after the library itself failed: park it, else give it back later."""
+        log.error(
+            "delayed-retry failed while handling message %s from queue %r",
+            message.message_id,
+            queue,
+            exc_info=exc,
+        )
+        if message.processed:
+            return
+        if not channel_open(message):
+            log.warning(
+                "the channel of message %s is closed; the broker will deliver it again",
+                message.message_id,
+            )
+            return
+        opts = self.options
+        hand_over = self._hand_over(queue)
+        channel = message.channel
+        declared = declarer_for(channel.connection).has_destination(
+            opts.topology, queue, opts.parking_queue
+        )
+        if declared and getattr(channel, "publisher_confirms", False):
+            try:
+                state = cell.get()
+            except Exception:  # headers unreadable: park with the record alone
+                state = parse_retry_state(
+                    None, exchange=message.exchange, routing_key=message.routing_key, queue=queue
+                )
+            try:
+                await hand_over.park_now(message, state, exc, "internal-error")
+                return
+            except Exception as park_err:
+                log.error(
+                    "could not park message %s after an internal error (%r)",
+                    message.message_id,
+                    park_err,
+                )
+        await hand_over.give_back_later(message, exc)
+
+
+def _always() -> bool:
+    return True
 
 
 @overload
@@ -208,6 +417,7 @@ def with_delayed_retry(
     parking_queue: str | None = None,
     publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
     instrumentation: Instrumentation | None = None,
+    return_to: ReturnTo = "queue",
 ) -> Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]: ...
 
 
@@ -224,6 +434,7 @@ def with_delayed_retry(
     parking_queue: str | None = None,
     publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
     instrumentation: Instrumentation | None = None,
+    return_to: ReturnTo = "queue",
 ) -> RetryingHandler[P] | Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]:
     """Wrap an aio-pika consumer handler with delayed retries and parking.
 
@@ -245,7 +456,18 @@ def with_delayed_retry(
       publish_timeout: how long to wait for a publisher confirm.
       instrumentation: telemetry (default: OpenTelemetry through the global
         providers, a no-op until an SDK is configured).
+      return_to: ``"queue"`` (default) sends a retry back to the failing queue
+        only. ``"exchange"`` sends it back to the exchange and routing key it
+        was delivered with, through a forward queue: every queue bound there
+        for that key gets it again, so choose it only where that key reaches
+        the failing queue alone, and run a
+        :class:`~delayed_retry.forwarding.Forwarder` for that exchange.
     """
+    if return_to not in ("queue", "exchange"):
+        raise ConfigurationError(
+            f"return_to={return_to!r} must be 'queue' (the failing queue) or 'exchange' "
+            "(the exchange and routing key the message was delivered with)"
+        )
     if not isinstance(topology, DelayTopology):
         raise ConfigurationError(f"topology={topology!r} must be a DelayTopology")
     if queue is not None:
@@ -268,6 +490,7 @@ def with_delayed_retry(
         publish_timeout=to_seconds(publish_timeout, name="publish_timeout")
         or DEFAULT_PUBLISH_TIMEOUT,
         instrumentation=instrumentation or default_instrumentation(),
+        return_to=return_to,
     )
 
     def decorate(func: Callable[P, Awaitable[object]]) -> RetryingHandler[P]:
@@ -305,6 +528,12 @@ async def consume(
         raise ConfigurationError(
             f"{handler!r} was configured for queue {handler.options.queue!r} but is consuming "
             f"{queue.name!r}; drop queue= from the decorator or consume the queue it names"
+        )
+    if consume_kwargs.get("no_ack"):
+        raise ConfigurationError(
+            f"consume({queue.name!r}, {handler!r}, no_ack=True) is refused: the broker forgets a "
+            "no-ack message on delivery, so a failure could not be retried or parked without "
+            "losing it; drop no_ack=True"
         )
     bound = handler.for_queue(queue.name)
     underlay = await underlay_of(queue.channel)

@@ -17,6 +17,7 @@ from typing import Any
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
+from delayed_retry.checks import broker_major_version, kept_queue_risk
 from delayed_retry.declare import declarer_for, underlay_of
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError
@@ -33,7 +34,7 @@ from delayed_retry.headers import (
     scheduled_headers,
 )
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, publish_copy
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, amqp_arguments
 
 __all__ = ["ParkedMessage", "ReplayResult", "parse_parked", "peek_parked", "replay_parked"]
 
@@ -121,7 +122,13 @@ async def peek_parked(
     """Up to ``limit`` parked messages of ``queue``, left in place.
 
     The messages are fetched unacked on a channel of their own, which is then
-    closed, so the broker puts every one of them back.
+    closed, so the broker puts every one of them back. Each such return counts
+    as a delivery (RabbitMQ 3.10 and 4.0 alike); the parking queue's delivery
+    limit (:data:`~delayed_retry.topology.PARKED_DELIVERY_LIMIT`) is out of
+    reach of any number of peeks. On RabbitMQ 4.x a parking queue declared
+    without it (by an older delayed-retry) has the broker's limit of 20, which
+    peeks would exhaust: peeking it is refused with a :class:`ConfigurationError`
+    naming the fix.
     """
     if limit < 1:
         raise ConfigurationError(f"limit={limit} must be at least 1")
@@ -136,6 +143,7 @@ async def peek_parked(
                 f"parking queue {_parking_name(topology, queue, parking_queue)!r} does not "
                 "exist; check --queue/--parking-queue"
             ) from exc
+        await _refuse_counted_peeks(underlay.connection, topology, queue, parking_queue)
         out: list[ParkedMessage] = []
         while len(out) < limit:
             got = await browse.basic_get(_parking_name(topology, queue, parking_queue))
@@ -154,6 +162,29 @@ async def peek_parked(
     finally:
         if not browse.is_closed:
             await browse.close()
+
+
+async def _refuse_counted_peeks(
+    connection: Any, topology: DelayTopology, queue: str, parking_queue: str | None
+) -> None:
+    """Raise when peeking would count toward a delivery limit that can drop parked messages."""
+    major = broker_major_version(getattr(connection, "server_properties", None))
+    spec = topology.parking_queue_spec(queue, parking_queue)
+    if major is None or major < 4 or topology.queue_type != "quorum":
+        return
+    check = await connection.channel(publisher_confirms=False)
+    try:
+        await check.queue_declare(spec.name, durable=True, arguments=amqp_arguments(spec.arguments))
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        if "x-delivery-limit" not in str(exc):
+            raise
+        raise ConfigurationError(
+            f"{kept_queue_risk(queue=spec.name, broker_major=major)}. peek_parked does not "
+            "peek it meanwhile, since every peek would bring its messages closer to the limit"
+        ) from exc
+    finally:
+        if not check.is_closed:
+            await check.close()
 
 
 @dataclass(frozen=True)

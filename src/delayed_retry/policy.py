@@ -38,6 +38,7 @@ ParkReason = Literal[
     "stopped",
     "delay-out-of-range",
     "unencodable",
+    "internal-error",
 ]
 
 

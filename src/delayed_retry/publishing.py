@@ -9,8 +9,10 @@ returns: at-least-once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
-from collections.abc import Mapping
+import weakref
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 import aiormq
@@ -95,6 +97,39 @@ def copy_properties(
     )
 
 
+_in_flight: weakref.WeakKeyDictionary[Any, dict[str, asyncio.Future[None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@contextlib.asynccontextmanager
+async def _one_per_message_id(channel: Any, message_id: str | None) -> AsyncIterator[None]:
+    """Hold back a publish while another with the same ``message_id`` awaits its confirm.
+
+    aiormq matches a ``basic.return`` to its publish by ``message_id``: with
+    two in flight on one channel, a return of the first would fail the second
+    and the first would read its ack as a confirm. Copies keep the original's
+    id, so two hand-overs of one message (a duplicate delivery) could do that.
+    """
+    if not message_id:
+        yield
+        return
+    try:
+        ids = _in_flight.setdefault(channel, {})
+    except TypeError:  # a channel that cannot be weakly referenced: nothing to share
+        yield
+        return
+    while (busy := ids.get(message_id)) is not None:
+        await asyncio.shield(busy)
+    mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    ids[message_id] = mine
+    try:
+        yield
+    finally:
+        del ids[message_id]
+        mine.set_result(None)
+
+
 async def publish_confirmed(
     channel: aiormq.abc.AbstractChannel,
     *,
@@ -124,16 +159,17 @@ async def publish_confirmed(
         )
     try:
         check_header_size(channel, body, properties)
-        result = await channel.basic_publish(
-            body,
-            exchange=exchange,
-            routing_key=routing_key,
-            properties=properties,
-            mandatory=True,
-            timeout=timeout,
-            # aiormq's Channel takes ``wait``; its abstract interface does not say so.
-            **({} if wait_for_write else _NO_WAIT),
-        )
+        async with _one_per_message_id(channel, properties.message_id):
+            result = await channel.basic_publish(
+                body,
+                exchange=exchange,
+                routing_key=routing_key,
+                properties=properties,
+                mandatory=True,
+                timeout=timeout,
+                # aiormq's Channel takes ``wait``; its abstract interface does not say so.
+                **({} if wait_for_write else _NO_WAIT),
+            )
     except TimeoutError as exc:
         raise PublishTimeoutError(
             f"no publisher confirm within {timeout} s for a publish to exchange {exchange!r}"

@@ -11,6 +11,13 @@ from aio_pika.abc import AbstractChannel
 from delayed_retry.declare import declarer_for
 from delayed_retry.durations import Duration, resolve_due_at, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError
+from delayed_retry.forwarding import (
+    EXISTS_CACHE_SECONDS,
+    X_FORWARD_ROUTING_KEY,
+    check_exchange_exists,
+    declare_forward_queue,
+    forward_queue_name,
+)
 from delayed_retry.headers import X_ORIGINAL_EXCHANGE, X_ORIGINAL_ROUTING_KEY, scheduled_headers
 from delayed_retry.observability.instrumentation import Instrumentation
 from delayed_retry.observability.otel import default_instrumentation
@@ -24,14 +31,18 @@ async def publish_delayed(
     channel: AbstractChannel,
     message: aio_pika.Message,
     *,
-    queue: str,
+    queue: str | None = None,
+    exchange: str | None = None,
+    routing_key: str = "",
     delay: Duration | datetime,
     topology: DelayTopology = DEFAULT_TOPOLOGY,
     publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
     instrumentation: Instrumentation | None = None,
     now: datetime | None = None,
 ) -> datetime:
-    """Deliver ``message`` to ``queue`` after ``delay``; returns the due time.
+    """Deliver ``message`` to ``queue``, or to ``exchange`` with ``routing_key``, after ``delay``.
+
+    Returns the due time. Give exactly one of ``queue`` and ``exchange``.
 
     Use it to do something later without a scheduler: a reminder three days
     after delivery, a timeout check in ten minutes. ``delay`` is seconds, a
@@ -41,26 +52,53 @@ async def publish_delayed(
 
     Raises :class:`~delayed_retry.errors.DelayOutOfRangeError` for a negative,
     NaN or too long delay, and :class:`~delayed_retry.errors.ConfigurationError`
-    when ``queue`` does not exist.
+    when ``queue`` or ``exchange`` does not exist.
+
+    With ``exchange``, every queue bound to it for ``routing_key`` receives
+    the message at its due time, as if it were published then (the
+    delayed-message plugin's semantics). It waits in the chain and then in
+    the exchange's forward queue, from which a
+    :class:`~delayed_retry.forwarding.Forwarder` (``delayed-retry forwarder``,
+    or the front door) publishes it: run one. Should ``exchange`` be deleted
+    while the message waits, the forwarder parks it with a record.
     """
     if not isinstance(message, aio_pika.Message):
         raise ConfigurationError(f"message={message!r} must be an aio_pika.Message")
+    if (queue is None) == (exchange is None):
+        raise ConfigurationError(
+            f"publish_delayed needs exactly one destination: queue={queue!r} or "
+            f"exchange={exchange!r} (with routing_key)"
+        )
     start = now or utcnow()
     due_at = resolve_due_at(delay, now=start)
-    route = topology.route(topology.units_until(due_at, now=start), queue)
     underlay = await channel.get_underlay_channel()
-    await declarer_for(underlay.connection).destination(
-        underlay.connection, topology, queue, with_parking=False
-    )
     headers: dict[str, Any] = scheduled_headers(message.headers, due_at=due_at)
-    # It arrives from a level exchange with a chain routing key; should it fail, its
-    # record names the queue itself (default exchange, key = queue) as where it came from.
-    headers.setdefault(X_ORIGINAL_EXCHANGE, "")
-    headers.setdefault(X_ORIGINAL_ROUTING_KEY, queue)
+    if exchange is not None:
+        if not isinstance(routing_key, str):
+            raise ConfigurationError(f"routing_key={routing_key!r} must be a str")
+        target = forward_queue_name(topology, exchange)
+        units = topology.units_until(due_at, now=start)
+        await check_exchange_exists(underlay.connection, exchange, cache=EXISTS_CACHE_SECONDS)
+        await declare_forward_queue(underlay.connection, topology, exchange)
+        headers[X_FORWARD_ROUTING_KEY] = routing_key
+        headers.setdefault(X_ORIGINAL_EXCHANGE, exchange)
+        headers.setdefault(X_ORIGINAL_ROUTING_KEY, routing_key)
+    else:
+        assert queue is not None
+        target = queue
+        units = topology.units_until(due_at, now=start)
+        await declarer_for(underlay.connection).destination(
+            underlay.connection, topology, queue, with_parking=False
+        )
+        # It arrives from a level exchange with a chain routing key; should it fail, its
+        # record names the queue itself (default exchange, key = queue) as where it came from.
+        headers.setdefault(X_ORIGINAL_EXCHANGE, "")
+        headers.setdefault(X_ORIGINAL_ROUTING_KEY, queue)
+    route = topology.route(units, target)
     inst = instrumentation or default_instrumentation()
     with inst.scheduling(
         headers,
-        queue=queue,
+        queue=target,
         exchange=route.exchange,
         routing_key=route.routing_key,
         delay=(to_epoch_ms(due_at) - to_epoch_ms(start)) / 1000,

@@ -48,6 +48,16 @@ MAX_NAME_BYTES = 255
 
 _LONGEST_SUFFIX = ".parking.alerts"
 
+PARKED_DELIVERY_LIMIT = 1_000_000_000
+"""``x-delivery-limit`` of the parking and unroutable quorum queues, on every version.
+
+Without one, RabbitMQ 4.0–4.2 apply a limit of 20, and every ``basic.get``
+returned unacked (a peek) counts: the 21st peek drops a parked message. ``-1``
+turns the limit off on 4.0+, but RabbitMQ 3.10 reads it as "drop at the first
+return" (both measured, 3.10.8 and 4.0.5), so a finite limit no peek can reach
+is the one value safe on 3.10–4.x.
+"""
+
 
 class QueueArguments(TypedDict, total=False):
     """The ``x-*`` arguments delayed-retry sets on the queues it declares."""
@@ -58,6 +68,7 @@ class QueueArguments(TypedDict, total=False):
     x_dead_letter_strategy: Literal["at-least-once", "at-most-once"]
     x_overflow: Literal["reject-publish", "drop-head"]
     x_max_length: int
+    x_delivery_limit: int
 
 
 def amqp_arguments(args: QueueArguments) -> dict[str, str | int]:
@@ -242,9 +253,13 @@ class DelayTopology:
 
     # -- what to declare -----------------------------------------------------
     def _queue_arguments(
-        self, dead_letter_exchange: str | None, ttl_ms: int | None
+        self, dead_letter_exchange: str | None, ttl_ms: int | None, *, keeps: bool = False
     ) -> QueueArguments:
         args: QueueArguments = {"x_queue_type": self.queue_type}
+        if keeps and self.queue_type == "quorum":
+            # Parking and unroutable queues keep messages for people: never let the
+            # broker's delivery limit drop one (see PARKED_DELIVERY_LIMIT).
+            args["x_delivery_limit"] = PARKED_DELIVERY_LIMIT
         if ttl_ms is not None:
             args["x_message_ttl"] = ttl_ms
         if dead_letter_exchange is not None:
@@ -293,7 +308,7 @@ class DelayTopology:
         specs.append(
             QueueSpec(
                 self.unroutable_queue,
-                self._queue_arguments(None, None),
+                self._queue_arguments(None, None, keeps=True),
                 ((self.unroutable_exchange, ""),),
             )
         )
@@ -314,7 +329,9 @@ class DelayTopology:
     def parking_queue_spec(self, queue: str, parking_queue: str | None = None) -> QueueSpec:
         """The parking queue of ``queue``, bound to the parking exchange with key ``queue``."""
         name = parking_queue or self.default_parking_queue(queue)
-        return QueueSpec(name, self._queue_arguments(None, None), ((self.parking_exchange, queue),))
+        return QueueSpec(
+            name, self._queue_arguments(None, None, keeps=True), ((self.parking_exchange, queue),)
+        )
 
     def delivery_binding(self, queue: str) -> tuple[str, str]:
         """(exchange, routing key) binding ``queue`` to the end of the chain."""

@@ -22,6 +22,7 @@ from delayed_retry.checks import (
     BROKER_DEFAULT_DELIVERY_LIMIT,
     broker_major_version,
     check_delivery_limit,
+    kept_queue_risk,
 )
 from tests.support.queues import delete_all
 from tests.support.waiting import wait_until
@@ -50,7 +51,8 @@ def test_explicit_small_limit_is_a_risk_that_names_queue_limit_and_fix() -> None
     assert "'orders'" in risk.message
     assert "x-delivery-limit=2" in risk.message
     assert "drops them" in risk.message
-    assert "at least 15" in risk.message
+    assert "at least 100" in risk.message
+    assert "30 s" in risk.message  # names what really redelivers: unconfirmed hand-overs
 
 
 def test_dead_letter_exchange_is_named_in_the_warning() -> None:
@@ -61,7 +63,7 @@ def test_dead_letter_exchange_is_named_in_the_warning() -> None:
     assert "'dlx'" in risk.message
 
 
-@pytest.mark.parametrize("limit", [-1, 15, 100, True, "many"])
+@pytest.mark.parametrize("limit", [-1, 100, 1_000_000_000, True, "many"])
 def test_off_large_or_unreadable_limits_are_not_reported(limit: object) -> None:
     args = {"x-queue-type": "quorum", "x-delivery-limit": limit}
     assert check_delivery_limit(queue="q", arguments=args, max_retries=5) is None
@@ -75,8 +77,25 @@ def test_broker_default_applies_from_4_0_only() -> None:
     assert risk.from_broker_default
     assert risk.limit == BROKER_DEFAULT_DELIVERY_LIMIT
     assert "default delivery limit of 20" in risk.message
-    # With few retries the default leaves enough room.
-    assert check_delivery_limit(queue="q", arguments=args, max_retries=5, broker_major=4) is None
+    # Retries never count toward the limit, so few of them do not make the default safe:
+    # 20 returns is 10 minutes of unconfirmed hand-overs.
+    assert check_delivery_limit(queue="q", arguments=args, max_retries=0, broker_major=4)
+
+
+def test_small_explicit_limit_is_a_risk_whatever_max_retries() -> None:
+    args = {"x-queue-type": "quorum", "x-delivery-limit": 15}
+    assert check_delivery_limit(queue="q", arguments=args, max_retries=0) is not None
+    assert check_delivery_limit(queue="q", arguments=args) is not None
+
+
+@pytest.mark.parametrize(
+    ("major", "words"), [(4, "dropped after about 20 peeks"), (3, "upgrading")]
+)
+def test_kept_queue_risk_names_queue_version_and_fix(major: int, words: str) -> None:
+    text = kept_queue_risk(queue="work.parking", broker_major=major)
+    assert "'work.parking'" in text
+    assert words in text
+    assert "delete 'work.parking'" in text
 
 
 @pytest.mark.parametrize(

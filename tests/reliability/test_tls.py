@@ -28,6 +28,8 @@ from tests.support.waiting import wait_until
 
 from ._support import QUORUM, Ledger
 
+pytestmark = pytest.mark.broker
+
 
 def write_ca(folder: Path, name: str) -> trustme.CA:
     ca = trustme.CA()

@@ -29,6 +29,8 @@ SUBCOMMAND_MODULES = (
     "delayed_retry.cli.parking_cmd",
     "delayed_retry.cli.spark_cmd",
     "delayed_retry.cli.alerts_cmd",
+    "delayed_retry.cli.delivery_cmd",
+    "delayed_retry.cli.migrate_cmd",
 )
 
 

@@ -46,7 +46,12 @@ class AttemptScope(Protocol):
 
 
 class Instrumentation(Protocol):
-    """Telemetry for the middleware and for scheduling."""
+    """Telemetry for the middleware and for scheduling.
+
+    An implementation may also define ``enabled() -> bool``: while it returns
+    False the middleware does not call :meth:`attempt` at all (the success
+    path then costs no telemetry work); without it, it is always called.
+    """
 
     def attempt(
         self, message: AbstractIncomingMessage, state: RetryState, *, queue: str
@@ -81,6 +86,10 @@ class _NoScope:
 
 class NoInstrumentation:
     """Records nothing. Use it to turn telemetry off entirely."""
+
+    def enabled(self) -> bool:
+        """Always False: the middleware never calls :meth:`attempt` of this one."""
+        return False
 
     @contextmanager
     def attempt(

@@ -10,13 +10,14 @@ global providers, a no-op until an SDK is configured.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
-from opentelemetry import trace
-from opentelemetry.metrics import MeterProvider
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import MeterProvider, NoOpMeterProvider
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import TracerProvider
 
@@ -37,6 +38,17 @@ from delayed_retry.observability.spans import (
 )
 
 __all__ = ["OpenTelemetryInstrumentation", "default_instrumentation"]
+
+try:  # the API's stand-in until an SDK is set; not exported, hence the guard
+    from opentelemetry.metrics._internal import _ProxyMeterProvider
+
+    _QUIET_METERS: tuple[type, ...] = (NoOpMeterProvider, _ProxyMeterProvider)
+except ImportError:  # pragma: no cover - another API version: never assume quiet
+    _QUIET_METERS = ()
+_QUIET_TRACERS: tuple[type, ...] = (trace.NoOpTracerProvider, trace.ProxyTracerProvider)
+
+RECHECK_SECONDS = 1.0
+"""How often a quiet instrumentation looks again whether an SDK has been set up."""
 
 
 class _Scope:
@@ -131,6 +143,32 @@ class OpenTelemetryInstrumentation:
         self.tracer = tracer_for(tracer_provider)
         self.metrics = RetryMetrics(meter_for(meter_provider))
         self._propagator = propagator
+        self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
+        self._on = False
+        self._quiet_until = 0.0
+
+    def enabled(self) -> bool:
+        """Whether spans or metrics are recorded now.
+
+        False while both providers are the API's no-ops (no SDK configured yet):
+        the middleware then skips this instrumentation entirely, so a message
+        costs no telemetry work at all. Checked per message, so an SDK set up
+        later is picked up (within :data:`RECHECK_SECONDS`; looking the global
+        providers up reads the environment, too slow for every message). Trace
+        context in the headers still travels on retries, since the retry copy
+        keeps the original headers.
+        """
+        if self._on:  # a provider, once set, is never unset
+            return True
+        now = time.monotonic()
+        if now < self._quiet_until:
+            return False
+        tracers = self._tracer_provider or trace.get_tracer_provider()
+        meters = self._meter_provider or metrics.get_meter_provider()
+        self._on = not (isinstance(tracers, _QUIET_TRACERS) and isinstance(meters, _QUIET_METERS))
+        self._quiet_until = now + RECHECK_SECONDS
+        return self._on
 
     @property
     def propagator(self) -> TextMapPropagator:

@@ -31,7 +31,7 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from delayed_retry.headers import RetryState, exception_name
+from delayed_retry.headers import RetryState, exception_name, exception_text
 
 __all__ = [
     "ATTR_ATTEMPT",
@@ -258,9 +258,19 @@ class AttemptSpan:
         if reason is not None:
             span.set_attribute(ATTR_REASON, reason)
         if exc is not None:
-            span.record_exception(exc)
+            _record(span, exc)
             span.set_attribute(ERROR_TYPE, exception_name(exc))
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
+
+
+def _record(span: Span, exc: BaseException) -> None:
+    """Record ``exc`` on ``span``, even when its ``__str__`` raises."""
+    text = exception_text(exc)
+    try:
+        span.record_exception(exc)
+    except Exception:
+        attributes = {"exception.type": type(exc).__name__, "exception.message": text}
+        span.add_event("exception", attributes)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {text}"[:500]))
 
 
 @contextmanager
@@ -311,8 +321,7 @@ def attempt_span(
         yield scope
     except BaseException as exc:
         if span.is_recording():
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
+            _record(span, exc)
         raise
     finally:
         otel_context.detach(token)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from delayed_retry.urls import redact_url
 
+from .chroot import VERSION_ENV
 from .node import RabbitMQNode
 from .probe import BrokerHarnessError, wait_for_broker
 
@@ -124,7 +125,9 @@ def broker_url(
 ) -> Iterator[str]:
     """Yield the AMQP URL of a broker for tests, starting one if needed.
 
-    In order: ``RABBITMQ_URL`` when set (checked, never changed); a container
+    In order: ``RABBITMQ_URL`` when set (checked, never changed); a private
+    :class:`RabbitMQNode` of the version ``DELAYED_RETRY_TEST_RABBITMQ`` names
+    (``4.0``: see :mod:`delayed_retry.testing.chroot`); a container
     of ``image`` (default: ``DELAYED_RETRY_TEST_IMAGE``, else
     :data:`DEFAULT_IMAGE`) when ``container`` (default: from
     ``DELAYED_RETRY_TEST_CONTAINER``) asks for one; else a private
@@ -141,6 +144,12 @@ def broker_url(
         log.info("using the broker at RABBITMQ_URL=%s", redact_url(given))
         wait_for_broker(given, timeout=timeout)
         yield given
+        return
+    version = os.environ.get(VERSION_ENV)
+    if version:
+        log.info("%s=%s: starting a private RabbitMQ %s node", VERSION_ENV, version, version)
+        with RabbitMQNode(version=version) as node:
+            yield node.url
         return
     mode = container if container is not None else container_mode(os.environ.get(CONTAINER_ENV))
     image = image or os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from .chroot import VERSION_ENV, ensure_chroot, ensure_mounts
 from .ports import free_port, listening, release_port
 from .probe import BrokerHarnessError, check_connect
 
@@ -115,11 +116,27 @@ class RabbitMQNode:
         config: Mapping[str, str] | None = None,
         start_timeout: float = 120.0,
         bin_dir: Path = RABBITMQ_BIN_DIR,
+        version: str | None = None,
     ) -> None:
         self.name = name or f"drtest-{secrets_hex()}@{NODE_HOST}"
+        self.version = version if version is not None else os.environ.get(VERSION_ENV) or None
+        self.root: Path | None = None
+        if self.version not in (None, "3.10"):
+            if tls is not None:
+                raise BrokerHarnessError(
+                    f"a RabbitMQ {self.version} node runs in a chroot and takes no TLS files "
+                    "from outside it; test TLS on the system's broker (version=None)"
+                )
+            self.root = ensure_chroot(str(self.version))
         self._owns_dir = base_dir is None
         self.base_dir = (
-            Path(tempfile.mkdtemp(prefix="drtest-rmq-")) if base_dir is None else base_dir
+            Path(
+                tempfile.mkdtemp(
+                    prefix="drtest-rmq-", dir=None if self.root is None else self.root / "tmp"
+                )
+            )
+            if base_dir is None
+            else base_dir
         )
         self.home = home or self.base_dir / "home"
         self._ports_given = amqp_port is not None and dist_port is not None
@@ -190,6 +207,18 @@ class RabbitMQNode:
 
     # --- environment -----------------------------------------------------
 
+    def _inner(self, path: Path) -> str:
+        """``path`` as the node sees it: relative to its chroot, if it runs in one."""
+        if self.root is None:
+            return str(path)
+        return "/" + str(path.relative_to(self.root))
+
+    def _command(self, tool: str, *args: str) -> list[str]:
+        if self.root is None:
+            return [str(self.bin_dir / tool), *args]
+        ensure_mounts(self.root)
+        return ["chroot", str(self.root), str(self.bin_dir / tool), *args]
+
     def env(self) -> dict[str, str]:
         """Environment for this node's server and CLI tools."""
         env = {
@@ -197,19 +226,20 @@ class RabbitMQNode:
             for key, value in os.environ.items()
             if not key.startswith(("RABBITMQ_", "ERL_")) and key != "NODENAME"
         }
+        inner = self._inner
         env.update(
             RABBITMQ_NODENAME=self.name,
-            RABBITMQ_MNESIA_BASE=str(self.base_dir / "mnesia"),
-            RABBITMQ_LOG_BASE=str(self.base_dir / "log"),
-            RABBITMQ_CONFIG_FILE=str(self.base_dir / "rabbitmq.conf"),
-            RABBITMQ_ADVANCED_CONFIG_FILE=str(self.base_dir / "advanced.config"),
+            RABBITMQ_MNESIA_BASE=inner(self.base_dir / "mnesia"),
+            RABBITMQ_LOG_BASE=inner(self.base_dir / "log"),
+            RABBITMQ_CONFIG_FILE=inner(self.base_dir / "rabbitmq.conf"),
+            RABBITMQ_ADVANCED_CONFIG_FILE=inner(self.base_dir / "advanced.config"),
             # An empty env file: /etc/rabbitmq/rabbitmq-env.conf would rename the node.
-            RABBITMQ_CONF_ENV_FILE=str(self.base_dir / "rabbitmq-env.conf"),
-            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.base_dir / "enabled_plugins"),
+            RABBITMQ_CONF_ENV_FILE=inner(self.base_dir / "rabbitmq-env.conf"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=inner(self.base_dir / "enabled_plugins"),
             RABBITMQ_DIST_PORT=str(self.dist_port),
             RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
             ERL_EPMD_ADDRESS="127.0.0.1",
-            HOME=str(self.home),
+            HOME=inner(self.home),
         )
         return env
 
@@ -250,7 +280,8 @@ class RabbitMQNode:
         if self.running:
             return
         server = self.bin_dir / "rabbitmq-server"
-        if not server.exists():
+        on_host = server if self.root is None else self.root / server.relative_to("/")
+        if not on_host.exists():
             raise BrokerHarnessError(
                 f"{server} is missing, so no test broker can be started; install it with "
                 "`apt-get install rabbitmq-server` (scripts/bootstrap does), or set RABBITMQ_URL "
@@ -275,7 +306,7 @@ class RabbitMQNode:
         began = time.monotonic()
         with self.console_file.open("ab") as console:
             self._proc = subprocess.Popen(
-                [str(server)],
+                self._command(server.name),
                 env=self.env(),
                 cwd=self.base_dir,
                 stdin=subprocess.DEVNULL,
@@ -431,7 +462,7 @@ class RabbitMQNode:
 
         Returns its standard output; raises :class:`BrokerHarnessError` when it fails.
         """
-        command = [str(self.bin_dir / tool), "-n", self.name, *args]
+        command = self._command(tool, "-n", self.name, *args)
         result = subprocess.run(
             command, env=self.env(), capture_output=True, text=True, timeout=timeout, check=False
         )

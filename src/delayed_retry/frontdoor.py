@@ -1,0 +1,271 @@
+"""The front door: the delayed-message plugin's ``x-delay`` contract, on the delay chain.
+
+Contract (scripts and other teams rely on it): while a front door for ``X``
+runs, a message published to exchange ``X.delay`` with header ``x-delay``
+(milliseconds) and routing key ``K`` is delivered to exchange ``X`` with key
+``K`` after the delay. ``X`` is an ordinary exchange of the type the plugin
+exchange had as ``x-delayed-type``; a message published to ``X`` itself is
+delivered at once, ``x-delay`` or not::
+
+    producer ──x-delay──► X.delay (fanout) ──► queue X.delay ──► FrontDoor
+        ──► chain ──► <prefix>.forward.X ──► Forwarder (embedded) ──► X (key K)
+
+Outcomes of each input, written down for the people who script against it:
+
+- ``x-delay`` missing, zero or negative: delivered to ``X`` at once.
+- an integer, or a string of decimal digits (``"5000"``): that many ms.
+- a finite non-integral number: rounded up (never early).
+- anything else (``"soon"``, a boolean, a table): parked in
+  ``X.delay.parking`` with ``x-parked-reason: bad-x-delay``.
+- longer than the chain holds (``DelayTopology.max_delay``, about 795 days by
+  default): parked with ``x-parked-reason: delay-too-long``.
+- ``X`` missing or nothing bound for ``K`` when it comes due: parked (see
+  :mod:`delayed_retry.forwarding`).
+
+As with the plugin, the delivered message carries ``x-delay`` negated
+(``-5000``), so a consumer can tell a delayed delivery from a direct one.
+Every hand-over is confirmed before the ack: at-least-once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any, Literal
+
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+
+from delayed_retry.declare import declare_parking_queue, declarer_for
+from delayed_retry.durations import to_epoch_ms, utcnow
+from delayed_retry.errors import ConfigurationError, PublishError
+from delayed_retry.forwarding import (
+    X_FORWARD_ROUTING_KEY,
+    Forwarder,
+    ForwardingFailed,
+    check_exchange_exists,
+    forward_queue_name,
+)
+from delayed_retry.headers import (
+    X_DUE_AT,
+    X_ORIGINAL_EXCHANGE,
+    X_ORIGINAL_ROUTING_KEY,
+    sanitize_headers,
+)
+from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, publish_copy
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+
+__all__ = [
+    "X_DELAY",
+    "BadDelay",
+    "ExchangeType",
+    "FrontDoor",
+    "delay_exchange_name",
+    "parse_x_delay",
+]
+
+log = logging.getLogger(__name__)
+
+X_DELAY = "x-delay"
+"""The plugin's header: the delay in milliseconds."""
+
+ExchangeType = Literal["direct", "topic", "fanout", "headers"]
+
+_DIGITS = re.compile(r"\s*[+-]?\d{1,30}\s*")
+
+
+class BadDelay(ValueError):
+    """An ``x-delay`` value that is not a delay; ``reason`` is the parking reason."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def parse_x_delay(value: object) -> int:
+    """Milliseconds to wait for an ``x-delay`` value, 0 meaning now; raises :class:`BadDelay`.
+
+    Reads it as the plugin does (an integer; missing or negative means now),
+    and also accepts a string of decimal digits and a finite number, rounded up.
+    """
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        raise BadDelay("bad-x-delay", f"{X_DELAY}={value!r} is a boolean, not milliseconds")
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        if not _DIGITS.fullmatch(value):
+            raise BadDelay(
+                "bad-x-delay", f"{X_DELAY}={value[:40]!r} is not a whole number of milliseconds"
+            )
+        return max(0, int(value))
+    if isinstance(value, int):
+        return max(0, value)
+    if isinstance(value, float | Decimal):
+        if not math.isfinite(value):
+            raise BadDelay("bad-x-delay", f"{X_DELAY}={value!r} is not a finite number")
+        return max(0, math.ceil(value))
+    raise BadDelay(
+        "bad-x-delay", f"{X_DELAY} of type {type(value).__name__} is not a number of milliseconds"
+    )
+
+
+def delay_exchange_name(exchange: str) -> str:
+    """The exchange producers publish delayed messages to: ``X.delay``."""
+    return f"{exchange}.delay"
+
+
+class FrontDoor:
+    """Take ``x-delay`` messages from ``X.delay`` and deliver them to ``X`` after the delay.
+
+    Use it to move producers off the delayed-message plugin, in any language:
+    they change one exchange name. Embed it in a service with :meth:`start`
+    and :meth:`close` (or ``async with``), or run ``delayed-retry front-door
+    --exchange X``. Several may run at once; each message is delivered at
+    least once. It declares ``X`` (of ``exchange_type``) when missing,
+    ``X.delay``, the queue ``X.delay`` and its parking queue, and runs a
+    :class:`~delayed_retry.forwarding.Forwarder` for ``X``.
+    """
+
+    def __init__(
+        self,
+        connection: AbstractConnection,
+        *,
+        exchange: str,
+        exchange_type: ExchangeType = "topic",
+        topology: DelayTopology = DEFAULT_TOPOLOGY,
+        prefetch: int = 100,
+        publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+    ) -> None:
+        if not exchange or exchange.startswith("amq."):
+            raise ConfigurationError(
+                f"FrontDoor exchange={exchange!r} cannot take a front door: "
+                "use a name of your own (not empty, not starting with 'amq.')"
+            )
+        if exchange_type not in ("direct", "topic", "fanout", "headers"):
+            raise ConfigurationError(
+                f"FrontDoor exchange_type={exchange_type!r} must be direct, topic, fanout "
+                "or headers (the plugin exchange's x-delayed-type)"
+            )
+        self._connection = connection
+        self.exchange = exchange
+        self.exchange_type = exchange_type
+        self.topology = topology
+        self.delay_exchange = delay_exchange_name(exchange)
+        self.inbox_queue = self.delay_exchange
+        self.forward_queue = forward_queue_name(topology, exchange)
+        self._prefetch = prefetch
+        self._publish_timeout = publish_timeout
+        self.forwarder = Forwarder(
+            connection,
+            exchanges=[exchange],
+            topology=topology,
+            prefetch=prefetch,
+            publish_timeout=publish_timeout,
+        )
+        self._channel: AbstractChannel | None = None
+        self.accepted = 0
+
+    async def __aenter__(self) -> FrontDoor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def declare(self) -> None:
+        """Declare ``X`` (unless it exists, of whatever type), ``X.delay``, its queue and parking.
+
+        An existing ``X`` is left as it is, so that during a migration the
+        plugin exchange itself receives what the front door delivers.
+        """
+        channel = await self._connection.channel(publisher_confirms=False)
+        underlay = await channel.get_underlay_channel()
+        try:
+            await check_exchange_exists(underlay.connection, self.exchange)
+        except ConfigurationError:
+            await channel.declare_exchange(self.exchange, self.exchange_type, durable=True)
+        delay = await channel.declare_exchange(self.delay_exchange, "fanout", durable=True)
+        queue = await channel.declare_queue(
+            self.inbox_queue, durable=True, arguments={"x-queue-type": self.topology.queue_type}
+        )
+        await queue.bind(delay)
+        await declarer_for(underlay.connection).topology(underlay.connection, self.topology)
+        await declare_parking_queue(underlay.connection, self.topology, self.inbox_queue)
+        await channel.close()
+
+    async def start(self) -> None:
+        """Declare what the contract needs, then consume ``X.delay`` and the forward queue."""
+        await self.declare()
+        await self.forwarder.start()
+        self._channel = await self._connection.channel(publisher_confirms=False)
+        await self._channel.set_qos(prefetch_count=self._prefetch)
+        inbox = await self._channel.get_queue(self.inbox_queue, ensure=False)
+        await inbox.consume(self.on_message)
+        log.info("front door open: %r -> %r", self.delay_exchange, self.exchange)
+
+    async def close(self) -> None:
+        """Stop consuming; unacked messages go back to their queues."""
+        if self._channel is not None and not self._channel.is_closed:
+            await self._channel.close()
+        await self.forwarder.close()
+
+    async def on_message(self, message: AbstractIncomingMessage) -> None:
+        """Hand one ``x-delay`` message on: into the chain, to ``X`` now, or to parking."""
+        key = message.routing_key or ""
+        headers = message.headers or {}
+        start = utcnow()
+        try:
+            delay_ms = parse_x_delay(headers.get(X_DELAY))
+            if delay_ms > self.topology.max_delay // timedelta(milliseconds=1):
+                raise BadDelay(
+                    "delay-too-long",
+                    f"{X_DELAY}={delay_ms} ms is longer than the chain holds "
+                    f"({self.topology.max_delay}); add levels to the topology",
+                )
+        except BadDelay as exc:
+            await self.forwarder.settle_by_parking(
+                message,
+                park_queue=self.inbox_queue,
+                exchange=self.exchange,
+                routing_key=key,
+                error=ForwardingFailed(exc.reason, str(exc)),
+            )
+            return
+        out: dict[str, Any] = sanitize_headers(headers)
+        out[X_DELAY] = -delay_ms
+        if not delay_ms:
+            await self.forwarder.deliver(
+                message,
+                exchange=self.exchange,
+                routing_key=key,
+                headers=out,
+                park_queue=self.forward_queue,
+            )
+            return
+        due_at = start + timedelta(milliseconds=delay_ms)
+        route = self.topology.route(
+            self.topology.units_until(due_at, now=start), self.forward_queue
+        )
+        out[X_DUE_AT] = to_epoch_ms(due_at)
+        out[X_FORWARD_ROUTING_KEY] = key
+        out.setdefault(X_ORIGINAL_EXCHANGE, self.exchange)
+        out.setdefault(X_ORIGINAL_ROUTING_KEY, key)
+        try:
+            await publish_copy(
+                await self.forwarder.publish_channel(),
+                message,
+                exchange=route.exchange,
+                routing_key=route.routing_key,
+                headers=out,
+                timeout=self._publish_timeout,
+            )
+        except PublishError as exc:
+            log.warning("front door could not hand a message to the chain, handing back: %s", exc)
+            await message.nack(requeue=True)
+            return
+        await message.ack()
+        self.accepted += 1

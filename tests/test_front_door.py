@@ -1,0 +1,227 @@
+"""The front door's x-delay contract, fed by a producer that is not aio-pika (pika)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from delayed_retry.forwarding import forward_queue_name
+from delayed_retry.frontdoor import X_DELAY, BadDelay, FrontDoor, parse_x_delay
+from delayed_retry.headers import X_PARKED_REASON
+from tests.support.chain import Inbox, Scenario
+from tests.support.waiting import wait_until
+
+
+@pytest.mark.parametrize(
+    ("value", "ms"),
+    [
+        (None, 0),
+        (5000, 5000),
+        (-10, 0),
+        ("5000", 5000),
+        (" 42 ", 42),
+        ("-7", 0),
+        (b"12", 12),
+        (1.2, 2),
+        (Decimal("3.0"), 3),
+    ],
+)
+def test_x_delay_values_read_as_the_plugin_does(value: object, ms: int) -> None:
+    assert parse_x_delay(value) == ms
+
+
+@pytest.mark.parametrize("value", ["soon", "", "1e3", True, math.nan, math.inf, [1], {"a": 1}])
+def test_x_delay_values_that_are_not_delays(value: object) -> None:
+    with pytest.raises(BadDelay) as info:
+        parse_x_delay(value)
+    assert info.value.reason == "bad-x-delay"
+
+
+def _pika_publish(
+    url: str, exchange: str, messages: list[tuple[str, bytes, dict[str, Any]]]
+) -> None:
+    """Publish with pika, in confirm mode: (routing key, body, headers) each."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for key, body, headers in messages:
+            channel.basic_publish(
+                exchange,
+                key,
+                body,
+                properties=pika.BasicProperties(headers=headers, delivery_mode=2),
+                mandatory=True,
+            )
+    finally:
+        connection.close()
+
+
+def _track_door(s: Scenario, exchange: str) -> None:
+    forward = forward_queue_name(s.topology, exchange)
+    s.track_queue(f"{exchange}.delay", f"{exchange}.delay.parking", forward, f"{forward}.parking")
+    s.track_exchange(exchange, f"{exchange}.delay")
+
+
+@pytest.fixture
+async def door(quorum: Scenario) -> AsyncIterator[FrontDoor]:
+    exchange = quorum.name("plugin")
+    _track_door(quorum, exchange)
+    async with FrontDoor(quorum.connection, exchange=exchange, topology=quorum.topology) as opened:
+        yield opened
+
+
+async def test_pika_producer_gets_the_plugin_contract(
+    quorum: Scenario, door: FrontDoor, rabbitmq_url: str
+) -> None:
+    s = quorum
+    q = await s.queue()
+    await q.bind(door.exchange, routing_key="orders.#")
+    inbox = Inbox()
+    await q.consume(inbox)
+    sent = time.time()
+    await asyncio.to_thread(
+        _pika_publish,
+        rabbitmq_url,
+        door.delay_exchange,
+        [
+            ("orders.int", b"int", {X_DELAY: 600}),
+            ("orders.str", b"str", {X_DELAY: "600"}),
+            ("orders.none", b"none", {}),
+            ("orders.negative", b"negative", {X_DELAY: -5}),
+            ("invoices.x", b"not-bound", {X_DELAY: 1}),
+        ],
+    )
+    # Published to X itself: at once, x-delay or not (X is an ordinary exchange).
+    await asyncio.to_thread(
+        _pika_publish, rabbitmq_url, door.exchange, [("orders.direct", b"direct", {X_DELAY: 600})]
+    )
+    arrivals = {a.message.body: a for a in await inbox.take(5)}
+    assert set(arrivals) == {b"int", b"str", b"none", b"negative", b"direct"}
+    for body in (b"int", b"str"):
+        assert arrivals[body].at >= sent + 0.6, f"{body!r} came early"
+        assert arrivals[body].headers[X_DELAY] == -600  # the plugin's mark of a delayed delivery
+        assert arrivals[body].message.routing_key == f"orders.{body.decode()}"
+        assert arrivals[body].message.exchange == door.exchange
+    for body in (b"none", b"negative", b"direct"):
+        assert arrivals[body].at < arrivals[b"int"].at
+    # Nothing bound for invoices.x: kept with a record, not dropped.
+    await s.wait_for_depth(f"{door.forward_queue}.parking", 1)
+
+
+async def test_bad_and_too_long_delays_are_parked_with_a_record(
+    quorum: Scenario, door: FrontDoor, rabbitmq_url: str
+) -> None:
+    s = quorum
+    too_long = str(s.topology.max_delay // s.topology.max_delay.resolution + 1)
+    await asyncio.to_thread(
+        _pika_publish,
+        rabbitmq_url,
+        door.delay_exchange,
+        [("k", b"bad", {X_DELAY: "soon"}), ("k", b"long", {X_DELAY: too_long})],
+    )
+    await s.wait_for_depth(f"{door.inbox_queue}.parking", 2)
+    parked = await s.ch.get_queue(f"{door.inbox_queue}.parking")
+    reasons = {}
+    for _ in range(2):
+        message = await parked.get(timeout=5)
+        reasons[message.body] = message.headers[X_PARKED_REASON]
+        await message.ack()
+    assert reasons == {b"bad": "bad-x-delay", b"long": "delay-too-long"}
+
+
+@pytest.fixture
+def front_door_process(quorum: Scenario, rabbitmq_url: str) -> Iterator[Any]:
+    """Start ``delayed-retry front-door`` as a subprocess; returns a starter; kills leftovers."""
+    started: list[subprocess.Popen[bytes]] = []
+    exchange = quorum.name("door")
+    _track_door(quorum, exchange)
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "delayed-retry"),
+                "--url",
+                rabbitmq_url,
+                "front-door",
+                "--exchange",
+                exchange,
+                "--prefix",
+                quorum.topology.prefix,
+                "--levels",
+                str(quorum.topology.levels),
+                "--prefetch",
+                "20",
+            ],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        started.append(proc)
+        return proc
+
+    start.exchange = exchange  # type: ignore[attr-defined]
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+
+
+def _wait_running(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if b"running" in line:
+            return
+    raise AssertionError(f"front door exited with {proc.wait()} before running")
+
+
+@pytest.mark.timeout(180)
+async def test_front_door_loses_nothing_under_kill_9(
+    quorum: Scenario, front_door_process: Any, rabbitmq_url: str
+) -> None:
+    s = quorum
+    exchange = front_door_process.exchange
+    first = front_door_process()
+    await asyncio.to_thread(_wait_running, first)
+    q = await s.queue()
+    await q.bind(exchange, routing_key="#")
+    inbox = Inbox()
+    await q.consume(inbox)
+    n = 200
+    await asyncio.to_thread(
+        _pika_publish,
+        rabbitmq_url,
+        f"{exchange}.delay",
+        # Every other one at once, so arrivals start while the intake is still going.
+        [("k", str(i).encode(), {X_DELAY: (i % 2) * (50 + (i % 10) * 100)}) for i in range(n)],
+    )
+    seen = {(await inbox.get()).message.body}  # some went through: kill it mid-stream
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    forward = forward_queue_name(s.topology, exchange)
+
+    async def left_behind() -> bool:
+        return await s.depth(f"{exchange}.delay") + await s.depth(forward) > 0
+
+    # The kill left work behind (unacked messages back in the queues), or it proves nothing.
+    await wait_until(left_behind, what="messages left in X.delay or the forward queue")
+    second = front_door_process()
+    await asyncio.to_thread(_wait_running, second)
+    deadline = time.monotonic() + 60
+    while len(seen) < n:  # duplicates allowed, losses not
+        assert time.monotonic() < deadline, f"only {len(seen)} of {n} arrived after kill -9"
+        seen.add((await inbox.get(timeout=30)).message.body)
+    assert seen == {str(i).encode() for i in range(n)}
