@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from delayed_retry.fingerprint import fingerprint
 from delayed_retry.spark import ArchiveReadError, analyze_archive, format_table, write_html_report
 from delayed_retry.spark.synthetic import parked_row, write_archive
 from delayed_retry.topology import DelayTopology
@@ -30,9 +31,10 @@ def _rows(topology: DelayTopology) -> list[dict[str, Any]]:
                 topology,
                 "orders",
                 f"o{i}".encode(),
-                TimeoutError("db timed out"),
+                TimeoutError(f"db timed out (order {100 + i})"),
                 parked_at=T0 + timedelta(minutes=i),
                 retries=3,
+                message_id=f"order-{100 + i}",
             )
         )
     # 3 connection errors on "payments" in hour 11, 5 retries, parked 600 s after
@@ -94,27 +96,56 @@ def test_analysis_counts_match_known_input(spark: Any, tmp_path: Path) -> None:
         "RuntimeError": 1,
     }
     assert a.by_kind == {"transient": 9, "permanent": 2, "unknown": 1}
-    hour = T0.replace(minute=0)
-    assert a.by_hour == {
-        hour: 6,
-        hour + timedelta(hours=1): 5,
-        hour + timedelta(days=1): 1,
-    }
+    assert a.by_reason == {"max-retries": 12}
     assert a.by_retries == {0: 2, 1: 1, 3: 6, 5: 3}
     assert a.park_seconds["min"] == 0.0
     assert a.park_seconds["max"] == 600.0
-    assert a.top_errors[0].count == 6
-    assert a.top_errors[0].exception_type == "TimeoutError"
-    assert a.top_errors[0].message == "db timed out"
-    assert a.top_errors[0].queues == ("orders",)
-    assert a.top_errors[0].example_body.startswith("o")
+    assert a.first_parked_at == T0
+    assert a.last_parked_at == T0 + timedelta(days=1)
+    assert a.paths == (str(tmp_path / "arch"),)
+
+    # Six timeouts that differ only in the order number are one group.
+    assert a.group_count == 4
+    top = a.groups[0]
+    assert (top.count, top.kind, top.queues) == (6, "transient", ("orders",))
+    assert top.exception_type == "TimeoutError"
+    assert top.template == "db timed out (order <num>)"
+    assert (
+        top.key
+        == fingerprint(
+            exception_type="TimeoutError", message="db timed out (order 1)", frame=top.frame
+        ).key
+    )
+    assert top.frame is None  # built, never raised: its traceback has no frame
+    assert [e.message_id for e in top.examples] == ["order-100", "order-105"]
+    assert top.examples[0].message == "db timed out (order 100)"
+    assert top.examples[0].body == "o0"
+    assert (top.first_seen, top.last_seen) == (T0, T0 + timedelta(minutes=5))
+    assert [g.count for g in a.groups] == [6, 3, 2, 1]
+
+    # A real time axis: 1-hour buckets over the day, the empty hours present as zero.
+    timeline = a.by_queue_over_time
+    assert timeline is not None
+    assert timeline.bucket_seconds == 3600
+    assert len(timeline.starts) == 25
+    assert timeline.starts[0] == T0.replace(minute=0)
+    assert timeline.totals[:3] == (6, 5, 0)
+    assert timeline.totals[-1] == 1
+    assert sum(timeline.totals) == 12
+    assert timeline.series["payments"][1] == 3
+    by_group = a.by_group_over_time
+    assert by_group is not None and by_group.series[top.key][0] == 6
 
     text = format_table(a)
-    assert "payments" in text and "transient" in text and "db timed out" in text
+    assert len(text.splitlines()) < 40
+    assert "db timed out (order <num>)" in text and "order-100, order-105" in text
+    assert top.redrive_command(a.paths) in text
+    assert "per 1 hour:" in text
     report = write_html_report(a, str(tmp_path / "arch.report.html"))
     content = Path(report).read_text()
     assert content.count("data:image/png;base64,") == 4
-    assert "field &#x27;sku&#x27; missing" in content
+    assert "field &#x27;sku&#x27; missing" in content or "field &lt;str&gt; missing" in content
+    assert "max-retries" in content and str(tmp_path / "arch") in content
 
 
 def test_missing_archive_is_a_one_line_error(spark: Any, tmp_path: Path) -> None:

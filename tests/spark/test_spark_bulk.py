@@ -82,6 +82,8 @@ async def test_schedule_dataframe_delivers_every_row_never_early_and_once(
             assert isinstance(due, int)
             assert arrived_ms >= due >= wanted.timestamp() * 1000
             assert message.headers["x-order"] == payload["order_id"]
+            # The key is the message id: what a consumer deduplicates on.
+            assert message.message_id == payload["order_id"]
             assert message.headers[X_SCHEDULE_ID] == "reminders-1"
             assert message.content_type == "application/json"
             seen.add(payload["order_id"])

@@ -37,8 +37,19 @@ def test_analyze_and_dry_run_redrive_commands(
 
     assert main(["spark", "analyze", archive]) == 0
     out = capsys.readouterr().out
-    assert "Parked messages: 4 distinct" in out
+    assert "4 distinct (4 archived rows)" in out
     assert (tmp_path / "arch.report.html").exists()
+    # The printed redrive command of the group selects exactly that group.
+    where = next(line for line in out.splitlines() if "redrive:" in line).split("--where ")[1]
+    key = where.strip('"').split("'")[1]
+    code = main(["spark", "redrive", archive, "--where", f"fingerprint = '{key}'", "--dry-run"])
+    assert code == 0
+    assert "would send 4" in capsys.readouterr().out
+    code = main(
+        ["spark", "redrive", archive, "--where", "fingerprint = 'ffffffffffff'", "--dry-run"]
+    )
+    assert code == 0
+    assert "would send 0" in capsys.readouterr().out
 
     code = main(
         ["spark", "redrive", archive, "--where", "retries = 3", "--rate", "10/s", "--dry-run"]

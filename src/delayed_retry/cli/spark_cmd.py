@@ -19,7 +19,43 @@ __all__ = ["register"]
 def _spark(args: argparse.Namespace) -> Any:
     from delayed_retry.spark.session import get_spark
 
-    return get_spark(master=args.master)
+    return get_spark(master=args.master, verbose=bool(getattr(args, "verbose", False)))
+
+
+def _check_broker(url: str, queue: str | None = None) -> None:
+    """Connect (and find ``queue``) before Spark starts: a dead broker fails in a second."""
+    import asyncio
+
+    import aio_pika
+
+    async def probe() -> None:
+        try:
+            connection = await asyncio.wait_for(aio_pika.connect(url), 15)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"cannot connect to the broker at {_safe(url)}: {exc or type(exc).__name__}; "
+                "check --url and that RabbitMQ is running"
+            ) from exc
+        try:
+            if queue is not None:
+                channel = await connection.channel()
+                try:
+                    await channel.declare_queue(queue, passive=True)
+                except Exception as exc:
+                    raise ConfigurationError(
+                        f"queue {queue!r} does not exist on {_safe(url)}; declare it "
+                        "(start its consumer once) or fix --queue"
+                    ) from exc
+        finally:
+            await connection.close()
+
+    asyncio.run(probe())
+
+
+def _safe(url: str) -> str:
+    from delayed_retry.urls import redact_url
+
+    return repr(redact_url(url))
 
 
 def _rate(text: str) -> float:
@@ -89,14 +125,12 @@ def cmd_archive(args: argparse.Namespace) -> int:
 @_one_line_spark_errors
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Analyse archives: terminal tables plus an HTML report next to the archive."""
-    from delayed_retry.spark.analyze import (
-        analyze_archive,
-        default_report_path,
-        format_table,
-        write_html_report,
-    )
+    from delayed_retry.spark.analyze import analyze_archive, default_report_path
+    from delayed_retry.spark.dataset import check_archive_paths
+    from delayed_retry.spark.report import format_table, write_html_report
     from delayed_retry.spark.session import progress
 
+    check_archive_paths(args.paths)
     spark = _spark(args)
     with progress(spark, "analyzing"):
         analysis = analyze_archive(spark, args.paths, top=args.top)
@@ -110,9 +144,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 @_one_line_spark_errors
 def cmd_redrive(args: argparse.Namespace) -> int:
     """Send selected archived messages back to their queues through the delay chain."""
+    from delayed_retry.spark.dataset import check_archive_paths
     from delayed_retry.spark.redrive import redrive
     from delayed_retry.spark.session import progress
 
+    check_archive_paths(args.paths)
+    if not args.dry_run and args.url:
+        _check_broker(args.url)
     spark = _spark(args)
     with progress(spark, "redrive"):
         result = redrive(
@@ -144,8 +182,13 @@ def cmd_redrive(args: argparse.Namespace) -> int:
 def cmd_schedule(args: argparse.Namespace) -> int:
     """Schedule one message per row of a Parquet, CSV or JSON file."""
     from delayed_retry.spark.bulk import schedule_dataframe
+    from delayed_retry.spark.ledger import path_exists
     from delayed_retry.spark.session import progress
 
+    if not path_exists(args.input):
+        raise ConfigurationError(f"input {args.input!r} does not exist; check the path")
+    if args.url:
+        _check_broker(args.url, args.queue)
     spark = _spark(args)
     reader = spark.read
     if args.format == "csv":
@@ -175,6 +218,17 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         f"schedule {result.schedule_id}: {result.rows} rows, sent {result.sent}, "
         f"skipped {result.already_sent} (already sent or duplicate keys)"
     )
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Write a synthetic archive (no Spark, no broker): for benchmarks and trying the report."""
+    from delayed_retry.spark.generate import generate_archive
+
+    if args.rows < 1:
+        raise ConfigurationError(f"--rows {args.rows} must be at least 1")
+    files = generate_archive(args.to, rows=args.rows, hours=args.hours, seed=args.seed)
+    print(f"wrote {args.rows} synthetic parked messages in {files} part file(s) under {args.to}")
     return 0
 
 
@@ -217,6 +271,15 @@ def register(subparsers: Any) -> None:
             help="publishing connections at once (default: one per executor core)",
         )
 
+    g = commands.add_parser(
+        "generate", help="write a synthetic archive of parked messages (benchmarks, demos)"
+    )
+    g.add_argument("--rows", type=int, required=True, help="how many parked messages")
+    g.add_argument("--to", required=True, help="archive folder to write")
+    g.add_argument("--hours", type=int, default=72, help="span of parked times (default 72)")
+    g.add_argument("--seed", type=int, default=7, help="random seed (same seed, same archive)")
+    g.set_defaults(func=cmd_generate)
+
     a = commands.add_parser("analyze", help="report on archived parked messages")
     a.add_argument("paths", nargs="+", help="archive folder(s)")
     a.add_argument(
@@ -245,7 +308,11 @@ def register(subparsers: Any) -> None:
     s.add_argument("--queue", required=True, help="destination queue")
     s.add_argument("--due-at", required=True, help="column holding the due time")
     s.add_argument("--body", required=True, help="column holding the body")
-    s.add_argument("--key", default=None, help="column identifying a row (idempotency)")
+    s.add_argument(
+        "--key",
+        default=None,
+        help="column identifying a row: the message_id consumers deduplicate on (default: a hash)",
+    )
     s.add_argument("--schedule-id", required=True, help="name of this schedule, for the ledger")
     s.add_argument("--ledger", required=True, help="ledger folder")
     s.add_argument(

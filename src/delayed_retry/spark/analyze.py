@@ -1,34 +1,34 @@
 """After an incident: what was parked, where, why, and whether a retry later would help.
 
 :func:`analyze_archive` runs one PySpark job over one or several archives
-and returns small, plain results (:class:`Analysis`); :func:`format_table`
-prints them for a terminal and :func:`write_html_report` writes a single
-HTML file with the charts embedded as PNG images.
+and returns small, plain results (:class:`Analysis`): failure groups by
+fingerprint (:mod:`delayed_retry.fingerprint`), counts, and counts over a
+real time axis. :mod:`delayed_retry.spark.report` renders them for a
+terminal and as one HTML file.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import logging
 import os
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from delayed_retry.durations import from_epoch_ms
 from delayed_retry.spark.dataset import read_archive, reading
+from delayed_retry.spark.fingerprints import with_fingerprint
+from delayed_retry.spark.timeline import Timeline, choose_bucket, fill
 
 __all__ = [
     "PERMANENT_PATTERN",
     "TRANSIENT_PATTERN",
     "Analysis",
     "ErrorGroup",
+    "Example",
     "analyze_archive",
-    "format_table",
-    "write_html_report",
     "default_report_path",
 ]
 
@@ -48,57 +48,96 @@ PERMANENT_PATTERN = (
 
 
 @dataclass(frozen=True, kw_only=True)
-class ErrorGroup:
-    """One distinct error: how often, where, and an example message."""
+class Example:
+    """One real parked message of a group."""
 
-    exception_type: str
+    message_id: str
     message: str
+    body: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorGroup:
+    """One way of failing (one failure fingerprint): how often, where, when, two examples."""
+
+    key: str
+    exception_type: str
+    template: str
+    frame: str | None
     kind: str
     count: int
     queues: tuple[str, ...]
-    example_key: str
-    example_body: str
+    first_seen: datetime | None
+    last_seen: datetime | None
+    examples: tuple[Example, ...]
+
+    @property
+    def message(self) -> str:
+        """The first example's message (the template with its real values)."""
+        return self.examples[0].message if self.examples else self.template
+
+    def redrive_command(self, paths: Sequence[str]) -> str:
+        """The ``delayed-retry spark redrive`` command that sends exactly this group back."""
+        # The key is hex digits only, so double quotes around the predicate are safe to paste.
+        where = f"\"fingerprint = '{self.key}'\""
+        return f"delayed-retry spark redrive {' '.join(map(shlex.quote, paths))} --where {where}"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Analysis:
     """Everything the report shows, as plain values."""
 
+    paths: tuple[str, ...]
+    generated_at: datetime
     total: int
     distinct: int
+    first_parked_at: datetime | None
+    last_parked_at: datetime | None
     by_queue: dict[str, int]
     by_exception: dict[str, int]
     by_kind: dict[str, int]
-    by_hour: dict[datetime, int]
+    by_reason: dict[str, int]
     by_retries: dict[int, int]
     park_seconds: dict[str, float]
     park_seconds_sample: tuple[float, ...]
-    top_errors: tuple[ErrorGroup, ...]
+    group_count: int
+    groups: tuple[ErrorGroup, ...]
+    by_group_over_time: Timeline | None
+    by_queue_over_time: Timeline | None
+
+    @property
+    def top_errors(self) -> tuple[ErrorGroup, ...]:
+        """The failure groups, biggest first (the name older callers use)."""
+        return self.groups
 
 
 def _classified(frame: Any) -> Any:
     from pyspark.sql import functions as F
 
-    text = F.concat_ws(
-        " ",
-        F.coalesce(F.col("exception_type"), F.lit("")),
-        F.coalesce(F.col("exception_message"), F.col("last_error"), F.lit("")),
-    )
+    message = F.coalesce(F.col("exception_message"), F.col("last_error"), F.lit(""))
+    text = F.concat_ws(" ", F.coalesce(F.col("exception_type"), F.lit("")), message)
     kind = (
         F.when(text.rlike(TRANSIENT_PATTERN), F.lit("transient"))
         .when(text.rlike(PERMANENT_PATTERN), F.lit("permanent"))
         .otherwise(F.lit("unknown"))
     )
-    return frame.select(
+    return with_fingerprint(frame).select(
         "message_key",
+        F.coalesce(
+            F.col("message_id"), F.concat(F.lit("key:"), F.substring("message_key", 1, 16))
+        ).alias("message_id"),
         F.coalesce(F.col("origin_queue"), F.col("queue")).alias("queue"),
         F.coalesce(F.col("exception_type"), F.lit("(none)")).alias("exception_type"),
-        F.coalesce(F.col("exception_message"), F.col("last_error"), F.lit("")).alias("message"),
+        F.coalesce(F.col("parked_reason"), F.lit("(none)")).alias("parked_reason"),
+        message.alias("message"),
         kind.alias("kind"),
+        "fingerprint",
+        "fingerprint_type",
+        "fingerprint_template",
+        "raising_frame",
         # Epoch ms, not a timestamp: collected timestamps come back in the local time zone.
-        F.unix_millis(
-            F.date_trunc("hour", F.coalesce(F.col("parked_at"), F.col("archived_at")))
-        ).alias("hour_ms"),
+        F.unix_millis(F.coalesce(F.col("parked_at"), F.col("archived_at"))).alias("at_ms"),
+        F.unix_millis(F.col("parked_at")).alias("parked_ms"),
         F.col("retries"),
         (F.unix_millis(F.col("parked_at")) - F.unix_millis(F.col("first_failure_at"))).alias(
             "park_ms"
@@ -110,7 +149,12 @@ def _classified(frame: Any) -> Any:
 def _counts(frame: Any, column: str) -> dict[Any, int]:
     from pyspark.sql import functions as F
 
-    rows = frame.groupBy(column).agg(F.count(F.lit(1)).alias("n")).orderBy(F.desc("n")).collect()
+    rows = (
+        frame.groupBy(column)
+        .agg(F.count(F.lit(1)).alias("n"))
+        .orderBy(F.desc("n"), F.asc(column))
+        .collect()
+    )
     return {row[column]: int(row["n"]) for row in rows}
 
 
@@ -120,25 +164,67 @@ def _preview(body: bytes | None, limit: int = 160) -> str:
     return encode_body_preview(bytes(body or b""), limit)
 
 
-def analyze_archive(spark: Any, paths: str | Sequence[str], *, top: int = 10) -> Analysis:
-    """Count and classify the parked messages in ``paths`` (duplicates counted once)."""
-    raw = read_archive(spark, paths)
+def _ms(value: Any) -> datetime | None:
+    return None if value is None else from_epoch_ms(int(value))
+
+
+def analyze_archive(
+    spark: Any, paths: str | Sequence[str], *, top: int = 10, series: int = 6
+) -> Analysis:
+    """Count, group and classify the parked messages in ``paths`` (duplicates counted once).
+
+    ``top`` failure groups are listed; the charts stack the ``series``
+    biggest groups (and queues) and sum the rest as ``other``.
+    """
+    path_list = (paths,) if isinstance(paths, str) else tuple(paths)
+    raw = read_archive(spark, list(path_list))
     frame = _classified(raw.dropDuplicates(["message_key"])).cache()
     try:
-        with reading(paths):
-            return _analyze(raw, frame, top)
+        with reading(list(path_list)):
+            return _analyze(raw, frame, path_list, top, series)
     finally:
         frame.unpersist()
 
 
-def _analyze(raw: Any, frame: Any, top: int) -> Analysis:
+def _example(row: Any) -> Example:
+    return Example(
+        message_id=str(row["message_id"]), message=str(row["message"]), body=_preview(row["body"])
+    )
+
+
+def _timeline(
+    frame: Any, column: str, keep: Sequence[str], first: datetime, last: datetime, size: int
+) -> Timeline:
     from pyspark.sql import functions as F
 
+    bucket_ms = size * 1000
+    name = F.when(F.col(column).isin(list(keep)), F.col(column)).otherwise(F.lit("other"))
+    rows = (
+        frame.select(
+            (F.floor(F.col("at_ms") / bucket_ms) * bucket_ms).alias("bucket"), name.alias("name")
+        )
+        .groupBy("bucket", "name")
+        .agg(F.count(F.lit(1)).alias("n"))
+        .collect()
+    )
+    counts = {(from_epoch_ms(int(r["bucket"])), str(r["name"])): int(r["n"]) for r in rows}
+    return fill(counts, first=first, last=last, bucket_seconds=size, keep=keep)
+
+
+def _analyze(raw: Any, frame: Any, paths: tuple[str, ...], top: int, series: int) -> Analysis:
+    from pyspark.sql import functions as F
+
+    generated_at = datetime.now(UTC)
     total = int(raw.count())
-    distinct = int(frame.count())
-    by_hour = {
-        from_epoch_ms(int(k)): v for k, v in _counts(frame, "hour_ms").items() if k is not None
-    }
+    overall = frame.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.min("at_ms").alias("first"),
+        F.max("at_ms").alias("last"),
+        F.min("parked_ms").alias("first_parked"),
+        F.max("parked_ms").alias("last_parked"),
+        F.countDistinct("fingerprint").alias("groups"),
+    ).collect()[0]
+    distinct = int(overall["n"])
     retries = {
         int(k): v for k, v in _counts(frame.where(F.col("retries").isNotNull()), "retries").items()
     }
@@ -156,197 +242,72 @@ def _analyze(raw: Any, frame: Any, top: int) -> Analysis:
     sample = tuple(
         float(r["park_ms"]) / 1000 for r in parked.select("park_ms").limit(20_000).collect()
     )
-    groups = (
-        frame.groupBy("exception_type", "message", "kind")
+    example = F.struct("message_id", "message", "body")
+    rows = (
+        frame.groupBy("fingerprint")
         .agg(
             F.count(F.lit(1)).alias("n"),
+            F.first("fingerprint_type").alias("type"),
+            F.first("fingerprint_template").alias("template"),
+            F.first("raising_frame").alias("frame"),
+            F.mode("kind").alias("kind"),
             F.sort_array(F.collect_set("queue")).alias("queues"),
-            F.min_by("message_key", "message_key").alias("example_key"),
-            F.min_by("body", "message_key").alias("example_body"),
+            F.min("at_ms").alias("first"),
+            F.max("at_ms").alias("last"),
+            F.min_by(example, F.struct("at_ms", "message_key")).alias("ex1"),
+            F.max_by(example, F.struct("at_ms", "message_key")).alias("ex2"),
         )
-        .orderBy(F.desc("n"), "exception_type", "message")
+        .orderBy(F.desc("n"), F.asc("fingerprint"))
         .limit(top)
         .collect()
     )
-    top_errors = tuple(
+    groups = tuple(
         ErrorGroup(
-            exception_type=r["exception_type"],
-            message=r["message"],
+            key=r["fingerprint"],
+            exception_type=r["type"],
+            template=r["template"],
+            frame=r["frame"],
             kind=r["kind"],
             count=int(r["n"]),
             queues=tuple(q for q in r["queues"] if q is not None),
-            example_key=r["example_key"],
-            example_body=_preview(r["example_body"]),
+            first_seen=_ms(r["first"]),
+            last_seen=_ms(r["last"]),
+            examples=tuple(
+                _example(e)
+                for e in (r["ex1"], r["ex2"])[: 1 if r["n"] == 1 else 2]
+                if e is not None
+            ),
         )
-        for r in groups
+        for r in rows
     )
+    by_queue = {str(k): v for k, v in _counts(frame, "queue").items()}
+    first, last = _ms(overall["first"]), _ms(overall["last"])
+    by_group_time = by_queue_time = None
+    if first is not None and last is not None:
+        size = choose_bucket(last - first)
+        by_group_time = _timeline(
+            frame, "fingerprint", [g.key for g in groups[:series]], first, last, size
+        )
+        by_queue_time = _timeline(frame, "queue", list(by_queue)[:series], first, last, size)
     return Analysis(
+        paths=paths,
+        generated_at=generated_at,
         total=total,
         distinct=distinct,
-        by_queue={str(k): v for k, v in _counts(frame, "queue").items()},
+        first_parked_at=_ms(overall["first_parked"]),
+        last_parked_at=_ms(overall["last_parked"]),
+        by_queue=by_queue,
         by_exception=_counts(frame, "exception_type"),
         by_kind=_counts(frame, "kind"),
-        by_hour=dict(sorted(by_hour.items())),
+        by_reason=_counts(frame, "parked_reason"),
         by_retries=dict(sorted(retries.items())),
         park_seconds=park_seconds,
         park_seconds_sample=sample,
-        top_errors=top_errors,
+        group_count=int(overall["groups"]),
+        groups=groups,
+        by_group_over_time=by_group_time,
+        by_queue_over_time=by_queue_time,
     )
-
-
-def _section(title: str, rows: Sequence[tuple[str, str]]) -> list[str]:
-    width = max((len(a) for a, _ in rows), default=0)
-    lines = [title, "-" * len(title)]
-    lines += [f"  {a.ljust(width)}  {b}" for a, b in rows] or ["  (none)"]
-    return [*lines, ""]
-
-
-def _short(text: str, limit: int = 70) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def format_table(analysis: Analysis) -> str:
-    """The analysis as plain text tables for a terminal."""
-    a = analysis
-    lines = [f"Parked messages: {a.distinct} distinct ({a.total} archived rows)", ""]
-    lines += _section("By queue", [(q, str(n)) for q, n in a.by_queue.items()])
-    lines += _section("By exception type", [(t, str(n)) for t, n in a.by_exception.items()])
-    lines += _section("Likely transient vs permanent", [(k, str(n)) for k, n in a.by_kind.items()])
-    lines += _section(
-        "By hour (UTC)", [(h.strftime("%Y-%m-%d %H:00"), str(n)) for h, n in a.by_hour.items()]
-    )
-    lines += _section(
-        "By retries before parking", [(str(r), str(n)) for r, n in a.by_retries.items()]
-    )
-    lines += _section(
-        "First failure to parking (seconds)",
-        [(k, f"{v:.1f}") for k, v in a.park_seconds.items()],
-    )
-    lines += _section(
-        "Top errors",
-        [
-            (f"{e.count:>6}  {e.kind:<9}", f"{_short(e.exception_type + ': ' + e.message)}")
-            for e in a.top_errors
-        ],
-    )
-    return "\n".join(lines)
-
-
-def _png(draw: Any) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(8, 3.2))
-    try:
-        draw(axes)
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=90)
-    finally:
-        plt.close(figure)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _charts(a: Analysis) -> list[tuple[str, str]]:
-    charts = []
-    if a.by_hour:
-        charts.append(
-            (
-                "Parked per hour (UTC)",
-                _png(
-                    lambda ax: (
-                        ax.bar(
-                            [h.strftime("%m-%d %H:00") for h in a.by_hour],
-                            list(a.by_hour.values()),
-                        ),
-                        ax.tick_params(axis="x", labelrotation=45, labelsize=7),
-                    )
-                ),
-            )
-        )
-    if a.by_exception:
-        items = list(a.by_exception.items())[:15][::-1]
-        charts.append(
-            (
-                "By exception type",
-                _png(lambda ax: ax.barh([_short(k, 50) for k, _ in items], [n for _, n in items])),
-            )
-        )
-    if a.by_retries:
-        charts.append(
-            (
-                "Retries before parking",
-                _png(
-                    lambda ax: ax.bar([str(k) for k in a.by_retries], list(a.by_retries.values()))
-                ),
-            )
-        )
-    if a.park_seconds_sample:
-        charts.append(
-            (
-                "Seconds from first failure to parking",
-                _png(lambda ax: ax.hist(a.park_seconds_sample, bins=30)),
-            )
-        )
-    return charts
-
-
-def _html_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def write_html_report(analysis: Analysis, path: str, *, title: str = "Parked messages") -> str:
-    """Write the analysis as one self-contained HTML file (charts inline); return its path."""
-    a = analysis
-    parts = [
-        "<!doctype html><meta charset='utf-8'>",
-        f"<title>{html.escape(title)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}</style>",
-        f"<h1>{html.escape(title)}</h1>",
-        f"<p>{a.distinct} distinct messages ({a.total} archived rows).</p>",
-        "<h2>By queue</h2>",
-        _html_table(["queue", "messages"], list(a.by_queue.items())),
-        "<h2>Likely transient vs permanent</h2>",
-        _html_table(["kind", "messages"], list(a.by_kind.items())),
-        "<h2>First failure to parking (seconds)</h2>",
-        _html_table(["statistic", "seconds"], [(k, f"{v:.1f}") for k, v in a.park_seconds.items()]),
-    ]
-    for caption, png in _charts(a):
-        parts += [
-            f"<h2>{html.escape(caption)}</h2>",
-            f"<img alt='{html.escape(caption)}' src='data:image/png;base64,{png}'>",
-        ]
-    parts += [
-        "<h2>Top errors</h2>",
-        _html_table(
-            ["count", "kind", "exception", "message", "queues", "example key", "example body"],
-            [
-                (
-                    e.count,
-                    e.kind,
-                    e.exception_type,
-                    e.message,
-                    ", ".join(e.queues),
-                    e.example_key[:16],
-                    e.example_body,
-                )
-                for e in a.top_errors
-            ],
-        ),
-    ]
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write("\n".join(parts))
-    return path
 
 
 def default_report_path(archive: str) -> str:

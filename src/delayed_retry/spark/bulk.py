@@ -113,7 +113,8 @@ def schedule_dataframe(
     Column); ``body`` a binary, string (sent as UTF-8 text) or struct column
     (sent as JSON). ``headers`` maps header names to columns or names.
     ``key`` identifies a row for idempotency (default: a hash of the body,
-    due time and headers); the ledger at ``ledger`` remembers every key
+    due time and headers) and becomes the message's ``message_id``, the
+    deduplication key consumers should use; the ledger at ``ledger`` remembers every key
     confirmed under ``schedule_id``, so calling again with the same id sends
     only what is missing. Due times already past are delivered at once.
     ``partitions`` publishing connections run at once (default: one per
@@ -160,7 +161,9 @@ def schedule_dataframe(
         "headers_json",
         F.lit(content_type).cast("string").alias("content_type"),
         F.lit(None).cast("string").alias("content_encoding"),
-        F.lit(None).cast("string").alias("message_id"),
+        # The key is the message id: a consumer deduplicates on message_id, and a run
+        # repeated after a failure sends a row again under the same id.
+        F.col("message_key").alias("message_id"),
         F.lit(None).cast("string").alias("correlation_id"),
     )
     # One pass counts the rows and finds null keys or due times.

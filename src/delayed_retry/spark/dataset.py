@@ -22,14 +22,12 @@ def archive_columns() -> list[str]:
     return [name for name, *_ in ARCHIVE_COLUMNS] + list(PARTITION_COLUMNS)
 
 
-def read_archive(spark: Any, paths: str | Sequence[str]) -> Any:
-    """The archive(s) at ``paths`` as one DataFrame with the archive schema.
+def check_archive_paths(paths: str | Sequence[str]) -> list[str]:
+    """``paths`` as a list, each one checked to exist; no Spark needed.
 
-    Raises :class:`ArchiveReadError` naming the path when one does not exist
-    or cannot be read as Parquet.
+    The command line calls this before starting Spark, so a typo is
+    reported at once instead of after the JVM has started.
     """
-    from pyspark.errors import PySparkException
-
     wanted = [paths] if isinstance(paths, str) else list(paths)
     if not wanted:
         raise ArchiveReadError("no archive path given; pass the folder archive --to wrote")
@@ -43,6 +41,18 @@ def read_archive(spark: Any, paths: str | Sequence[str]) -> Any:
                 f"archive {path!r} does not exist; pass the folder given to "
                 "'delayed-retry archive --to'"
             )
+    return wanted
+
+
+def read_archive(spark: Any, paths: str | Sequence[str]) -> Any:
+    """The archive(s) at ``paths`` as one DataFrame with the archive schema.
+
+    Raises :class:`ArchiveReadError` naming the path when one does not exist
+    or cannot be read as Parquet.
+    """
+    from pyspark.errors import PySparkException
+
+    wanted = check_archive_paths(paths)
     try:
         frame = spark.read.schema(archive_spark_schema()).parquet(*wanted)
         return frame.select(*archive_columns())

@@ -80,6 +80,10 @@ class PublishJob:
     publish_timeout: float = 30.0
     drop_headers: tuple[str, ...] = ()
     ledger_every: int = 20_000
+    due_offset_ms: int = 0
+    """Added to every row's ``due_at_ms``: a redrive at a rate plans offsets from 0 and sets
+    this when publishing starts, so the rate holds from then, not from when the job was
+    planned (reading and sorting the archive would otherwise make the first rows late)."""
 
 
 _LEDGER_FAILED = "the ledger cannot be written"
@@ -195,7 +199,7 @@ async def _publish_partition(
 
         async def one(row: Sequence[Any]) -> None:
             try:
-                due_ms = int(row[2])
+                due_ms = int(row[2]) + job.due_offset_ms
                 # Floor of now: the computed delay is never shorter than the true one.
                 units = encoding.units_for_ms(max(due_ms - time.time_ns() // 1_000_000, 0), unit_ms)
                 if units > topology.max_units:

@@ -3,7 +3,9 @@
 Only rows the operator selected are sent, and each only to the queue the
 archive recorded for it (``origin_queue``: the parking routing key, or
 ``x-retry-queue`` for messages the library did not park). Message *i* of a
-run is due at ``start + i / rate``: the delay chain spreads the load, so the
+run is due ``i / rate`` seconds after publishing starts (not after the job was
+planned: reading and sorting the archive never make messages late); the delay chain
+spreads the load, so the
 executors publish as fast as confirms allow. Each message carries
 ``x-redrive-id``; the ledger records every confirmed send, so running the
 same redrive again sends only what is missing.
@@ -17,7 +19,7 @@ import logging
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +27,7 @@ from delayed_retry.durations import from_epoch_ms, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import X_RETRY
 from delayed_retry.spark.dataset import read_archive, reading
+from delayed_retry.spark.fingerprints import mentions_fingerprint, with_fingerprint
 from delayed_retry.spark.ledger import ledger_keys
 from delayed_retry.spark.publisher import (
     PublishJob,
@@ -80,8 +83,12 @@ def _select(spark: Any, frame: Any, where: str | None) -> Any:
 
     if not where:
         return frame
+    columns = frame.columns
+    if mentions_fingerprint(where):
+        # The report's redrive commands select a failure group by its fingerprint.
+        frame = with_fingerprint(frame)
     try:
-        selected = frame.where(F.expr(where))
+        selected = frame.where(F.expr(where)).select(*columns)
         selected.schema  # noqa: B018  (forces analysis: a bad column fails here)
     except PySparkException as exc:
         raise RedriveError(
@@ -226,7 +233,8 @@ def _run(
         drop_headers=(X_RETRY,),
     )
     if rate:
-        sendable, due = _spread(sendable, start_ms, rate, partitions)
+        # Offsets from 0; the start is fixed below, once the spread is planned and counted.
+        sendable, due = _spread(sendable, 0, rate, partitions)
     else:
         due = F.lit(start_ms)
     columns = sendable.select(
@@ -240,6 +248,10 @@ def _run(
         "message_id",
         "correlation_id",
     )
+    if rate:
+        # The rate holds from when publishing starts, not from when the job was planned.
+        started = start_ms if now is not None else to_epoch_ms(utcnow())
+        job = replace(job, due_offset_ms=started)
     try:
         with reading(path_list):
             outcome = run_publish(columns, job)

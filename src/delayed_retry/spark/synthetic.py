@@ -43,6 +43,7 @@ def parked_row(
     parked_at: datetime,
     retries: int = 3,
     park_after: timedelta = timedelta(seconds=60),
+    message_id: str | None = None,
 ) -> dict[str, Any]:
     """An archive row of ``body`` parked from ``queue`` at ``parked_at``, first failing earlier."""
     headers = parked_headers(
@@ -53,7 +54,7 @@ def parked_row(
         headers=headers,
         exchange=topology.parking_exchange,
         routing_key=queue,
-        properties={"content_type": "application/json"},
+        properties={"content_type": "application/json", "message_id": message_id},
         redelivered=False,
         archived_at=parked_at + timedelta(minutes=5),
         topology=topology,
