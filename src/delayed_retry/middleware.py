@@ -38,10 +38,9 @@ from delayed_retry.headers import (
     parse_retry_state,
 )
 from delayed_retry.observability.instrumentation import (
+    QUIET_SCOPE,
     AttemptScope,
     Instrumentation,
-    Outcome,
-    PublishKind,
 )
 from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
@@ -94,33 +93,6 @@ class _StateCell:
                 log.warning("message %s on queue %r: %s", message.message_id, self._queue, problem)
         return self._state
 
-
-class _Quiet:
-    """Attempt scope and its context manager when telemetry records nothing: free to enter."""
-
-    def __enter__(self) -> AttemptScope:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
-
-    def publishing(
-        self, headers: dict[str, Any], *, kind: PublishKind, exchange: str, routing_key: str
-    ) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-    def finish(
-        self,
-        outcome: Outcome,
-        *,
-        delay: float | None = None,
-        exc: BaseException | None = None,
-        reason: str | None = None,
-    ) -> None:
-        return None
-
-
-_QUIET = _Quiet()
 
 _current_state: contextvars.ContextVar[_StateCell | None] = contextvars.ContextVar(
     "delayed_retry_state", default=None
@@ -294,7 +266,7 @@ class RetryingHandler(Generic[P]):
         observed: contextlib.AbstractContextManager[AttemptScope] = (
             opts.instrumentation.attempt(message, cell.get(), queue=queue)
             if self._telemetry_on()
-            else _QUIET
+            else QUIET_SCOPE
         )
         with observed as scope:
             token = _current_state.set(cell)

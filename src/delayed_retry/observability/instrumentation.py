@@ -9,14 +9,22 @@ those who want no telemetry at all.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Literal, Protocol
 
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry.headers import RetryState
 
-__all__ = ["AttemptScope", "Instrumentation", "NoInstrumentation", "Outcome", "PublishKind"]
+__all__ = [
+    "QUIET_SCOPE",
+    "AttemptScope",
+    "Instrumentation",
+    "NoInstrumentation",
+    "Outcome",
+    "PublishKind",
+    "QuietScope",
+]
 
 Outcome = Literal["success", "retry", "parked", "redelayed", "error"]
 """How an attempt ended; ``error``: the hand-over failed and the message went back to its queue."""
@@ -66,12 +74,23 @@ class Instrumentation(Protocol):
         ...
 
 
-class _NoScope:
-    @contextmanager
+class QuietScope:
+    """An attempt scope that records nothing, and its own context manager: free to enter.
+
+    The middleware uses :data:`QUIET_SCOPE` instead of opening a scope while
+    the instrumentation says it records nothing.
+    """
+
+    def __enter__(self) -> AttemptScope:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
     def publishing(
         self, headers: dict[str, Any], *, kind: PublishKind, exchange: str, routing_key: str
-    ) -> Iterator[None]:
-        yield
+    ) -> AbstractContextManager[None]:
+        return nullcontext()
 
     def finish(
         self,
@@ -84,6 +103,9 @@ class _NoScope:
         return None
 
 
+QUIET_SCOPE = QuietScope()
+
+
 class NoInstrumentation:
     """Records nothing. Use it to turn telemetry off entirely."""
 
@@ -91,11 +113,10 @@ class NoInstrumentation:
         """Always False: the middleware never calls :meth:`attempt` of this one."""
         return False
 
-    @contextmanager
     def attempt(
         self, message: AbstractIncomingMessage, state: RetryState, *, queue: str
-    ) -> Iterator[AttemptScope]:
-        yield _NoScope()
+    ) -> AbstractContextManager[AttemptScope]:
+        return QUIET_SCOPE
 
     @contextmanager
     def scheduling(
