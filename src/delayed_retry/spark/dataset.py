@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from delayed_retry.errors import DelayedRetryError
+from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.spark.ledger import path_exists
 from delayed_retry.spark.schema import ARCHIVE_COLUMNS, PARTITION_COLUMNS, archive_spark_schema
 
@@ -15,6 +15,10 @@ __all__ = ["ArchiveReadError", "archive_columns", "read_archive", "reading", "ro
 
 class ArchiveReadError(DelayedRetryError):
     """An archive is missing, empty or unreadable."""
+
+
+class ArchiveMissingError(ArchiveReadError, ConfigurationError):
+    """No archive at the path given: a usage error (the command line exits 2)."""
 
 
 def archive_columns() -> list[str]:
@@ -30,14 +34,14 @@ def check_archive_paths(paths: str | Sequence[str]) -> list[str]:
     """
     wanted = [paths] if isinstance(paths, str) else list(paths)
     if not wanted:
-        raise ArchiveReadError("no archive path given; pass the folder archive --to wrote")
+        raise ArchiveMissingError("no archive path given; pass the folder archive --to wrote")
     for path in wanted:
         try:
             exists = path_exists(path)
         except Exception as exc:
             raise ArchiveReadError(f"cannot reach archive {path!r}: {exc}") from exc
         if not exists:
-            raise ArchiveReadError(
+            raise ArchiveMissingError(
                 f"archive {path!r} does not exist; pass the folder given to "
                 "'delayed-retry archive --to'"
             )

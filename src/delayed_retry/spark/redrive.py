@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from delayed_retry.durations import from_epoch_ms, to_epoch_ms, utcnow
-from delayed_retry.errors import ConfigurationError, DelayedRetryError
+from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers import X_RETRY
 from delayed_retry.spark.dataset import read_archive, reading
 from delayed_retry.spark.fingerprints import mentions_fingerprint, with_fingerprint
@@ -45,8 +45,8 @@ X_REDRIVE_ID = "x-redrive-id"
 """Header naming the redrive a message was sent by."""
 
 
-class RedriveError(DelayedRetryError):
-    """A redrive could not start, or stopped part-way (the ledger holds what was sent)."""
+class RedriveError(ConfigurationError):
+    """A redrive could not start: its selection (``--where``) is not a valid predicate."""
 
 
 @dataclass(frozen=True, kw_only=True)
