@@ -37,6 +37,7 @@ PURE = (
     "chain_diff",
     "chain_sources",
     "parked",
+    "hold",
 )
 """Modules that must stay pure logic: no broker, no telemetry, no network, no Spark."""
 

@@ -200,3 +200,39 @@ def test_walking_the_bindings_waits_in_exactly_the_one_bits(levels_units: tuple[
     assert end == "orders.eu"
     assert waited == [lvl for lvl in range(levels - 1, -1, -1) if units >> lvl & 1]
     assert sum(1 << lvl for lvl in waited) == units
+
+
+@pytest.mark.parametrize(
+    ("topology", "levels", "others"),
+    [
+        (
+            DelayTopology(prefix="a.b-c", levels=12),
+            "a.b-c.level.",
+            ["a.b-c.unroutable", "a.b-c.level.x"],
+        ),
+        (DelayTopology.nservicebus(), "nsb.v2.delay-level-", ["nsb.v2.delay-delivery"]),
+    ],
+)
+def test_the_memory_policy_matches_the_level_queues_and_nothing_else(
+    topology: DelayTopology, levels: str, others: list[str]
+) -> None:
+    policy = topology.memory_policy()
+    assert policy.definition == {"max-in-memory-length": 0}
+    pattern = re.compile(policy.pattern)  # RabbitMQ's re:run searches the same way
+    for level in range(topology.levels):
+        assert pattern.search(topology.level_name(level))
+        assert topology.is_level_queue(topology.level_name(level))
+    names = [s.name for s in topology.queues() if not topology.is_level_queue(s.name)]
+    names += [topology.default_parking_queue("orders"), f"x{levels}01", f"{levels}01.parking"]
+    for name in [*names, *others]:
+        assert not pattern.search(name), name
+        assert not topology.is_level_queue(name)
+    assert not topology.is_level_queue(topology.level_name(topology.levels))
+
+
+def test_the_memory_policy_command_is_an_operator_policy_for_one_vhost() -> None:
+    command = DelayTopology(prefix="orders").memory_policy().command(vhost="shop floor")
+    assert command == (
+        "rabbitmqctl set_operator_policy --vhost 'shop floor' --apply-to queues --priority 0 "
+        "orders.levels-on-disk '^orders\\.level\\.[0-9]+$' '{\"max-in-memory-length\":0}'"
+    )

@@ -26,6 +26,7 @@ from delayed_retry.errors import (
 from delayed_retry.forwarding import Forwarder
 from delayed_retry.frontdoor import FrontDoor
 from delayed_retry.headers import RetryState
+from delayed_retry.hold import DEFAULT_HOLD, Hold
 from delayed_retry.middleware import (
     RetryingHandler,
     consume,
@@ -50,6 +51,8 @@ __all__ = [
     "RetryPolicy",
     "DEFAULT_WAIT",
     "RetryState",
+    "Hold",
+    "DEFAULT_HOLD",
     "retry_state",
     "current_retry_state",
     # retries for consumers in any language

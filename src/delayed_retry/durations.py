@@ -72,15 +72,19 @@ def resolve_due_at(delay: Duration | datetime, *, now: datetime) -> datetime:
         ) from None
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def to_epoch_ms(moment: datetime) -> int:
     """Milliseconds since the Unix epoch, rounded up so a due time never moves earlier."""
-    micros = (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    micros = (moment - _EPOCH) // _MICROSECOND
     return -(-micros // 1000)
 
 
 def from_epoch_ms(ms: int) -> datetime:
     """The aware UTC datetime of ``ms`` milliseconds since the Unix epoch."""
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    return _EPOCH + timedelta(milliseconds=ms)
 
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}

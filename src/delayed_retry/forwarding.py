@@ -42,6 +42,8 @@ from delayed_retry.headers import (
     parse_retry_state,
     sanitize_headers,
 )
+from delayed_retry.hold import DEFAULT_HOLD, Hold, chain_units, check_hold
+from delayed_retry.holding import HeldMessages, hold_until_due
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, publish_copy
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
@@ -169,6 +171,12 @@ class Forwarder:
     door embeds one). Several may run on one queue to share the load; a crash
     between the confirm and the ack delivers that message twice, never zero
     times. Use :meth:`start` and :meth:`close`, or ``async with``.
+
+    ``hold`` (default :data:`~delayed_retry.hold.DEFAULT_HOLD`): a message that
+    left the chain a little before its due time (``publish_delayed(...,
+    hold=...)``, the front door) is held until due, then forwarded; one more
+    than ``hold.limit`` early goes back into the chain. ``None`` forwards
+    what arrives at once.
     """
 
     def __init__(
@@ -179,7 +187,9 @@ class Forwarder:
         topology: DelayTopology = DEFAULT_TOPOLOGY,
         prefetch: int = 100,
         publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+        hold: Hold | None = DEFAULT_HOLD,
     ) -> None:
+        check_hold(hold, topology, name="Forwarder hold")
         if isinstance(exchanges, str) or not exchanges:
             raise ConfigurationError(
                 f"Forwarder exchanges={exchanges!r} must be a non-empty list of exchange names"
@@ -191,6 +201,8 @@ class Forwarder:
         self.topology = topology
         self._prefetch = prefetch
         self._publish_timeout = publish_timeout
+        self.hold = hold
+        self._held = HeldMessages()
         self._consume: AbstractChannel | None = None
         self._publish: AbstractChannel | None = None
         self._publish_lock = asyncio.Lock()
@@ -230,7 +242,8 @@ class Forwarder:
         )
 
     async def close(self) -> None:
-        """Stop consuming; unacked messages go back to their queue."""
+        """Stop consuming; held and other unacked messages go back to their queue."""
+        self._held.release()
         for channel in (self._consume, self._publish):
             if channel is not None and not channel.is_closed:
                 await channel.close()
@@ -253,6 +266,8 @@ class Forwarder:
         self, message: AbstractIncomingMessage, *, exchange: str, park_queue: str
     ) -> None:
         """Deliver one message of a forward queue to ``exchange``, or park it; then ack."""
+        if self.hold is not None and not await self._until_due(message, park_queue):
+            return
         key = message.headers.get(X_FORWARD_ROUTING_KEY) if message.headers else None
         if isinstance(key, bytes):
             key = key.decode("utf-8", "replace")
@@ -275,6 +290,39 @@ class Forwarder:
             headers=forwarded_headers(message.headers),
             park_queue=park_queue,
         )
+
+    async def _until_due(self, message: AbstractIncomingMessage, queue: str) -> bool:
+        """Hold an early message until due; ``False`` when it went back (chain or queue)."""
+        assert self.hold is not None
+        due_at = parse_retry_state(
+            message.headers, exchange=message.exchange, routing_key=message.routing_key, queue=queue
+        ).due_at
+        if due_at is None:
+            return True
+        outcome = await hold_until_due(
+            self._held, self.hold, message, due_at, max_delay=self.topology.max_delay
+        )
+        if outcome != "early":
+            return outcome == "due"
+        # More than the hold's limit early: back into the chain for the rest of the wait.
+        units = chain_units(self.topology, due_at, now=utcnow(), hold=self.hold)
+        route = self.topology.route(units, queue)
+        try:
+            await publish_copy(
+                await self.publish_channel(),
+                message,
+                exchange=route.exchange,
+                routing_key=route.routing_key,
+                headers=sanitize_headers(message.headers),
+                timeout=self._publish_timeout,
+            )
+        except PublishError as exc:
+            log.warning("could not send an early message back into the chain (%s)", exc)
+            await asyncio.sleep(REDELIVER_PAUSE)
+            await message.nack(requeue=True)
+            return False
+        await message.ack()
+        return False
 
     async def deliver(
         self,

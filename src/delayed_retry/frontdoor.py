@@ -54,6 +54,7 @@ from delayed_retry.headers import (
     X_ORIGINAL_ROUTING_KEY,
     sanitize_headers,
 )
+from delayed_retry.hold import DEFAULT_HOLD, Hold, chain_units
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, publish_copy
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
@@ -127,7 +128,11 @@ class FrontDoor:
     --exchange X``. Several may run at once; each message is delivered at
     least once. It declares ``X`` (of ``exchange_type``) when missing,
     ``X.delay``, the queue ``X.delay`` and its parking queue, and runs a
-    :class:`~delayed_retry.forwarding.Forwarder` for ``X``.
+    :class:`~delayed_retry.forwarding.Forwarder` for ``X``. With ``hold`` (the
+    default :data:`~delayed_retry.hold.DEFAULT_HOLD`) a message leaves the chain
+    a few milliseconds early and the forwarder holds it until due; ``None``
+    rounds delays up in the chain instead. Every forwarder of ``X`` must hold
+    when front doors do.
     """
 
     def __init__(
@@ -139,6 +144,7 @@ class FrontDoor:
         topology: DelayTopology = DEFAULT_TOPOLOGY,
         prefetch: int = 100,
         publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+        hold: Hold | None = DEFAULT_HOLD,
     ) -> None:
         if not exchange or exchange.startswith("amq."):
             raise ConfigurationError(
@@ -165,6 +171,7 @@ class FrontDoor:
             topology=topology,
             prefetch=prefetch,
             publish_timeout=publish_timeout,
+            hold=hold,
         )
         self._channel: AbstractChannel | None = None
         self.accepted = 0
@@ -247,9 +254,9 @@ class FrontDoor:
             )
             return
         due_at = start + timedelta(milliseconds=delay_ms)
-        route = self.topology.route(
-            self.topology.units_until(due_at, now=start), self.forward_queue
-        )
+        # Out of the chain a lead early when forwarders hold messages until due.
+        units = chain_units(self.topology, due_at, now=start, hold=self.forwarder.hold)
+        route = self.topology.route(units, self.forward_queue)
         out[X_DUE_AT] = to_epoch_ms(due_at)
         out[X_FORWARD_ROUTING_KEY] = key
         out.setdefault(X_ORIGINAL_EXCHANGE, self.exchange)

@@ -41,6 +41,7 @@ from delayed_retry.headers import (
     parking_headers,
     sanitize_headers,
 )
+from delayed_retry.hold import Hold, chain_units
 from delayed_retry.observability.instrumentation import AttemptScope
 from delayed_retry.policy import Decision
 from delayed_retry.topology import DelayTopology
@@ -86,6 +87,16 @@ class HandOver:
     publish_timeout: float
     trouble: Trouble = field(default_factory=Trouble)
     return_to: Literal["queue", "exchange"] = "queue"
+    hold: Hold | None = None
+    """Retries to the queue leave the chain early by this hold's lead; the handler holds them."""
+    consumed_from_queue: bool = True
+    """Whether the failed messages come from ``queue`` itself (a consumer, not the router).
+
+    Only then does a retry due at once go straight back to ``queue``: its unacked
+    original proves the queue exists, and a deleted queue took its messages with it.
+    A message handed over from elsewhere keeps the chain route, whose alternate
+    exchange keeps it in the unroutable queue if ``queue`` was deleted.
+    """
 
     async def forward(
         self,
@@ -110,7 +121,8 @@ class HandOver:
 
         async def publish() -> bool:
             now = utcnow()
-            route = self.topology.route(self.topology.units_until(due_at, now=now), self.queue)
+            units = chain_units(self.topology, due_at, now=now, hold=self.hold)
+            route = self.topology.route(units, self.queue)
             await self.forward(
                 message,
                 exchange=route.exchange,
@@ -233,19 +245,30 @@ class HandOver:
         target, forward_key = await self._retry_target(message)
         try:
             due_at = now + timedelta(seconds=decision.delay)
-            route = self.topology.route(self.topology.units_until(due_at, now=now), target)
+            # Handlers and forwarders hold a message that leaves the chain early until due.
+            units = chain_units(self.topology, due_at, now=now, hold=self.hold)
+            route = self.topology.route(units, target)
         except (DelayOutOfRangeError, OverflowError):
             return Decision.park("delay-out-of-range")
+        exchange, routing_key = route.exchange, route.routing_key
+        if forward_key is None and self.consumed_from_queue and due_at <= now:
+            # Due already (zero delay): straight back to the queue through the default
+            # exchange, as a hand-rolled retry does, instead of through two topic exchanges
+            # on a long key. Never early: nothing waits. The queue holds the unacked
+            # original, so it exists; if it is deleted meanwhile, the mandatory publish is
+            # returned and the original stays unacked (nothing to catch in the unroutable
+            # queue: the queue's own messages went with it).
+            exchange, routing_key = "", target
         headers = failure_headers(message.headers, state, exc, now=now, retries=state.retries + 1)
         headers[X_DUE_AT] = to_epoch_ms(due_at)
         if forward_key is not None:
             headers[X_FORWARD_ROUTING_KEY] = forward_key
         try:
             with scope.publishing(
-                headers, kind="retry", exchange=route.exchange, routing_key=route.routing_key
+                headers, kind="retry", exchange=exchange, routing_key=routing_key
             ):
                 await self.forward(
-                    message, exchange=route.exchange, routing_key=route.routing_key, headers=headers
+                    message, exchange=exchange, routing_key=routing_key, headers=headers
                 )
         except PublishError as err:
             if not _unencodable(err):

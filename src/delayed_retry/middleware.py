@@ -16,7 +16,7 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, ParamSpec, overload
 
 import aiormq
@@ -37,6 +37,8 @@ from delayed_retry.headers import (
     RetryState,
     parse_retry_state,
 )
+from delayed_retry.hold import DEFAULT_HOLD, Hold, check_hold
+from delayed_retry.holding import HeldMessages, hold_until_due
 from delayed_retry.observability.instrumentation import (
     QUIET_SCOPE,
     AttemptScope,
@@ -99,12 +101,13 @@ _current_state: contextvars.ContextVar[_StateCell | None] = contextvars.ContextV
 )
 
 EARLY_TOLERANCE = timedelta(milliseconds=50)
-"""A message arriving this much before its due time is sent back for the rest of the wait,
-and never less than one unit of the topology (see :func:`early_tolerance`)."""
+"""Without a hold, a message arriving at most this much before its due time is handled
+now, and never less than one unit of the topology (see :func:`early_tolerance`); one
+arriving earlier is sent back for the rest of the wait."""
 
 
 def early_tolerance(topology: DelayTopology) -> timedelta:
-    """How early a message may arrive and still be handled now: 50 ms, or one unit if longer.
+    """Without a hold, how early a message may arrive and be handled now: 50 ms, or one unit.
 
     Sending back a message due in less than one unit would cost it a whole
     unit more in the chain (delays are rounded up to units).
@@ -142,6 +145,9 @@ class RetryOptions:
     trouble: Trouble = field(default_factory=Trouble, compare=False, repr=False)
     """Consecutive messages given back unhandled, for the backoff before each requeue."""
     return_to: ReturnTo = "queue"
+    hold: Hold | None = DEFAULT_HOLD
+    held: HeldMessages = field(default_factory=HeldMessages, compare=False, repr=False)
+    """The messages this handler holds until due right now (shared by its per-queue copies)."""
 
 
 class RetryingHandler(Generic[P]):
@@ -195,6 +201,7 @@ class RetryingHandler(Generic[P]):
             publish_timeout=opts.publish_timeout,
             trouble=opts.trouble,
             return_to=opts.return_to,
+            hold=opts.hold,
         )
 
     def _queue(self) -> str:
@@ -254,14 +261,8 @@ class RetryingHandler(Generic[P]):
             )
             self._declared_on = weakref.ref(connection)
         if opts.topology.is_chain_exchange(message.exchange):
-            state = cell.get()
-            now = utcnow()
-            if (
-                state.due_at is not None
-                and state.due_at - now > early_tolerance(opts.topology)
-                and state.due_at - now <= opts.topology.max_delay
-            ):
-                await self._hand_over(queue).redelay(message, state.due_at)
+            due_at = cell.get().due_at
+            if due_at is not None and not await self._wait_until_due(message, due_at, queue):
                 return
         observed: contextlib.AbstractContextManager[AttemptScope] = (
             opts.instrumentation.attempt(message, cell.get(), queue=queue)
@@ -321,6 +322,40 @@ class RetryingHandler(Generic[P]):
                 policy_exc.__context__ = failure  # the record shows both tracebacks
                 decision, failure = Decision.park("internal-error"), policy_exc
             await self._hand_over(queue).failed(message, state, failure, decision, scope)
+
+    async def release_held(self) -> int:
+        """Give back every message this handler holds until due (``nack``, requeue) at once.
+
+        Call it when shutting a consumer down gracefully, after cancelling the
+        consumer and before closing the channel: the held messages go back to
+        their queue now instead of when their hold ends (a closed channel
+        returns them too). Returns how many were released.
+        """
+        return self.options.held.release()
+
+    async def _wait_until_due(
+        self, message: AbstractIncomingMessage, due_at: datetime, queue: str
+    ) -> bool:
+        """Hold a message that came out of the chain early until due; ``False`` if settled here.
+
+        Within ``hold.limit`` of its due time (and while fewer than
+        ``hold.max_messages`` are held) it waits here, unacked; earlier, it goes
+        back into the chain for the rest of its wait. Without a hold, a message
+        at most :func:`early_tolerance` early is handled at once.
+        """
+        opts = self.options
+        if opts.hold is None:
+            early = due_at - utcnow()
+            if early <= early_tolerance(opts.topology) or early > opts.topology.max_delay:
+                return True
+        else:
+            outcome = await hold_until_due(
+                opts.held, opts.hold, message, due_at, max_delay=opts.topology.max_delay
+            )
+            if outcome != "early":
+                return outcome == "due"
+        await self._hand_over(queue).redelay(message, due_at)
+        return False
 
     async def _rescue(
         self,
@@ -390,6 +425,7 @@ def with_delayed_retry(
     publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
     instrumentation: Instrumentation | None = None,
     return_to: ReturnTo = "queue",
+    hold: Hold | None = DEFAULT_HOLD,
 ) -> Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]: ...
 
 
@@ -407,6 +443,7 @@ def with_delayed_retry(
     publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
     instrumentation: Instrumentation | None = None,
     return_to: ReturnTo = "queue",
+    hold: Hold | None = DEFAULT_HOLD,
 ) -> RetryingHandler[P] | Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]:
     """Wrap an aio-pika consumer handler with delayed retries and parking.
 
@@ -434,6 +471,11 @@ def with_delayed_retry(
         for that key gets it again, so choose it only where that key reaches
         the failing queue alone, and run a
         :class:`~delayed_retry.forwarding.Forwarder` for that exchange.
+      hold: how a retry leaves the chain just before its due time and waits
+        here for the rest, for a lateness of about a millisecond and fewer
+        broker hops (:class:`~delayed_retry.hold.Hold`; default
+        :data:`~delayed_retry.hold.DEFAULT_HOLD`). ``None`` turns it off: the
+        chain rounds every delay up and the handler holds nothing.
     """
     if return_to not in ("queue", "exchange"):
         raise ConfigurationError(
@@ -451,6 +493,7 @@ def with_delayed_retry(
             f"instrumentation={instrumentation!r} is not an Instrumentation; pass "
             "delayed_retry.NoInstrumentation() or an object with attempt() and scheduling()"
         )
+    check_hold(hold, topology)
     policy_kwargs: dict[str, Any] = {"max_retries": max_retries, "wait": wait, "stop": stop}
     if retry is not None:
         policy_kwargs["retry"] = retry
@@ -463,6 +506,7 @@ def with_delayed_retry(
         or DEFAULT_PUBLISH_TIMEOUT,
         instrumentation=instrumentation or default_instrumentation(),
         return_to=return_to,
+        hold=hold,
     )
 
     def decorate(func: Callable[P, Awaitable[object]]) -> RetryingHandler[P]:

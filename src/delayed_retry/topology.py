@@ -20,7 +20,10 @@ Picture for ``prefix="delayed-retry"``::
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import shlex
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, NamedTuple, TypedDict
@@ -33,6 +36,8 @@ __all__ = [
     "DEFAULT_TOPOLOGY",
     "DelayTopology",
     "ExchangeSpec",
+    "IN_MEMORY_ARGUMENTS",
+    "MemoryPolicy",
     "QueueArguments",
     "QueueSpec",
     "QueueType",
@@ -67,6 +72,59 @@ turns the limit off on 4.0+, but RabbitMQ 3.10 reads it as "drop at the first
 return" (both measured, 3.10.8 and 4.0.5), so a finite limit no peek can reach
 is the one value safe on 3.10–4.x.
 """
+
+
+IN_MEMORY_ARGUMENTS = ("x-max-in-memory-length", "x-max-in-memory-bytes")
+"""Quorum queue arguments that keep message bodies on disk on RabbitMQ 3.10–3.11.
+
+delayed-retry never declares them: the broker (3.10.8 and 4.0.5 alike)
+refuses to re-declare a queue with or without one of them when the queue
+exists the other way, so a chain declared with them by one process could no
+longer be declared by a version that declares it without, and the reverse.
+The same effect comes from a policy (:meth:`DelayTopology.memory_policy`),
+which leaves the arguments alone. A level queue that already has one is used
+as it is. RabbitMQ 3.12+ accepts them but ignores them (bodies are on disk).
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPolicy:
+    """An operator policy that keeps the chain's waiting message bodies on disk (3.10–3.11).
+
+    RabbitMQ documents ``max-in-memory-length`` for quorum queues on 3.10 and
+    3.11, which may keep message bodies in memory; docs/capacity.md has what
+    it changed on 3.10.8 here. Apply it once per vhost on those versions,
+    before delays pile up; it changes no queue argument, so consumers of every
+    delayed-retry version keep agreeing on the chain. An
+    *operator* policy merges with whatever ordinary policy applies to the
+    same queues instead of displacing it. RabbitMQ 3.12+ accepts the key and
+    ignores it: there is nothing to do there.
+    """
+
+    name: str
+    pattern: str
+    definition: dict[str, int]
+    apply_to: str = "queues"
+    priority: int = 0
+
+    def rabbitmqctl_args(self, *, vhost: str = "/") -> list[str]:
+        """Arguments of ``rabbitmqctl`` that set this policy on ``vhost``."""
+        return [
+            "set_operator_policy",
+            "--vhost",
+            vhost,
+            "--apply-to",
+            self.apply_to,
+            "--priority",
+            str(self.priority),
+            self.name,
+            self.pattern,
+            json.dumps(self.definition, separators=(",", ":")),
+        ]
+
+    def command(self, *, vhost: str = "/") -> str:
+        """The shell command an operator runs on a broker node to set this policy."""
+        return shlex.join(["rabbitmqctl", *self.rabbitmqctl_args(vhost=vhost)])
 
 
 class QueueArguments(TypedDict, total=False):
@@ -286,6 +344,25 @@ class DelayTopology:
         """The parking queue of ``queue`` unless configured: ``<queue>.parking``."""
         return f"{queue}.parking"
 
+    def is_level_queue(self, name: str) -> bool:
+        """Whether ``name`` is one of this chain's level queues."""
+        level = name.removeprefix(self._level_prefix)
+        return level != name and level.isdigit() and int(level) < self.levels
+
+    def memory_policy(self) -> MemoryPolicy:
+        """The operator policy that keeps this chain's bodies on disk on RabbitMQ 3.10–3.11.
+
+        It matches the level queues only (``<prefix>.level.NN``, or NServiceBus's
+        ``nsb.v2.delay-level-NN``): they hold the waiting messages.
+        """
+        return MemoryPolicy(
+            name=f"{self.prefix}.levels-on-disk"
+            if self.naming == "delayed-retry"
+            else "nsb.v2.delay-levels-on-disk",
+            pattern=f"^{_regex_literal(self._level_prefix)}[0-9]+$",
+            definition={"max-in-memory-length": 0},
+        )
+
     # -- delays --------------------------------------------------------------
     @property
     def max_units(self) -> int:
@@ -420,6 +497,11 @@ class DelayTopology:
         """(exchange, routing key) binding ``queue`` to the end of the chain."""
         self.check_destination(queue)
         return self.delivery_exchange, encoding.delivery_binding_key(self.levels, queue)
+
+
+def _regex_literal(text: str) -> str:
+    """``text`` as a regular expression matching itself (``-`` left alone: it is plain there)."""
+    return re.escape(text).replace("\\-", "-")
 
 
 DEFAULT_TOPOLOGY = DelayTopology()

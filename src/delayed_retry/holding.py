@@ -1,0 +1,109 @@
+"""Messages a handler holds in memory until their due time: counted, bounded, releasable.
+
+A message that left the chain a little early (see :mod:`delayed_retry.hold`)
+waits here, unacked, for the rest of its delay. Released on shutdown (or by
+:meth:`HeldMessages.release`), it goes back to its queue with ``nack`` and
+requeue, so nothing is lost; a closed channel returns it anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import datetime, timedelta
+from typing import Literal
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from delayed_retry.durations import utcnow
+from delayed_retry.hold import Hold
+
+__all__ = ["HeldMessages", "Outcome", "hold_until_due"]
+
+log = logging.getLogger(__name__)
+
+
+def _settle(future: asyncio.Future[bool], due: bool) -> None:
+    if not future.done():
+        future.set_result(due)
+
+
+class HeldMessages:
+    """The messages one handler (and its copies for other queues) holds right now."""
+
+    __slots__ = ("_waiting",)
+
+    def __init__(self) -> None:
+        self._waiting: set[asyncio.Future[bool]] = set()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    async def hold(self, seconds: float) -> bool:
+        """Wait ``seconds``: ``True`` when the time is up, ``False`` when released before."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        timer = loop.call_later(seconds, _settle, future, True)
+        self._waiting.add(future)
+        try:
+            return await future
+        finally:
+            timer.cancel()
+            self._waiting.discard(future)
+
+    def release(self) -> int:
+        """End every hold now (each message goes back to its queue); returns how many."""
+        waiting = list(self._waiting)
+        for future in waiting:
+            _settle(future, False)
+        return len(waiting)
+
+
+Outcome = Literal["due", "early", "released"]
+"""What :func:`hold_until_due` did: waited until due, found the message too early to hold
+(send it back into the chain), or gave it back to its queue (released or cancelled)."""
+
+_ZERO = timedelta(0)
+_US = timedelta(microseconds=1)
+
+
+async def hold_until_due(
+    held: HeldMessages,
+    hold: Hold,
+    message: AbstractIncomingMessage,
+    due_at: datetime,
+    *,
+    max_delay: timedelta,
+) -> Outcome:
+    """Keep ``message`` until ``due_at`` if ``hold`` allows; say what became of it.
+
+    ``"early"``: more than ``hold.limit`` early, or ``hold.max_messages`` are
+    held already; the caller sends it back into the chain. ``"released"``: it
+    went back to its queue (``nack``, requeue). A due time beyond
+    ``max_delay`` (no chain sets one) counts as due. Cancelled while holding,
+    it requeues the message and lets the cancellation through.
+    """
+    while True:
+        early = due_at - utcnow()
+        if early <= _ZERO or early > max_delay:
+            return "due"
+        if early // _US > hold.limit_us or len(held) >= hold.max_messages:
+            return "early"
+        try:
+            due = await held.hold(early.total_seconds())
+        except asyncio.CancelledError:
+            await _requeue(message)  # shutting down (a closed channel returns it too)
+            raise
+        if not due:
+            log.info(
+                "message %s released before its due time; back to its queue", message.message_id
+            )
+            await _requeue(message)
+            return "released"
+        # Due by the loop's clock; check the wall clock the due time was set with.
+
+
+async def _requeue(message: AbstractIncomingMessage) -> None:
+    with contextlib.suppress(Exception):  # channel gone: the broker returns it anyway
+        await message.nack(requeue=True)
