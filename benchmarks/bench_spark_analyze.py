@@ -6,9 +6,11 @@ Usage::
 
 For each size a synthetic archive is generated (``delayed-retry spark
 generate``), then, in the same run: ``delayed-retry spark analyze`` end to
-end as a user runs it (a fresh JVM), the Spark job alone on a warm session,
-and the pyarrow baseline (read, deduplicate, fingerprint every row with the
-same function, count by queue, reason, kind, group, first/last parked).
+end as a user runs it (a fresh JVM), the pyarrow baseline (read,
+deduplicate, fingerprint every row with the same function, count by queue,
+reason, kind, group, first/last parked), and the Spark job alone on a warm
+session (warmed up once, on the first size; ``--no-warm`` skips it), which
+must agree with the baseline.
 Prints seconds and the ratio Spark / pyarrow; results are also appended as
 JSON lines to ``benchmarks/results/spark_analyze.jsonl``.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -30,68 +33,73 @@ from delayed_retry.spark.generate import generate_archive
 
 
 def pyarrow_statistics(path: str) -> dict[str, Any]:
-    """The report's statistics computed in one process with pyarrow and the fingerprint."""
+    """The report's statistics computed in one process with pyarrow and the fingerprint.
+
+    Streams record batches, so 10 million rows fit: only the set of keys
+    seen is kept whole (duplicates, same key, count once).
+    """
     import re
 
-    import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    table = ds.dataset(path, format="parquet", partitioning="hive").to_table(
-        columns=[
-            "message_key",
-            "origin_queue",
-            "parked_reason",
-            "exception_type",
-            "exception_message",
-            "exception_traceback",
-            "last_error",
-            "parked_at",
-            "message_id",
-        ]
-    )
-    # Duplicates (same key) count once: keep the first row of each key.
-    keys = table.column("message_key").to_pylist()
-    seen: set[str] = set()
-    keep = []
-    for i, key in enumerate(keys):
-        if key not in seen:
-            seen.add(key)
-            keep.append(i)
-    table = table.take(keep)
+    dataset = ds.dataset(path, format="parquet", partitioning="hive")
+    columns = [
+        "message_key",
+        "origin_queue",
+        "queue",
+        "parked_reason",
+        "exception_type",
+        "exception_message",
+        "exception_traceback",
+        "last_error",
+        "parked_at",
+    ]
     transient, permanent = re.compile(TRANSIENT_PATTERN), re.compile(PERMANENT_PATTERN)
+    seen: set[str] = set()
     groups: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
-    columns = [
-        table.column(c).to_pylist()
-        for c in ("exception_type", "exception_message", "exception_traceback", "last_error")
-    ]
-    for kind_, message, trace, last in zip(*columns, strict=True):
-        fp = fingerprint_headers(
-            {
-                "x-exception-type": kind_,
-                "x-exception-message": message,
-                "x-exception-traceback": trace,
-                "x-retry-last-error": last,
-            }
-        )
-        groups[fp.key] += 1
-        text = f"{kind_ or ''} {message or last or ''}"
-        kinds[
-            "transient"
-            if transient.search(text)
-            else "permanent"
-            if permanent.search(text)
-            else "unknown"
-        ] += 1
-    parked = table.column("parked_at")
+    queues: Counter[str] = Counter()
+    reasons: Counter[str | None] = Counter()
+    first: Any = None
+    last: Any = None
+    for batch in dataset.to_batches(columns=columns, batch_size=65_536):
+        values = [batch.column(c).to_pylist() for c in columns]
+        for key, origin, queue, reason, kind_, message, trace, error, parked in zip(
+            *values, strict=True
+        ):
+            if key in seen:
+                continue
+            seen.add(key)
+            fp = fingerprint_headers(
+                {
+                    "x-exception-type": kind_,
+                    "x-exception-message": message,
+                    "x-exception-traceback": trace,
+                    "x-retry-last-error": error,
+                }
+            )
+            groups[fp.key] += 1
+            text = f"{kind_ or ''} {message or error or ''}"
+            kinds[
+                "transient"
+                if transient.search(text)
+                else "permanent"
+                if permanent.search(text)
+                else "unknown"
+            ] += 1
+            queues[origin or queue] += 1
+            reasons[reason] += 1
+            if parked is not None:
+                first = parked if first is None else min(first, parked)
+                last = parked if last is None else max(last, parked)
     return {
-        "distinct": table.num_rows,
-        "by_queue": dict(Counter(table.column("origin_queue").to_pylist())),
-        "by_reason": dict(Counter(table.column("parked_reason").to_pylist())),
+        "distinct": len(seen),
+        "by_queue": dict(queues),
+        "by_reason": dict(reasons),
         "by_kind": dict(kinds),
         "groups": len(groups),
-        "first": str(pc.min(parked)),
-        "last": str(pc.max(parked)),
+        "first": str(first),
+        "last": str(last),
     }
 
 
@@ -100,10 +108,16 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[10, 1_000_000])
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--workdir", default="/tmp/delayed-retry-bench-analyze")
+    parser.add_argument(
+        "--no-warm",
+        action="store_true",
+        help="skip the warm-session job (saves one analysis per size)",
+    )
     args = parser.parse_args()
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
     cli = str(Path(sys.executable).with_name("delayed-retry"))
+    spark: Any = None
     for rows in args.rows:
         archive = Path(args.workdir) / f"archive-{rows}"
         if not archive.exists():
@@ -112,10 +126,7 @@ def main() -> None:
             print(
                 f"{rows:>10} rows: generated in {time.perf_counter() - started:.1f} s", flush=True
             )
-
-        started = time.perf_counter()
-        baseline = pyarrow_statistics(str(archive))
-        arrow_s = time.perf_counter() - started
+        load = os.getloadavg()[0]
 
         started = time.perf_counter()
         subprocess.run(
@@ -126,26 +137,34 @@ def main() -> None:
         )
         cli_s = time.perf_counter() - started
 
-        from delayed_retry.spark.analyze import analyze_archive
-        from delayed_retry.spark.session import get_spark
-
-        spark = get_spark(master=args.master)
-        analyze_archive(spark, str(archive))  # warm-up: JIT, Python workers
         started = time.perf_counter()
-        analysis = analyze_archive(spark, str(archive))
-        job_s = time.perf_counter() - started
-        assert analysis.distinct == baseline["distinct"], (analysis.distinct, baseline)
-        assert analysis.group_count == baseline["groups"], (analysis.group_count, baseline)
-        assert analysis.by_kind == baseline["by_kind"], (analysis.by_kind, baseline)
-        line = {
+        baseline = pyarrow_statistics(str(archive))
+        arrow_s = time.perf_counter() - started
+
+        line: dict[str, Any] = {
             "rows": rows,
             "master": args.master,
+            "load_before": round(load, 1),
             "pyarrow_s": round(arrow_s, 2),
             "spark_cli_s": round(cli_s, 2),
-            "spark_job_warm_s": round(job_s, 2),
             "cli_over_pyarrow": round(cli_s / arrow_s, 2),
-            "job_over_pyarrow": round(job_s / arrow_s, 2),
         }
+        if not args.no_warm:
+            from delayed_retry.spark.analyze import analyze_archive
+            from delayed_retry.spark.session import get_spark
+
+            if spark is None:
+                spark = get_spark(master=args.master)
+                analyze_archive(spark, str(archive))  # warm-up: JIT, Python workers
+            started = time.perf_counter()
+            analysis = analyze_archive(spark, str(archive))
+            job_s = time.perf_counter() - started
+            assert analysis.distinct == baseline["distinct"], (analysis.distinct, baseline)
+            assert analysis.group_count == baseline["groups"], (analysis.group_count, baseline)
+            assert analysis.by_kind == baseline["by_kind"], (analysis.by_kind, baseline)
+            assert analysis.by_queue == baseline["by_queue"], (analysis.by_queue, baseline)
+            line["spark_job_warm_s"] = round(job_s, 2)
+            line["job_over_pyarrow"] = round(job_s / arrow_s, 2)
         print(json.dumps(line), flush=True)
         with (results / "spark_analyze.jsonl").open("a") as handle:
             handle.write(json.dumps(line) + "\n")

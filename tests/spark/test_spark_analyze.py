@@ -158,3 +158,19 @@ def test_missing_archive_is_a_one_line_error(spark: Any, tmp_path: Path) -> None
     with pytest.raises(ArchiveReadError) as unreadable:
         analyze_archive(spark, str(junk))
     assert "\n" not in str(unreadable.value)
+
+
+def test_the_analysis_runs_a_fixed_small_number_of_spark_jobs(spark: Any, tmp_path: Path) -> None:
+    """The fixed cost of a small archive is mostly per job: five actions, not one per table."""
+    write_archive(tmp_path / "arch", "orders.parking", _rows(DelayTopology()))
+    context = spark.sparkContext
+    context.setJobGroup("analysis-jobs", "count the analysis's jobs")
+    try:
+        analysis = analyze_archive(spark, str(tmp_path / "arch"))
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    assert analysis.distinct == 12
+    jobs = context.statusTracker().getJobIdsForGroup("analysis-jobs")
+    # Adaptive execution runs each shuffle stage as a job of its own: the five actions
+    # came to 12 jobs on a 10-row archive, the twelve actions before to 36.
+    assert 5 <= len(jobs) <= 14, len(jobs)

@@ -138,3 +138,48 @@ def test_schedule_command_sends_each_row_with_its_headers(
     # A usage error, before any Spark.
     assert main([*common, *args, "--header", "x-bad"]) == 2
     assert "header 'x-bad' must be NAME=COLUMN" in capsys.readouterr().err
+
+
+def test_analyze_in_a_real_process_prints_no_jvm_start_up_warnings(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    now = datetime(2024, 3, 1, 10, tzinfo=UTC)
+    rows = [parked_row(DelayTopology(), "orders", b"b", TimeoutError("slow"), parked_at=now)]
+    write_archive(tmp_path / "arch", "orders.parking", rows)
+    command = [str(Path(sys.executable).with_name("delayed-retry")), "spark", "analyze"]
+    done = subprocess.run(
+        [*command, str(tmp_path / "arch"), "--no-report", "--master", "local[1]"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "1 distinct" in done.stdout
+    lines = [line for line in done.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    # Before: "WARNING: Using incubator modules", "Using Spark's default log4j profile",
+    # "WARN Utils: Your hostname ... resolves to a loopback address", "WARN NativeCodeLoader".
+    noise = [line for line in lines if "WARN" in line or "log4j" in line or "LogLevel" in line]
+    assert noise == []
+    assert all(line.startswith("analyzing:") for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("line", "noise"),
+    [
+        ("WARNING: Using incubator modules: jdk.incubator.vector", True),
+        ("Using Spark's default log4j profile: org/apache/spark/log4j2-defaults.properties", True),
+        ('Setting default log level to "WARN".', True),
+        ("To adjust logging level use sc.setLogLevel(newLevel). For SparkR, use …", True),
+        ("26/11/23 18:00:47 WARN Utils: Your hostname, vm, resolves to a loopback address", True),
+        ("26/11/23 18:01:02 WARN NativeCodeLoader: Unable to load native-hadoop library", True),
+        ("26/11/23 18:01:02 ERROR Executor: Exception in task 0.0 in stage 1.0", False),
+        ("java.lang.OutOfMemoryError: Java heap space", False),
+        ("Traceback (most recent call last):", False),
+    ],
+)
+def test_only_start_up_chatter_is_filtered_from_the_jvm_stderr(line: str, noise: bool) -> None:
+    from delayed_retry.spark.jvm_output import is_startup_noise
+
+    assert is_startup_noise(line) is noise

@@ -204,3 +204,99 @@ def test_a_ledger_that_fails_mid_run_stops_the_partition_and_says_what_is_unreco
     )
     with pytest.raises(PublishRunError, match=r"stopped after \d+ recorded sends: the ledger"):
         outcome.raise_for_errors("schedule 's1'", rerun="call it again")
+
+
+def test_the_agreed_start_is_after_the_last_ready_partition() -> None:
+    from delayed_retry.spark.publisher import agreed_start
+
+    assert agreed_start([1_000, 1_750, 1_200], margin_ms=500) == 2_250
+    assert agreed_start([42], margin_ms=0) == 42
+
+
+def _offset_batches(keys: list[str], queue: str, step_ms: int) -> Iterator[pa.RecordBatch]:
+    """Rows due ``i * step_ms`` after a start not known yet (an anchored run)."""
+    columns = {
+        "message_key": keys,
+        "destination": [queue] * len(keys),
+        "due_at_ms": [i * step_ms for i in range(len(keys))],
+        "body": [k.encode() for k in keys],
+        "headers_json": [None] * len(keys),
+        "content_type": [None] * len(keys),
+        "content_encoding": [None] * len(keys),
+        "message_id": [None] * len(keys),
+        "correlation_id": [None] * len(keys),
+    }
+    yield pa.RecordBatch.from_pydict({c: columns[c] for c in PUBLISH_COLUMNS})
+
+
+def test_an_anchored_partition_agrees_once_after_it_is_ready_then_counts_from_the_start(
+    rabbitmq_url: str, unique: str, tmp_path: Path
+) -> None:
+    from delayed_retry.headers import X_DUE_AT
+
+    topology = DelayTopology(prefix=unique, levels=16, queue_type="classic")
+    asyncio.run(_declare(rabbitmq_url, topology, unique))
+    job = PublishJob(
+        url=rabbitmq_url,
+        topology=topology,
+        run_id="r1",
+        run_header="x-redrive-id",
+        ledger=str(tmp_path / "ledger"),
+        anchored=True,
+    )
+    calls: list[int] = []
+
+    def agree(ready_ms: int) -> int:
+        calls.append(ready_ms)
+        return ready_ms + 2_000  # as if another partition became ready later
+
+    before = time.time_ns() // 1_000_000
+    keys = [f"k{i}" for i in range(6)]
+    result = publish_attempt(
+        job, _offset_batches(keys, unique, 100), partition=0, retried=False, agree=agree
+    )
+    assert len(calls) == 1 and calls[0] >= before  # ready after the task began
+    start = result.column("start_ms")[0].as_py()
+    assert start == calls[0] + 2_000
+    assert result.column("ready_ms")[0].as_py() == calls[0]
+    assert result.column("late")[0].as_py() == 0  # 2 s ahead: nothing was due yet
+    messages: list[aio_pika.abc.AbstractIncomingMessage] = []
+
+    async def collect() -> None:
+        deadline = time.monotonic() + 30
+        while len(messages) < len(keys) and time.monotonic() < deadline:
+            messages.extend(await _drain(rabbitmq_url, unique))
+            await asyncio.sleep(0.1)
+
+    asyncio.run(collect())
+    due = {m.body.decode(): m.headers[X_DUE_AT] for m in messages}
+    # The plan counts from the agreed start, not from when the rows were planned.
+    assert due == {k: start + 100 * i for i, k in enumerate(keys)}
+
+
+def test_a_partition_that_cannot_connect_still_takes_part_in_the_agreement(
+    tmp_path: Path,
+) -> None:
+    topology = DelayTopology(prefix="unused", levels=4, queue_type="classic")
+    job = PublishJob(
+        url="amqp://guest:guest@127.0.0.1:1/",  # nothing listens on port 1
+        topology=topology,
+        run_id="r1",
+        run_header="x-redrive-id",
+        ledger=str(tmp_path / "ledger"),
+        anchored=True,
+        publish_timeout=5,
+    )
+    calls: list[int] = []
+
+    def agree(ready_ms: int) -> int:
+        calls.append(ready_ms)
+        return ready_ms
+
+    result = publish_attempt(
+        job, _offset_batches(["k0"], "q", 10), partition=1, retried=False, agree=agree
+    )
+    # Otherwise the other partitions of the barrier stage would wait for it forever.
+    assert len(calls) == 1
+    assert "cannot connect" in result.column("error")[0].as_py()
+    assert result.column("sent")[0].as_py() == 0

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
+from delayed_retry.durations import to_epoch_ms
 from delayed_retry.headers import X_DUE_AT, X_RETRY
 from delayed_retry.spark import X_REDRIVE_ID, RedriveError, redrive
 from delayed_retry.spark.synthetic import parked_row, write_archive
@@ -116,9 +117,17 @@ async def test_dry_run_then_spread_redrive_then_rerun_sends_nothing(
     bodies = sorted(m.body for m, _ in arrivals)
     assert bodies == [f"t{i}".encode() for i in range(5)]
     due = {m.body: _due_ms(m) for m, _ in arrivals}
-    # Oldest parked first, each 50 ms after the one before (rate 20/s).
+    # Oldest parked first, each 50 ms after the one before (rate 20/s), across both
+    # publishing partitions (rows 0-2 and 3-4).
     ordered = [due[f"t{i}".encode()] for i in range(5)]
     assert [b - a for a, b in itertools.pairwise(ordered)] == [50, 50, 50, 50]
+    # The plan counts from a start agreed once every publishing partition was connected
+    # and had its rows: the first message was not due while publishers were starting.
+    assert real.ready_at is not None and real.first_due_at is not None
+    assert real.first_due_at > real.ready_at
+    assert ordered[0] == to_epoch_ms(real.first_due_at)
+    assert real.last_due_at is not None and ordered[-1] == to_epoch_ms(real.last_due_at)
+    assert ordered[0] > to_epoch_ms(dry.first_due_at)  # not the start planned beforehand
     for message, arrived_ms in arrivals:
         assert message.headers[X_REDRIVE_ID] == real.redrive_id
         assert X_RETRY not in message.headers  # a fresh retry budget

@@ -12,14 +12,15 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from delayed_retry.durations import from_epoch_ms
-from delayed_retry.spark.dataset import read_archive, reading
+from delayed_retry.spark.dataset import archive_bytes, read_archive, reading
 from delayed_retry.spark.fingerprints import with_fingerprint
+from delayed_retry.spark.session import default_parallelism, shuffle_partitions_for
 from delayed_retry.spark.timeline import Timeline, choose_bucket, fill
 
 __all__ = [
@@ -111,6 +112,45 @@ class Analysis:
         return self.groups
 
 
+_READ_COLUMNS = (
+    "message_key",
+    "message_id",
+    "origin_queue",
+    "queue",
+    "exception_type",
+    "exception_message",
+    "exception_traceback",
+    "last_error",
+    "parked_reason",
+    "parked_at",
+    "archived_at",
+    "first_failure_at",
+    "retries",
+    "body",
+)
+"""The archive columns the analysis reads (Parquet skips the others)."""
+
+_DIMENSIONS = ("queue", "exception_type", "kind", "parked_reason", "retries")
+"""The counts the report shows per value, computed together in one aggregation."""
+
+
+def _deduplicated(raw: Any) -> Any:
+    """One row per ``message_key`` and ``_copies``, how many archived rows it had.
+
+    The same shuffle as ``dropDuplicates``, and the archived-row total needs
+    no second pass over the Parquet files.
+    """
+    from pyspark.sql import functions as F
+
+    rest = [c for c in _READ_COLUMNS if c != "message_key"]
+    return (
+        raw.select(*_READ_COLUMNS)
+        .groupBy("message_key")
+        .agg(F.count(F.lit(1)).alias("_copies"), F.first(F.struct(*rest)).alias("_row"))
+        .select("message_key", "_copies", *[F.col(f"_row.{c}").alias(c) for c in rest])
+    )
+
+
 def _classified(frame: Any) -> Any:
     from pyspark.sql import functions as F
 
@@ -123,6 +163,7 @@ def _classified(frame: Any) -> Any:
     )
     return with_fingerprint(frame).select(
         "message_key",
+        "_copies",
         F.coalesce(
             F.col("message_id"), F.concat(F.lit("key:"), F.substring("message_key", 1, 16))
         ).alias("message_id"),
@@ -146,18 +187,6 @@ def _classified(frame: Any) -> Any:
     )
 
 
-def _counts(frame: Any, column: str) -> dict[Any, int]:
-    from pyspark.sql import functions as F
-
-    rows = (
-        frame.groupBy(column)
-        .agg(F.count(F.lit(1)).alias("n"))
-        .orderBy(F.desc("n"), F.asc(column))
-        .collect()
-    )
-    return {row[column]: int(row["n"]) for row in rows}
-
-
 def _preview(body: bytes | None, limit: int = 160) -> str:
     from delayed_retry.headers import encode_body_preview
 
@@ -175,14 +204,25 @@ def analyze_archive(
 
     ``top`` failure groups are listed; the charts stack the ``series``
     biggest groups (and queues) and sum the rest as ``other``.
+
+    Five Spark actions whatever the size: overall figures (which also fills
+    the cached, fingerprinted frame), every per-value count at once, the
+    biggest groups, both timelines at once, and a sample of parking delays.
+    Shuffle partitions start from the archive's size on disk
+    (:func:`~delayed_retry.spark.session.shuffle_partitions_for`), and
+    adaptive execution merges them further.
     """
     path_list = (paths,) if isinstance(paths, str) else tuple(paths)
     raw = read_archive(spark, list(path_list))
-    frame = _classified(raw.dropDuplicates(["message_key"])).cache()
+    frame = _classified(_deduplicated(raw)).cache()
+    partitions = shuffle_partitions_for(archive_bytes(path_list), cores=default_parallelism(spark))
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     try:
         with reading(list(path_list)):
-            return _analyze(raw, frame, path_list, top, series)
+            return _analyze(frame, path_list, top, series)
     finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
         frame.unpersist()
 
 
@@ -192,56 +232,94 @@ def _example(row: Any) -> Example:
     )
 
 
-def _timeline(
-    frame: Any, column: str, keep: Sequence[str], first: datetime, last: datetime, size: int
-) -> Timeline:
+def _dimension_counts(frame: Any) -> dict[str, dict[Any, int]]:
+    """Counts per value of every :data:`_DIMENSIONS` column, biggest first, in one job."""
     from pyspark.sql import functions as F
 
-    bucket_ms = size * 1000
-    name = F.when(F.col(column).isin(list(keep)), F.col(column)).otherwise(F.lit("other"))
+    pairs = F.array(
+        *[
+            F.struct(F.lit(name).alias("dimension"), F.col(name).cast("string").alias("value"))
+            for name in _DIMENSIONS
+        ]
+    )
     rows = (
-        frame.select(
-            (F.floor(F.col("at_ms") / bucket_ms) * bucket_ms).alias("bucket"), name.alias("name")
-        )
-        .groupBy("bucket", "name")
+        frame.select(F.explode(pairs).alias("d"))
+        .groupBy("d.dimension", "d.value")
         .agg(F.count(F.lit(1)).alias("n"))
         .collect()
     )
-    counts = {(from_epoch_ms(int(r["bucket"])), str(r["name"])): int(r["n"]) for r in rows}
-    return fill(counts, first=first, last=last, bucket_seconds=size, keep=keep)
+    counts: dict[str, dict[Any, int]] = {name: {} for name in _DIMENSIONS}
+    for row in sorted(rows, key=lambda r: (-int(r["n"]), str(r["value"]))):
+        value = row["value"]
+        if row["dimension"] == "retries":
+            if value is None:  # no x-retry header: not counted
+                continue
+            value = int(value)
+        counts[row["dimension"]][value] = int(row["n"])
+    return counts
 
 
-def _analyze(raw: Any, frame: Any, paths: tuple[str, ...], top: int, series: int) -> Analysis:
+def _timelines(
+    frame: Any, keep: Mapping[str, Sequence[str]], first: datetime, last: datetime, size: int
+) -> dict[str, Timeline]:
+    """Counts per time bucket of each ``keep`` column's kept values (the rest as ``other``)."""
+    from pyspark.sql import functions as F
+
+    bucket_ms = size * 1000
+    names = F.array(
+        *[
+            F.struct(
+                F.lit(column).alias("column"),
+                F.when(F.col(column).isin(list(values)), F.col(column))
+                .otherwise(F.lit("other"))
+                .alias("name"),
+            )
+            for column, values in keep.items()
+        ]
+    )
+    rows = (
+        frame.select(
+            (F.floor(F.col("at_ms") / bucket_ms) * bucket_ms).alias("bucket"),
+            F.explode(names).alias("d"),
+        )
+        .groupBy("d.column", "bucket", "d.name")
+        .agg(F.count(F.lit(1)).alias("n"))
+        .collect()
+    )
+    counts: dict[str, dict[tuple[datetime, str], int]] = {column: {} for column in keep}
+    for r in rows:
+        counts[r["column"]][(from_epoch_ms(int(r["bucket"])), str(r["name"]))] = int(r["n"])
+    return {
+        column: fill(counts[column], first=first, last=last, bucket_seconds=size, keep=keep[column])
+        for column in keep
+    }
+
+
+def _analyze(frame: Any, paths: tuple[str, ...], top: int, series: int) -> Analysis:
     from pyspark.sql import functions as F
 
     generated_at = datetime.now(UTC)
-    total = int(raw.count())
     overall = frame.agg(
+        F.sum("_copies").alias("total"),
         F.count(F.lit(1)).alias("n"),
         F.min("at_ms").alias("first"),
         F.max("at_ms").alias("last"),
         F.min("parked_ms").alias("first_parked"),
         F.max("parked_ms").alias("last_parked"),
         F.countDistinct("fingerprint").alias("groups"),
-    ).collect()[0]
-    distinct = int(overall["n"])
-    retries = {
-        int(k): v for k, v in _counts(frame.where(F.col("retries").isNotNull()), "retries").items()
-    }
-    parked = frame.where(F.col("park_ms").isNotNull())
-    stats = parked.agg(
+        F.count("park_ms").alias("parked"),
         F.min("park_ms").alias("min"),
         F.percentile_approx("park_ms", 0.5).alias("p50"),
         F.percentile_approx("park_ms", 0.9).alias("p90"),
         F.max("park_ms").alias("max"),
-        F.count(F.lit(1)).alias("n"),
     ).collect()[0]
+    distinct = int(overall["n"])
     park_seconds = (
-        {k: float(stats[k]) / 1000 for k in ("min", "p50", "p90", "max")} if stats["n"] else {}
+        {k: float(overall[k]) / 1000 for k in ("min", "p50", "p90", "max")}
+        if overall["parked"]
+        else {}
     )
-    sample = tuple(
-        float(r["park_ms"]) / 1000 for r in parked.select("park_ms").limit(20_000).collect()
-    )
+    counts = _dimension_counts(frame)
     example = F.struct("message_id", "message", "body")
     rows = (
         frame.groupBy("fingerprint")
@@ -280,33 +358,37 @@ def _analyze(raw: Any, frame: Any, paths: tuple[str, ...], top: int, series: int
         )
         for r in rows
     )
-    by_queue = {str(k): v for k, v in _counts(frame, "queue").items()}
+    by_queue = {str(k): v for k, v in counts["queue"].items()}
     first, last = _ms(overall["first"]), _ms(overall["last"])
-    by_group_time = by_queue_time = None
+    timelines: dict[str, Timeline] = {}
     if first is not None and last is not None:
-        size = choose_bucket(last - first)
-        by_group_time = _timeline(
-            frame, "fingerprint", [g.key for g in groups[:series]], first, last, size
-        )
-        by_queue_time = _timeline(frame, "queue", list(by_queue)[:series], first, last, size)
+        keep = {
+            "fingerprint": [g.key for g in groups[:series]],
+            "queue": list(by_queue)[:series],
+        }
+        timelines = _timelines(frame, keep, first, last, choose_bucket(last - first))
+    sample = tuple(
+        float(r["park_ms"]) / 1000
+        for r in frame.where(F.col("park_ms").isNotNull()).select("park_ms").limit(20_000).collect()
+    )
     return Analysis(
         paths=paths,
         generated_at=generated_at,
-        total=total,
+        total=int(overall["total"] or 0),
         distinct=distinct,
         first_parked_at=_ms(overall["first_parked"]),
         last_parked_at=_ms(overall["last_parked"]),
         by_queue=by_queue,
-        by_exception=_counts(frame, "exception_type"),
-        by_kind=_counts(frame, "kind"),
-        by_reason=_counts(frame, "parked_reason"),
-        by_retries=dict(sorted(retries.items())),
+        by_exception=counts["exception_type"],
+        by_kind=counts["kind"],
+        by_reason=counts["parked_reason"],
+        by_retries=dict(sorted(counts["retries"].items())),
         park_seconds=park_seconds,
         park_seconds_sample=sample,
         group_count=int(overall["groups"]),
         groups=groups,
-        by_group_over_time=by_group_time,
-        by_queue_over_time=by_queue_time,
+        by_group_over_time=timelines.get("fingerprint"),
+        by_queue_over_time=timelines.get("queue"),
     )
 
 

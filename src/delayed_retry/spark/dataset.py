@@ -10,7 +10,14 @@ from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.spark.ledger import path_exists
 from delayed_retry.spark.schema import ARCHIVE_COLUMNS, PARTITION_COLUMNS, archive_spark_schema
 
-__all__ = ["ArchiveReadError", "archive_columns", "read_archive", "reading", "root_cause"]
+__all__ = [
+    "ArchiveReadError",
+    "archive_bytes",
+    "archive_columns",
+    "read_archive",
+    "reading",
+    "root_cause",
+]
 
 
 class ArchiveReadError(DelayedRetryError):
@@ -46,6 +53,23 @@ def check_archive_paths(paths: str | Sequence[str]) -> list[str]:
                 "'delayed-retry archive --to'"
             )
     return wanted
+
+
+def archive_bytes(paths: str | Sequence[str]) -> int:
+    """The size on disk of every file under ``paths`` (0 when it cannot be listed)."""
+    import pyarrow.fs as pafs
+
+    from delayed_retry.spark.ledger import filesystem_of
+
+    total = 0
+    for path in [paths] if isinstance(paths, str) else paths:
+        try:
+            filesystem, root = filesystem_of(path)
+            infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
+        except Exception:  # sizing is a hint; reading reports the real problem
+            continue
+        total += sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+    return total
 
 
 def read_archive(spark: Any, paths: str | Sequence[str]) -> Any:

@@ -22,6 +22,7 @@ from delayed_retry.spark.sinks import local_path, sink_for
 
 __all__ = [
     "LedgerWriter",
+    "filesystem_of",
     "ledger_files",
     "ledger_keys",
     "path_exists",
@@ -35,7 +36,7 @@ def path_exists(path: str) -> bool:
     """Whether a local folder or a pyarrow-reachable URI exists."""
     import pyarrow.fs as pafs
 
-    filesystem, root = _filesystem(path)
+    filesystem, root = filesystem_of(path)
     return bool(filesystem.get_file_info(root).type != pafs.FileType.NotFound)
 
 
@@ -49,7 +50,7 @@ def ledger_keys(spark: Any, ledger: str, run_id: str) -> Any:
     return frame.where(F.col("run_id") == F.lit(run_id)).select("message_key").distinct()
 
 
-def _filesystem(target: str) -> tuple[Any, str]:
+def filesystem_of(target: str) -> tuple[Any, str]:
     """The pyarrow filesystem of a local path or a URI, and the path within it."""
     import pyarrow.fs as pafs
 
@@ -64,7 +65,7 @@ def ledger_files(ledger: str, stem: str) -> list[str]:
     """The names of the ledger files whose names start with ``stem`` (no folder)."""
     import pyarrow.fs as pafs
 
-    filesystem, root = _filesystem(ledger)
+    filesystem, root = filesystem_of(ledger)
     infos = filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True))
     return sorted(i.base_name for i in infos if i.is_file and i.base_name.startswith(f"{stem}-"))
 
@@ -73,7 +74,7 @@ def recorded_keys(ledger: str, stem: str) -> set[str]:
     """The keys in the ledger files named ``<stem>-*``: what a task's earlier attempts sent."""
     import pyarrow.parquet as pq
 
-    filesystem, root = _filesystem(ledger)
+    filesystem, root = filesystem_of(ledger)
     keys: set[str] = set()
     for name in ledger_files(ledger, stem):
         table = pq.read_table(f"{root}/{name}", columns=["message_key"], filesystem=filesystem)
@@ -90,7 +91,7 @@ def write_marker(ledger: str, stem: str) -> str:
 
 def remove_files(ledger: str, names: list[str]) -> None:
     """Delete the ledger files ``names`` (as :func:`ledger_files` lists them)."""
-    filesystem, root = _filesystem(ledger)
+    filesystem, root = filesystem_of(ledger)
     for name in names:
         filesystem.delete_file(f"{root}/{name}")
 

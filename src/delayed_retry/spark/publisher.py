@@ -14,10 +14,11 @@ earlier attempts recorded.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,8 @@ __all__ = [
     "PublishJob",
     "PublishOutcome",
     "PublishRunError",
+    "agreed_start",
+    "barrier_slots",
     "declare_destinations",
     "publish_attempt",
     "publish_partition",
@@ -58,8 +61,12 @@ PUBLISH_COLUMNS = (
 )
 """The columns of a DataFrame handed to :func:`run_publish`, in this order."""
 
-RESULT_SCHEMA = "sent long, error string, files array<string>"
-"""What each partition returns: rows confirmed, first error (or null), ledger files written."""
+RESULT_SCHEMA = (
+    "sent long, error string, files array<string>, ready_ms long, start_ms long, late long"
+)
+"""What each partition returns: rows confirmed, first error (or null), ledger files written,
+when it was ready to publish, the start its due times count from, and how many rows it
+published after they were due (epoch ms; the last three null or 0 when not anchored)."""
 
 
 class PublishRunError(DelayedRetryError):
@@ -80,10 +87,14 @@ class PublishJob:
     publish_timeout: float = 30.0
     drop_headers: tuple[str, ...] = ()
     ledger_every: int = 20_000
-    due_offset_ms: int = 0
-    """Added to every row's ``due_at_ms``: a redrive at a rate plans offsets from 0 and sets
-    this when publishing starts, so the rate holds from then, not from when the job was
-    planned (reading and sorting the archive would otherwise make the first rows late)."""
+    anchored: bool = False
+    """``due_at_ms`` are offsets from a start every partition agrees on once all of them are
+    ready to publish (connected, first rows read): a redrive at a rate holds its spacing from
+    the first publish, whatever Spark's planning and the executors' start-up took. The
+    publishing stage then runs in Spark's barrier mode: every partition at once."""
+    start_margin_ms: int = 500
+    """How far after the last partition is ready the anchored start is set: room for the
+    agreement to reach every partition before the first row is due."""
 
 
 _LEDGER_FAILED = "the ledger cannot be written"
@@ -95,11 +106,18 @@ _SHARE_THE_LEDGER = (
 
 @dataclass(frozen=True, kw_only=True)
 class PublishOutcome:
-    """What a run sent: rows confirmed (all in the ledger), and each partition's first error."""
+    """What a run sent: rows confirmed (all in the ledger), and each partition's first error.
+
+    For an anchored run, ``start_ms`` is the agreed start (epoch ms), ``ready_ms`` when the
+    last partition was ready, and ``late`` how many rows were published after their due time.
+    """
 
     sent: int
     errors: tuple[str, ...]
     ledger: str
+    start_ms: int | None = None
+    ready_ms: int | None = None
+    late: int = 0
 
     def raise_for_errors(self, what: str, *, rerun: str, of: int | None = None) -> None:
         """Raise :class:`PublishRunError` saying what ``what`` sent and how to finish, if it failed.
@@ -175,10 +193,38 @@ def _rows(batches: Iterable[Any], skip: set[str]) -> Iterator[tuple[Any, ...]]:
                 yield row
 
 
+@dataclass(kw_only=True)
+class _Start:
+    """The anchored start of one partition: agreed once, whatever happens (see :func:`agree`)."""
+
+    agree: Callable[[int], int] | None
+    ready_ms: int | None = None
+    start_ms: int = 0
+    agreed: bool = False
+    late: int = 0
+
+    async def settle(self) -> None:
+        """Agree on the start, once; every partition must call it exactly once (barrier)."""
+        if self.agree is None or self.ready_ms is not None:
+            return
+        self.ready_ms = time.time_ns() // 1_000_000
+        self.start_ms = await asyncio.to_thread(self.agree, self.ready_ms)
+        self.agreed = True
+
+
+def agreed_start(ready_ms: Sequence[int], *, margin_ms: int) -> int:
+    """The start every partition computes from all their ready times: the last, plus a margin."""
+    return max(ready_ms) + margin_ms
+
+
 async def _publish_partition(
-    job: PublishJob, rows: Iterable[Sequence[Any]], ledger: LedgerWriter
+    job: PublishJob, rows: Iterable[Sequence[Any]], ledger: LedgerWriter, start: _Start
 ) -> str | None:
-    """Publish ``rows``, adding each confirmed key to ``ledger``; return the first error."""
+    """Publish ``rows``, adding each confirmed key to ``ledger``; return the first error.
+
+    An anchored partition connects and reads its first row, then agrees on
+    the start (``start.settle``) before publishing anything.
+    """
     from delayed_retry.batching import connect_batched
     from delayed_retry.publishing import publish_confirmed
 
@@ -189,6 +235,10 @@ async def _publish_partition(
         return f"cannot connect to the broker: {exc!r}"
     try:
         channel = await connection.channel(publisher_confirms=True)
+        pending = iter(rows)
+        first = next(pending, None)
+        await start.settle()
+        rows = pending if first is None else itertools.chain([first], pending)
         # Rows start in bursts, so that their frames leave in one write (see batching).
         burst = max(1, job.window // 4)
         in_flight = 0
@@ -199,9 +249,12 @@ async def _publish_partition(
 
         async def one(row: Sequence[Any]) -> None:
             try:
-                due_ms = int(row[2]) + job.due_offset_ms
+                due_ms = int(row[2]) + start.start_ms
                 # Floor of now: the computed delay is never shorter than the true one.
-                units = encoding.units_for_ms(max(due_ms - time.time_ns() // 1_000_000, 0), unit_ms)
+                wait_ms = due_ms - time.time_ns() // 1_000_000
+                if wait_ms < 0 and start.agree is not None:
+                    start.late += 1
+                units = encoding.units_for_ms(max(wait_ms, 0), unit_ms)
                 if units > topology.max_units:
                     raise DelayOutOfRangeError(
                         f"row {row[0]!r} is due at {from_epoch_ms(due_ms)}, beyond the "
@@ -281,23 +334,40 @@ def _flush(ledger: LedgerWriter, errors: list[str]) -> None:
 
 def publish_partition(job: PublishJob, batches: Iterator[Any]) -> Iterator[Any]:
     """The ``mapInArrow`` function: publish one partition, yield its :data:`RESULT_SCHEMA` row."""
-    from pyspark import TaskContext
+    from pyspark import BarrierTaskContext, TaskContext
 
     context = TaskContext.get()
+    agree: Callable[[int], int] | None = None
+    if job.anchored:
+        barrier = BarrierTaskContext.get()
+
+        def agree(ready_ms: int) -> int:
+            every = [int(text) for text in barrier.allGather(str(ready_ms))]
+            return agreed_start(every, margin_ms=job.start_margin_ms)
+
     yield publish_attempt(
         job,
         batches,
         partition=context.partitionId() if context is not None else 0,
         retried=context is not None and context.attemptNumber() > 0,
+        agree=agree,
     )
 
 
 def publish_attempt(
-    job: PublishJob, batches: Iterable[Any], *, partition: int, retried: bool
+    job: PublishJob,
+    batches: Iterable[Any],
+    *,
+    partition: int,
+    retried: bool,
+    agree: Callable[[int], int] | None = None,
 ) -> Any:
     """One attempt at one partition; a ``retried`` attempt skips what earlier ones recorded.
 
-    Returns a one-row Arrow batch of :data:`RESULT_SCHEMA`.
+    ``agree`` (anchored jobs) takes this partition's ready time and returns
+    the start every partition agreed on; it is called exactly once, even
+    when the partition fails before publishing, so no partition waits for
+    it in vain. Returns a one-row Arrow batch of :data:`RESULT_SCHEMA`.
     """
     import pyarrow as pa
 
@@ -305,12 +375,34 @@ def publish_attempt(
 
     stem = f"part-{job.token}-p{partition:05d}"
     ledger = LedgerWriter(job.ledger, job.run_id, stem=stem, every=job.ledger_every)
-    skip = recorded_keys(job.ledger, stem) if retried else set()
-    error = asyncio.run(_publish_partition(job, _rows(batches, skip), ledger))
+    start = _Start(agree=agree)
+
+    async def attempt() -> str | None:
+        try:
+            skip = recorded_keys(job.ledger, stem) if retried else set()
+            return await _publish_partition(job, _rows(batches, skip), ledger, start)
+        finally:
+            await start.settle()
+
+    error = asyncio.run(attempt())
     return pa.RecordBatch.from_pydict(
-        {"sent": [ledger.recorded], "error": [error], "files": [ledger.files]},
+        {
+            "sent": [ledger.recorded],
+            "error": [error],
+            "files": [ledger.files],
+            "ready_ms": [start.ready_ms],
+            "start_ms": [start.start_ms if start.agreed else None],
+            "late": [start.late],
+        },
         schema=pa.schema(
-            [("sent", pa.int64()), ("error", pa.string()), ("files", pa.list_(pa.string()))]
+            [
+                ("sent", pa.int64()),
+                ("error", pa.string()),
+                ("files", pa.list_(pa.string())),
+                ("ready_ms", pa.int64()),
+                ("start_ms", pa.int64()),
+                ("late", pa.int64()),
+            ]
         ),
     )
 
@@ -360,10 +452,12 @@ def run_publish(frame: Any, job: PublishJob) -> PublishOutcome:
     _check_ledger_shared(frame.sparkSession, job)
     results = (
         frame.select(*PUBLISH_COLUMNS)
-        .mapInArrow(partial(publish_partition, job), RESULT_SCHEMA)
+        .mapInArrow(partial(publish_partition, job), RESULT_SCHEMA, barrier=job.anchored)
         .collect()
     )
     sent = sum(int(r["sent"]) for r in results)
+    starts = {int(r["start_ms"]) for r in results if r["start_ms"] is not None}
+    ready = [int(r["ready_ms"]) for r in results if r["ready_ms"] is not None]
     errors = tuple(r["error"] for r in results if r["error"])
     files = tuple(f for r in results for f in r["files"] or ())
     visible = set(ledger_files(job.ledger, f"part-{job.token}")) if files else set()
@@ -374,7 +468,27 @@ def run_publish(frame: Any, job: PublishJob) -> PublishOutcome:
             f"{job.ledger!r} (such as {unseen[0]!r}); {_SHARE_THE_LEDGER} before running again, "
             "or those messages are sent twice"
         )
-    return PublishOutcome(sent=sent, errors=errors, ledger=job.ledger)
+    if len(starts) > 1:  # cannot happen: every partition computes it from the same values
+        raise PublishRunError(f"the partitions disagreed on the start: {sorted(starts)}")
+    return PublishOutcome(
+        sent=sent,
+        errors=errors,
+        ledger=job.ledger,
+        start_ms=starts.pop() if starts else None,
+        ready_ms=max(ready) if ready else None,
+        late=sum(int(r["late"] or 0) for r in results),
+    )
+
+
+def barrier_slots(spark: Any) -> int:
+    """How many tasks can run at once: the most partitions a barrier stage may have."""
+    from delayed_retry.spark.session import default_parallelism
+
+    try:
+        per_task = max(1, int(spark.conf.get("spark.task.cpus", "1")))
+    except Exception:
+        per_task = 1
+    return max(1, default_parallelism(spark) // per_task)
 
 
 async def declare_destinations(

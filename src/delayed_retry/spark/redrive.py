@@ -3,10 +3,11 @@
 Only rows the operator selected are sent, and each only to the queue the
 archive recorded for it (``origin_queue``: the parking routing key, or
 ``x-retry-queue`` for messages the library did not park). Message *i* of a
-run is due ``i / rate`` seconds after publishing starts (not after the job was
-planned: reading and sorting the archive never make messages late); the delay chain
-spreads the load, so the
-executors publish as fast as confirms allow. Each message carries
+run is due ``i / rate`` seconds after publishing starts: the publishing
+partitions connect and read their first rows, then agree on one start just
+after the last of them is ready, so neither Spark's planning nor an
+executor's start-up makes the first messages late. The delay chain spreads
+the load, so the executors publish as fast as confirms allow. Each message carries
 ``x-redrive-id``; the ledger records every confirmed send, so running the
 same redrive again sends only what is missing.
 """
@@ -31,6 +32,7 @@ from delayed_retry.spark.fingerprints import mentions_fingerprint, with_fingerpr
 from delayed_retry.spark.ledger import ledger_keys
 from delayed_retry.spark.publisher import (
     PublishJob,
+    barrier_slots,
     declare_destinations,
     publishing_partitions,
     run_publish,
@@ -63,6 +65,10 @@ class RedriveResult:
     by_queue: dict[str, int] = field(default_factory=dict)
     first_due_at: datetime | None = None
     last_due_at: datetime | None = None
+    ready_at: datetime | None = None
+    """With a rate: when the last publishing partition was ready (the start is just after)."""
+    late: int = 0
+    """With a rate: messages published after their due time (the publishers fell behind)."""
 
 
 def default_redrive_id(paths: Sequence[str], where: str | None) -> str:
@@ -138,6 +144,9 @@ def redrive(
     ledger_path = ledger or _default_ledger(path_list[0])
     frame = _select(spark, read_archive(spark, path_list), where)
     n = publishing_partitions(spark, partitions)
+    if rate:
+        # Every partition publishes at once to agree on the start (Spark's barrier mode).
+        n = min(n, barrier_slots(spark))
     frame = frame.repartition(n, "message_key").dropDuplicates(["message_key"])
     sent_before = ledger_keys(spark, ledger_path, run_id).withColumn("_sent", F.lit(True))
     # Kept for the publish job, so the archive is read, deduplicated and joined once.
@@ -199,7 +208,7 @@ def _run(
     start_ms = to_epoch_ms(start)
 
     def due_ms(index: int) -> int:
-        return start_ms + (math.ceil(index * 1000 / rate) if rate else 0)
+        return start_ms + _offset_ms(index, rate)
 
     result = RedriveResult(
         redrive_id=run_id,
@@ -233,8 +242,9 @@ def _run(
         drop_headers=(X_RETRY,),
     )
     if rate:
-        # Offsets from 0; the start is fixed below, once the spread is planned and counted.
+        # Offsets from 0: the partitions agree on the start once all of them are ready.
         sendable, due = _spread(sendable, 0, rate, partitions)
+        job = replace(job, anchored=True)
     else:
         due = F.lit(start_ms)
     columns = sendable.select(
@@ -248,10 +258,6 @@ def _run(
         "message_id",
         "correlation_id",
     )
-    if rate:
-        # The rate holds from when publishing starts, not from when the job was planned.
-        started = start_ms if now is not None else to_epoch_ms(utcnow())
-        job = replace(job, due_offset_ms=started)
     try:
         with reading(path_list):
             outcome = run_publish(columns, job)
@@ -261,7 +267,30 @@ def _run(
     outcome.raise_for_errors(
         f"redrive {run_id!r}", of=to_send, rerun="run the same command again once it is fixed"
     )
-    return RedriveResult(**{**result.__dict__, "sent": outcome.sent})
+    if outcome.late:
+        log.warning(
+            "%d of %d messages were published after their due time (the publishers could not "
+            "keep up with --rate %s/s, or an executor stalled); they arrived late",
+            outcome.late,
+            to_send,
+            rate,
+        )
+    if outcome.start_ms is None:
+        return replace(result, sent=outcome.sent)
+    # The plan as sent: offsets from the start the partitions agreed on.
+    return replace(
+        result,
+        sent=outcome.sent,
+        first_due_at=from_epoch_ms(outcome.start_ms + _offset_ms(0, rate)),
+        last_due_at=from_epoch_ms(outcome.start_ms + _offset_ms(to_send - 1, rate)),
+        ready_at=None if outcome.ready_ms is None else from_epoch_ms(outcome.ready_ms),
+        late=outcome.late,
+    )
+
+
+def _offset_ms(index: int, rate: float | None) -> int:
+    """When row ``index`` (oldest parked first) is due, in ms after the start."""
+    return math.ceil(index * 1000 / rate) if rate else 0
 
 
 def _spread(frame: Any, start_ms: int, rate: float, partitions: int) -> tuple[Any, Any]:

@@ -15,7 +15,16 @@ from typing import Any
 
 from delayed_retry.errors import ConfigurationError
 
-__all__ = ["DEFAULT_MASTER", "SparkMissingError", "get_spark", "progress", "require_pyspark"]
+__all__ = [
+    "DEFAULT_MASTER",
+    "SparkMissingError",
+    "default_parallelism",
+    "get_spark",
+    "local_driver_memory",
+    "progress",
+    "require_pyspark",
+    "shuffle_partitions_for",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +59,17 @@ def get_spark(
 
     Use it from scripts and the command line; inside an existing Spark
     application (a notebook, spark-submit) the running session is returned
-    unchanged. Spark logs only errors unless ``verbose`` (then warnings too).
+    unchanged. Spark logs only errors unless ``verbose`` (then warnings too),
+    from the JVM's start on (:mod:`delayed_retry.spark.jvm_output`).
 
     Shuffles are sized to the data: adaptive execution merges small shuffle
     partitions, so a 10-row archive runs a handful of tasks, not 200.
     """
     require_pyspark()
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
+
+    from delayed_retry.spark.jvm_output import filtered_jvm_stderr, log4j2_java_option
 
     active = SparkSession.getActiveSession()
     if active is not None and master is None:
@@ -74,12 +87,21 @@ def get_spark(
         # Coalesce by size (64 MB advisory), not to keep every core busy on tiny data.
         "spark.sql.adaptive.coalescePartitions.parallelismFirst": "false",
         "spark.sql.shuffle.partitions": str(_shuffle_partitions(master or DEFAULT_MASTER)),
+        **_local_defaults(master or DEFAULT_MASTER),
         **(config or {}),
     }
+    new_jvm = SparkContext._gateway is None
+    if new_jvm:
+        # The log4j2 configuration must reach the JVM's command line: it logs before any call.
+        quiet = log4j2_java_option(verbose=verbose)
+        settings["spark.driver.extraJavaOptions"] = " ".join(
+            filter(None, (quiet, settings.get("spark.driver.extraJavaOptions")))
+        )
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:
-        spark = builder.getOrCreate()
+        with filtered_jvm_stderr(verbose=verbose or not new_jvm):
+            spark = builder.getOrCreate()
     except Exception as exc:
         raise SparkMissingError(
             f"could not start Spark on master {master or DEFAULT_MASTER!r}: {exc}; "
@@ -87,6 +109,51 @@ def get_spark(
         ) from exc
     spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
     return spark
+
+
+def default_parallelism(spark: Any) -> int:
+    """How many tasks the executors run at once (Spark's default parallelism)."""
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # Spark Connect has no SparkContext
+        return max(1, int(spark.conf.get("spark.sql.shuffle.partitions")))
+
+
+def shuffle_partitions_for(input_bytes: int, *, cores: int) -> int:
+    """Initial shuffle partitions for an input of ``input_bytes`` on disk.
+
+    Compressed Parquet grows about fourfold in memory; each partition gets
+    about 64 MB of that (adaptive execution's advisory size), and there are
+    at least two per core so every core works. Adaptive execution merges
+    partitions that turn out smaller; it never splits one, so the count must
+    be right for the biggest input, not for a 10-row one.
+    """
+    target = 64 * 1024 * 1024
+    return max(2 * cores, -(-input_bytes * 4 // target))
+
+
+def local_driver_memory(total_bytes: int) -> str:
+    """The driver JVM's heap in local mode: a quarter of the machine, 1 to 8 GB.
+
+    In local mode the driver is the only executor; Spark's 1 GB default
+    spills a 10-million-row shuffle to disk many times over.
+    """
+    gigabytes = max(1, min(8, total_bytes // 4 // 1024**3))
+    return f"{gigabytes}g"
+
+
+def _local_defaults(master: str) -> dict[str, str]:
+    """In local mode: no web UI (its server costs start-up time nobody looks at), more heap."""
+    if not master.startswith("local"):
+        return {}
+    settings = {"spark.ui.enabled": "false"}
+    if os.environ.get("SPARK_DRIVER_MEMORY"):
+        return settings
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return settings
+    return {**settings, "spark.driver.memory": local_driver_memory(total)}
 
 
 def _shuffle_partitions(master: str) -> int:
