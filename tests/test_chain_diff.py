@@ -164,3 +164,66 @@ def test_stray_bindings_on_the_chain_are_reported() -> None:
 def test_upper_bounds_are_shown_rounded_up() -> None:
     shown = [format_at_most(s) for s in (0.25, 1.5, 90, 3600, 4194.303, 86400 * 3 + 4 * 3600 + 1)]
     assert shown == ["250 ms", "1.5 s", "1 m 30 s", "1 h", "1 h 10 m", "3 d 5 h"]
+
+
+def _with_level_arguments(live: LiveChain, extra: dict[str, int]) -> LiveChain:
+    queues = {
+        name: replace(q, arguments={**q.arguments, **extra}) if ".level." in name else q
+        for name, q in live.queues.items()
+    }
+    return replace(live, queues=queues)
+
+
+def test_level_queues_with_an_in_memory_limit_agree_with_what_declaring_accepts() -> None:
+    live = _with_level_arguments(
+        live_as_declared(), {"x-max-in-memory-length": 0, "x-max-in-memory-bytes": 0}
+    )
+    assert compare(T, live) == []
+    assert compare(T, live, broker_version=(3, 10)) == []  # they keep bodies on disk already
+    # Elsewhere the argument is still foreign to the chain.
+    queues = dict(live.queues)
+    queues["p.rejected"] = replace(queues["p.rejected"], arguments={"x-max-in-memory-length": 0})
+    (diff,) = compare(T, replace(live, queues=queues))
+    assert diff.object == "queue 'p.rejected'"
+    assert "x-max-in-memory-length=0 (not set by the chain)" in diff.problem
+
+
+def test_on_3_10_and_3_11_level_queues_without_a_memory_policy_are_reported() -> None:
+    live = live_as_declared()
+    for version in ((3, 10), (3, 11)):
+        (diff,) = compare(T, live, broker_version=version)
+        assert diff.object == "level queues of chain 'p'"
+        assert "no policy sets max-in-memory-length on 4 of them (from 'p.level.00')" in (
+            diff.problem
+        )
+        assert f"RabbitMQ {version[0]}.{version[1]} may keep the bodies" in diff.problem
+        assert diff.fix.startswith(T.memory_policy().command())
+    for later in ((3, 12), (4, 0), None):
+        assert compare(T, live, broker_version=later) == []
+    classic = DelayTopology(prefix="p", levels=4, queue_type="classic")
+    assert compare(classic, live_as_declared(classic), broker_version=(3, 10)) == []
+
+
+def test_the_memory_policy_or_any_in_memory_limit_satisfies_3_10() -> None:
+    live = live_as_declared()
+    policy = T.memory_policy()
+    ours = Policy(
+        name=policy.name,
+        pattern=policy.pattern,
+        apply_to=policy.apply_to,
+        definition=policy.definition,
+        operator=True,
+    )
+    assert compare(T, replace(live, policies=(ours,)), broker_version=(3, 10)) == []
+    theirs = Policy(name="mine", pattern="^p[.]", definition={"max-in-memory-bytes": 10_000})
+    assert compare(T, replace(live, policies=(theirs,)), broker_version=(3, 10)) == []
+    # An operator policy of higher priority without the key wins over ours on every level.
+    other = Policy(
+        name="cap", pattern="^p", priority=5, definition={"max-length": 10**9}, operator=True
+    )
+    (diff,) = [
+        d
+        for d in compare(T, replace(live, policies=(ours, other)), broker_version=(3, 10))
+        if d.object.startswith("level queues")
+    ]
+    assert "on 4 of them" in diff.problem

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from datetime import timedelta
 from typing import Any
 
 import aio_pika
@@ -19,6 +21,7 @@ from delayed_retry import (
 )
 from delayed_retry import declare as declare_module
 from delayed_retry.headers import X_DUE_AT
+from delayed_retry.topology import amqp_arguments
 from tests.support.chain import Inbox, Scenario, publish
 from tests.support.waiting import wait_until
 
@@ -230,3 +233,61 @@ async def test_scheduling_first_does_not_stop_consume_declaring_parking(quorum: 
     await consume(queue, handler)
     assert await quorum.depth(quorum.topology.default_parking_queue(queue.name)) == 0
     assert await asyncio.wait_for(handled.get(), 15) == b"x"
+
+
+def _level_arguments(scenario: Scenario, level: int, **extra: int) -> dict[str, Any]:
+    name = scenario.topology.level_name(level)
+    (spec,) = [s for s in scenario.topology.queues() if s.name == name]
+    return {**amqp_arguments(spec.arguments), **{k.replace("_", "-"): v for k, v in extra.items()}}
+
+
+async def test_level_queues_with_in_memory_limits_are_used_as_they_are(
+    quorum: Scenario, rabbitmq_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As an operator following the 3.10 advice, or another tool, would have made them:
+    # level 4 with one in-memory argument, level 5 with both.
+    for level, extra in (
+        (4, {"x_max_in_memory_length": 0}),
+        (5, {"x_max_in_memory_length": 0, "x_max_in_memory_bytes": 0}),
+    ):
+        name = quorum.topology.level_name(level)
+        quorum.track_queue(name)
+        await quorum.ch.declare_queue(
+            name, durable=True, arguments=_level_arguments(quorum, level, **extra)
+        )
+    queue = await quorum.queue()
+    with caplog.at_level(logging.WARNING, logger="delayed_retry.declare"):
+        await declare_topology(quorum.ch, quorum.topology, queues=[queue.name])
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"'{quorum.topology.level_name(4)}', '{quorum.topology.level_name(5)}'" in warning
+    assert "x-max-in-memory-bytes=0, x-max-in-memory-length=0" in warning
+    assert quorum.topology.memory_policy().command() in warning
+    assert not quorum.ch.is_closed
+    # Every level is declared and bound: 48 units wait in levels 4 and 5.
+    inbox = Inbox()
+    await queue.consume(inbox)
+    await publish_delayed(
+        quorum.ch,
+        aio_pika.Message(b"through 5 and 4"),
+        queue=queue.name,
+        delay=timedelta(milliseconds=48),
+        topology=quorum.topology,
+    )
+    assert (await inbox.get()).message.body == b"through 5 and 4"
+    # Another connection (a fresh declaration cache) agrees too.
+    other = await aio_pika.connect(rabbitmq_url)
+    try:
+        await declare_topology(await other.channel(), quorum.topology)
+    finally:
+        await other.close()
+
+
+async def test_an_in_memory_limit_does_not_hide_another_mismatch(quorum: Scenario) -> None:
+    level = quorum.topology.level_name(3)
+    quorum.track_queue(level)
+    arguments = _level_arguments(quorum, 3, x_max_in_memory_length=0)
+    arguments["x-message-ttl"] = 5
+    await quorum.ch.declare_queue(level, durable=True, arguments=arguments)
+    with pytest.raises(TopologyMismatchError, match=rf"(?s)queue '{level}'.*x-message-ttl"):
+        await declare_topology(quorum.ch, quorum.topology)
+    assert not quorum.ch.is_closed

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from delayed_retry.topology import DelayTopology, amqp_arguments
+from delayed_retry.checks import keeps_bodies_in_memory
+from delayed_retry.topology import IN_MEMORY_ARGUMENTS, DelayTopology, amqp_arguments
 
 __all__ = [
     "HARMFUL_POLICY_KEYS",
@@ -185,8 +186,11 @@ def expected_bindings(topology: DelayTopology, queues: Iterable[str] = ()) -> se
     return out
 
 
-def _mismatched(wanted: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
+def _mismatched(
+    wanted: Mapping[str, Any], live: Mapping[str, Any], *, tolerated: Iterable[str] = ()
+) -> list[str]:
     out = []
+    tolerated = frozenset(tolerated)
     for key, value in wanted.items():
         if live.get(key) != value:
             got = "missing" if key not in live else repr(live[key])
@@ -194,7 +198,7 @@ def _mismatched(wanted: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]
     out += [
         f"{key}={live[key]!r} (not set by the chain)"
         for key in sorted(live)
-        if key.startswith("x-") and key not in wanted
+        if key.startswith("x-") and key not in wanted and key not in tolerated
     ]
     return out
 
@@ -227,10 +231,52 @@ def _policy_differences(
     return out
 
 
-def compare(
-    topology: DelayTopology, live: LiveChain, *, queues: Iterable[str] = ()
+def _memory_differences(
+    topology: DelayTopology, live: LiveChain, broker_version: tuple[int, int] | None
 ) -> list[Difference]:
-    """Every difference between ``live`` and ``topology``, and ``queues``' bindings and parking."""
+    """On RabbitMQ 3.10–3.11: level queues whose waiting bodies nothing keeps on disk."""
+    if topology.queue_type != "quorum" or not keeps_bodies_in_memory(broker_version):
+        return []
+    in_memory = []
+    for level in range(topology.levels):
+        name = topology.level_name(level)
+        queue = live.queues.get(name)
+        if queue is None or any(key in queue.arguments for key in IN_MEMORY_ARGUMENTS):
+            continue
+        policies = applying_policies(live.policies, name, kind="queue", queue_type="quorum")
+        limits = ("max-in-memory-length", "max-in-memory-bytes")
+        if not any(key in p.definition for p in policies for key in limits):
+            in_memory.append(name)
+    if not in_memory:
+        return []
+    assert broker_version is not None
+    version = f"{broker_version[0]}.{broker_version[1]}"
+    return [
+        Difference(
+            f"level queues of chain {topology.prefix!r}",
+            f"no policy sets max-in-memory-length on {len(in_memory)} of them (from "
+            f"{in_memory[0]!r}), so RabbitMQ {version} may keep the bodies of messages waiting "
+            "there in memory",
+            f"{topology.memory_policy().command()} (once per vhost, on a broker node; it "
+            "changes no queue argument)",
+        )
+    ]
+
+
+def compare(
+    topology: DelayTopology,
+    live: LiveChain,
+    *,
+    queues: Iterable[str] = (),
+    broker_version: tuple[int, int] | None = None,
+) -> list[Difference]:
+    """Every difference between ``live`` and ``topology``, and ``queues``' bindings and parking.
+
+    A level queue declared with ``x-max-in-memory-length`` or ``-bytes`` is not
+    a difference: declaring the chain uses such a queue as it is. With
+    ``broker_version`` (major, minor) 3.10 or 3.11, level queues that no policy
+    keeps on disk are reported (see :meth:`DelayTopology.memory_policy`).
+    """
     queues = tuple(queues)
     hint = _declare_hint(topology, queues)
     other_settings = (
@@ -264,7 +310,10 @@ def compare(
             continue
         if not got_q.durable:
             out.append(Difference(what, "is not durable", other_settings))
-        bad = _mismatched(dict(amqp_arguments(spec.arguments)), got_q.arguments)
+        tolerated = IN_MEMORY_ARGUMENTS if topology.is_level_queue(spec.name) else ()
+        bad = _mismatched(
+            dict(amqp_arguments(spec.arguments)), got_q.arguments, tolerated=tolerated
+        )
         if bad:
             out.append(Difference(what, f"arguments differ: {'; '.join(bad)}", other_settings))
         ttl = spec.arguments.get("x_message_ttl")
@@ -283,6 +332,7 @@ def compare(
     for binding in sorted(wanted_bindings - live.bindings, key=_order):
         out.append(Difference(binding.describe(), "missing", f"run {hint}"))
     out += _stray_bindings(topology, live.bindings - wanted_bindings)
+    out += _memory_differences(topology, live, broker_version)
     if all(ex.name not in live.exchanges for ex in topology.exchanges()):
         # Nothing of it exists: its missing bindings say nothing more.
         out = [d for d in out if not (d.object.startswith("binding ") and d.problem == "missing")]

@@ -10,7 +10,9 @@ the broker close the channel, never closes the caller's channel.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import re
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
@@ -19,9 +21,20 @@ from typing import Any
 import aiormq
 import aiormq.abc
 
-from delayed_retry.checks import broker_major_version, kept_queue_risk
+from delayed_retry.checks import (
+    bodies_in_memory_hint,
+    broker_major_version,
+    broker_version,
+    kept_queue_risk,
+)
 from delayed_retry.errors import ConfigurationError, TopologyMismatchError
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, QueueSpec, amqp_arguments
+from delayed_retry.topology import (
+    DEFAULT_TOPOLOGY,
+    IN_MEMORY_ARGUMENTS,
+    DelayTopology,
+    QueueSpec,
+    amqp_arguments,
+)
 
 __all__ = [
     "TopologyDeclarer",
@@ -67,6 +80,65 @@ def _explain(exc: aiormq.exceptions.ChannelClosed, what: str, wanted: Any) -> Ex
     return exc
 
 
+_EXISTING_IN_MEMORY = re.compile(
+    r"inequivalent arg '(?P<key>x-max-in-memory-(?:length|bytes))' .*received none but "
+    r"current is the value '(?P<value>-?\d+)'"
+)
+
+
+def existing_in_memory_argument(error: str) -> tuple[str, int] | None:
+    """The in-memory argument a queue has and a declaration lacked, from the broker's refusal.
+
+    RabbitMQ (3.10.8 and 4.0.5 alike) says ``inequivalent arg 'x-max-in-memory-length'
+    for queue 'Q' in vhost '/': received none but current is the value '0' of type
+    'byte'``. Returns ``("x-max-in-memory-length", 0)`` for that, else ``None``.
+    """
+    match = _EXISTING_IN_MEMORY.search(error)
+    if match is None or match["key"] not in IN_MEMORY_ARGUMENTS:
+        return None
+    return match["key"], int(match["value"])
+
+
+async def _declare_level_queue(
+    channel: aiormq.abc.AbstractChannel, spec: QueueSpec, kept: dict[str, int]
+) -> aiormq.abc.AbstractChannel | None:
+    """Declare a level queue; use one that has an in-memory argument as it is.
+
+    Returns a new channel when the broker closed ``channel`` refusing the
+    declaration (the caller goes on with it and closes it), else ``None``.
+    Every other argument is still checked: the declaration is repeated with
+    the existing in-memory values added, so a different TTL, say, still fails.
+    """
+    args: dict[str, Any] = dict(amqp_arguments(spec.arguments))
+    try:
+        await channel.queue_declare(spec.name, durable=True, arguments=args)
+        return None
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        found = existing_in_memory_argument(str(exc))
+        if found is None:
+            raise _explain(exc, f"queue {spec.name!r}", args) from exc
+        kept[found[0]] = found[1]
+    except aiormq.exceptions.ChannelClosed as exc:
+        raise _explain(exc, f"queue {spec.name!r}", args) from exc
+    replacement = await channel.connection.channel(publisher_confirms=False)
+    for _ in IN_MEMORY_ARGUMENTS:  # at most one refusal per in-memory argument
+        try:
+            await replacement.queue_declare(spec.name, durable=True, arguments={**args, **kept})
+            return replacement
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            found = existing_in_memory_argument(str(exc))
+            if found is None or found[0] in kept:
+                raise _explain(exc, f"queue {spec.name!r}", args) from exc
+            kept[found[0]] = found[1]
+            replacement = await channel.connection.channel(publisher_confirms=False)
+        except aiormq.exceptions.ChannelClosed as exc:
+            raise _explain(exc, f"queue {spec.name!r}", args) from exc
+    raise TopologyMismatchError(  # pragma: no cover - the broker refuses one argument at a time
+        f"queue {spec.name!r} keeps refusing the chain's arguments {args}; delete it (after "
+        "moving its messages) or use another DelayTopology prefix"
+    )
+
+
 async def _declare_queue(channel: aiormq.abc.AbstractChannel, spec: QueueSpec) -> None:
     args: dict[str, Any] = dict(amqp_arguments(spec.arguments))
     if "x-delivery-limit" in args:
@@ -78,6 +150,10 @@ async def _declare_queue(channel: aiormq.abc.AbstractChannel, spec: QueueSpec) -
             await channel.queue_declare(spec.name, durable=True, arguments=args)
         except aiormq.exceptions.ChannelClosed as exc:
             raise _explain(exc, f"queue {spec.name!r}", args) from exc
+    await _bind_queue(channel, spec)
+
+
+async def _bind_queue(channel: aiormq.abc.AbstractChannel, spec: QueueSpec) -> None:
     for exchange, key in spec.bindings:
         try:
             await channel.queue_bind(spec.name, exchange, routing_key=key)
@@ -117,8 +193,51 @@ async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: Delay
             raise _explain(exc, f"exchange {ex.name!r} ({ex.type})", args) from exc
     for destination, source, key in topology.exchange_bindings():
         await channel.exchange_bind(destination, source, routing_key=key)
-    for spec in topology.queues():
-        await _declare_queue(channel, spec)
+    tolerated: dict[str, dict[str, int]] = {}
+    async with contextlib.AsyncExitStack() as replaced:
+        for spec in topology.queues():
+            if not topology.is_level_queue(spec.name):
+                await _declare_queue(channel, spec)
+                continue
+            kept: dict[str, int] = {}
+            replacement = await _declare_level_queue(channel, spec, kept)
+            if replacement is not None:
+                # The broker closed the channel refusing the first try; go on with the new one.
+                replaced.push_async_callback(_close_open, replacement)
+                channel = replacement
+                tolerated[spec.name] = kept
+            await _bind_queue(channel, spec)
+    if tolerated:
+        log.warning("%s", _tolerated_message(topology, tolerated))
+    if topology.queue_type == "quorum":
+        hint = bodies_in_memory_hint(
+            broker_version(getattr(channel.connection, "server_properties", None)),
+            topology=topology,
+        )
+        if hint is not None and not tolerated:
+            log.info("%s", hint)
+
+
+async def _close_open(channel: aiormq.abc.AbstractChannel) -> None:
+    if not channel.is_closed:
+        await channel.close()
+
+
+def _tolerated_message(topology: DelayTopology, tolerated: dict[str, dict[str, int]]) -> str:
+    names = sorted(tolerated)
+    shown = ", ".join(repr(n) for n in names[:3]) + (
+        f" and {len(names) - 3} more" if len(names) > 3 else ""
+    )
+    settings = sorted({f"{k}={v}" for kept in tolerated.values() for k, v in kept.items()})
+    return (
+        f"level queues {shown} exist with {', '.join(settings)}, which delayed-retry does not "
+        "declare; they are used as they are. Any process that declares them without it (other "
+        "tools, and delayed-retry versions that do not tolerate it) is refused with "
+        "'inequivalent arg', and RabbitMQ 3.12+ ignores the argument. Fix: move their messages "
+        "to a chain under another prefix (delayed-retry topology migrate), delete them, and on "
+        f"RabbitMQ 3.10-3.11 keep bodies on disk with a policy instead: "
+        f"{topology.memory_policy().command()}"
+    )
 
 
 async def declare_parking_queue(

@@ -1,0 +1,123 @@
+"""Where waiting bodies live: the chain's memory policy, the 3.10–3.11 hint, in-memory arguments.
+
+Pure tests of the version logic and of reading the broker's refusal, then the
+policy on a real broker: it must reach the level queues and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import aio_pika
+import pytest
+
+from delayed_retry import DelayTopology, declare_topology
+from delayed_retry.checks import bodies_in_memory_hint, broker_version, keeps_bodies_in_memory
+from delayed_retry.declare import existing_in_memory_argument
+from delayed_retry.testing import BrokerHarnessError, RabbitMQNode
+
+# What RabbitMQ 3.10.8 and 4.0.5 say, word for word, when a declaration differs.
+LACKS = (
+    "PRECONDITION_FAILED - inequivalent arg 'x-max-in-memory-length' for queue "
+    "'delayed-retry.level.07' in vhost '/': received none but current is the value '0' of "
+    "type 'byte'"
+)
+ADDS = (
+    "PRECONDITION_FAILED - inequivalent arg 'x-max-in-memory-bytes' for queue 'q' in vhost "
+    "'/': received the value '0' of type 'byte' but current is none"
+)
+OTHER = (
+    "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/': "
+    "received the value '128' of type 'signedint' but current is the value '5' of type 'byte'"
+)
+
+
+def test_the_existing_in_memory_argument_is_read_from_the_refusal() -> None:
+    assert existing_in_memory_argument(LACKS) == ("x-max-in-memory-length", 0)
+    assert existing_in_memory_argument(LACKS.replace("'0'", "'1000'")) == (
+        "x-max-in-memory-length",
+        1000,
+    )
+    # The queue lacking what a declaration sends, or another argument: not tolerated.
+    assert existing_in_memory_argument(ADDS) is None
+    assert existing_in_memory_argument(OTHER) is None
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [
+        (b"3.10.8", (3, 10)),
+        ("3.11.28", (3, 11)),
+        (b"4.0.5", (4, 0)),
+        ("3.13.7+rc.1", (3, 13)),
+        ("garbage", None),
+        (None, None),
+    ],
+)
+def test_broker_version_from_server_properties(
+    version: bytes | str | None, expected: tuple[int, int] | None
+) -> None:
+    assert broker_version({"version": version}) == expected
+    assert broker_version(None) is None
+
+
+def test_only_3_10_and_3_11_keep_bodies_in_memory() -> None:
+    topology = DelayTopology(prefix="orders")
+    for version in ((3, 10), (3, 11)):
+        assert keeps_bodies_in_memory(version)
+        hint = bodies_in_memory_hint(version, topology=topology)
+        assert hint is not None
+        assert f"RabbitMQ {version[0]}.{version[1]} quorum queues may keep the bodies" in hint
+        assert "'orders'" in hint and topology.memory_policy().command() in hint
+    for other in ((3, 9), (3, 12), (3, 13), (4, 0), None):
+        assert not keeps_bodies_in_memory(other)
+        assert bodies_in_memory_hint(other, topology=topology) is None
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[RabbitMQNode]:
+    """A private node of its own: the test sets an operator policy on its vhost."""
+    started = RabbitMQNode()
+    with contextlib.closing(started):
+        try:
+            started.start()
+        except BrokerHarnessError as exc:
+            pytest.fail(f"could not start a private RabbitMQ node: {exc}", pytrace=False)
+        yield started
+
+
+def _operator_policy(node: RabbitMQNode, queue: str) -> str:
+    """The operator policy the broker applies to ``queue``, as it prints it."""
+    return node.rabbitmqctl(
+        "eval",
+        '{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, '
+        f'<<"{queue}">>)), amqqueue:get_operator_policy(Q).',
+    )
+
+
+async def test_the_memory_policy_reaches_the_level_queues_and_nothing_else(
+    node: RabbitMQNode, unique: str
+) -> None:
+    topology = DelayTopology(prefix=unique, levels=6)
+    policy = topology.memory_policy()
+    connection = await aio_pika.connect(node.url)
+    async with connection:
+        channel = await connection.channel()
+        destination = f"{unique}.orders"
+        await channel.declare_queue(destination, durable=True, arguments={"x-queue-type": "quorum"})
+        await declare_topology(channel, topology, queues=[destination])
+        node.rabbitmqctl(*policy.rabbitmqctl_args())
+        try:
+            for level in range(topology.levels):
+                applied = _operator_policy(node, topology.level_name(level))
+                assert policy.name in applied and "max-in-memory-length" in applied
+            others = [s.name for s in topology.queues() if not topology.is_level_queue(s.name)]
+            for name in [*others, destination, topology.default_parking_queue(destination)]:
+                assert policy.name not in _operator_policy(node, name), name
+            # The chain's arguments are untouched: declaring again agrees, from any version.
+            fresh = await aio_pika.connect(node.url)
+            async with fresh:
+                await declare_topology(await fresh.channel(), topology, queues=[destination])
+        finally:
+            node.rabbitmqctl("clear_operator_policy", policy.name)
