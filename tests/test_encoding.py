@@ -135,3 +135,24 @@ def test_units_never_round_a_delay_down(delay_ms: int, unit_ms: int) -> None:
     units = encoding.units_for_ms(delay_ms, unit_ms)
     assert units * unit_ms >= delay_ms
     assert (units - 1) * unit_ms < delay_ms or units == 0
+
+
+@given(units_levels(), destination_st)
+def test_routing_key_is_the_digits_of_bits_of_then_the_destination(
+    ul: tuple[int, int], destination: str
+) -> None:
+    units, levels = ul
+    expected = ".".join([*map(str, encoding.bits_of(units, levels)), destination])
+    assert encoding.routing_key(units, levels, destination) == expected
+
+
+@pytest.mark.parametrize(("units", "levels"), [(-1, 4), (16, 4), (1 << 36, 36)])
+def test_routing_key_refuses_units_that_do_not_fit(units: int, levels: int) -> None:
+    with pytest.raises(ValueError, match="do not fit"):
+        encoding.routing_key(units, levels, "q")
+
+
+def test_a_bad_destination_is_refused_every_time_not_only_the_first() -> None:
+    for _ in range(2):  # the check is cached; failures must not be
+        with pytest.raises(ValueError, match="wildcard"):
+            encoding.routing_key(0, 4, "a.*.b")

@@ -179,6 +179,35 @@ def test_parse_retry_state_never_raises(headers: dict[str, Any], queue: str | No
         assert moment is None or moment.tzinfo is not None
 
 
+@given(
+    st.dictionaries(
+        st.sampled_from(["traceparent", "tenant", "x-other", "x-retry-replayed"]), st.text()
+    ),
+    st.sampled_from([None, "q"]),
+    st.sampled_from([None, "", "e"]),
+)
+def test_a_message_without_retry_headers_reads_as_the_full_parse_would(
+    headers: dict[str, Any], queue: str | None, exchange: str | None
+) -> None:
+    # Such a message takes a short path; an empty x-death forces the full one: same state.
+    short = h.parse_retry_state(headers, exchange=exchange, routing_key="r", queue=queue)
+    full = h.parse_retry_state(
+        {**headers, "x-death": []}, exchange=exchange, routing_key="r", queue=queue
+    )
+    assert short == full
+    assert short.attempt == 1 and short.original_exchange == (exchange or "")
+
+
+def test_one_retry_header_is_enough_to_read_the_state() -> None:
+    for name, value in ((h.X_RETRY, 2), (h.X_QUEUE, "other"), (h.X_ORIGINAL_EXCHANGE, "x")):
+        state = h.parse_retry_state({name: value}, exchange="e", routing_key="r", queue="q")
+        assert (state.retries, state.original_exchange) == {
+            h.X_RETRY: (2, "e"),
+            h.X_QUEUE: (0, "e"),
+            h.X_ORIGINAL_EXCHANGE: (0, "x"),
+        }[name]
+
+
 # -- sanitize_headers ----------------------------------------------------------------------
 
 

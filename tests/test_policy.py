@@ -142,3 +142,35 @@ def test_call_state_describes_the_attempt() -> None:
 def test_bad_options_raise_configuration_error(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigurationError, match=match):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "exc", [ValueError("x"), ConnectionError("y"), KeyboardInterrupt(), SystemExit(1)]
+)
+def test_the_default_retry_filter_decides_as_tenacity_would(exc: BaseException) -> None:
+    # The default filter is answered without building a tenacity call state: same answer.
+    policy = RetryPolicy()
+    tenacity_says = tenacity.retry_if_exception_type(Exception)(call_state(state(0), exc, now=NOW))
+    assert (policy.decide(state(0), exc, now=NOW).action == "retry") is tenacity_says
+
+
+def test_retry_after_still_meets_the_stop_condition() -> None:
+    policy = RetryPolicy(max_retries=100, stop=tenacity.stop_after_attempt(3))
+    assert policy.decide(state(1), RetryAfter(1), now=NOW) == Decision.retry_after(1)
+    assert policy.decide(state(2), RetryAfter(1), now=NOW) == Decision.park("stopped")
+
+
+def test_a_custom_filter_and_wait_see_the_attempt() -> None:
+    seen: list[int] = []
+
+    def wait(rcs: tenacity.RetryCallState) -> float:
+        seen.append(rcs.attempt_number)
+        return 2.0
+
+    def retry(rcs: tenacity.RetryCallState) -> bool:
+        seen.append(rcs.attempt_number)
+        return True
+
+    policy = RetryPolicy(max_retries=10, wait=wait, retry=retry)  # type: ignore[arg-type]
+    assert policy.decide(state(3), ValueError(), now=NOW) == Decision.retry_after(2.0)
+    assert seen == [4, 4]

@@ -12,6 +12,7 @@ import aio_pika
 import pytest
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
+from pamqp import commands as spec
 from pamqp.common import FieldTable
 
 from delayed_retry import (
@@ -26,8 +27,11 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry import headers as h
+from delayed_retry.declare import underlay_of
 from delayed_retry.durations import to_epoch_ms
+from delayed_retry.errors import PublishNotConfirmedError
 from delayed_retry.middleware import EARLY_TOLERANCE
+from delayed_retry.publishing import publish_confirmed
 from tests.support.chain import Inbox, Scenario, publish
 from tests.support.waiting import WAIT, wait_until
 
@@ -543,3 +547,52 @@ def test_a_sync_handler_is_refused_when_decorating() -> None:
 
     with pytest.raises(ConfigurationError, match=r"needs an async function \(async def\)"):
         with_delayed_retry(handler)  # type: ignore[arg-type]
+
+
+async def test_a_zero_delay_retry_goes_straight_back_and_a_delayed_one_through_the_chain(
+    quorum: Scenario,
+) -> None:
+    calls = Calls()
+    exchanges: list[str | None] = []
+    delays = [0, 0, 0.001]  # two retries due at once, then one that waits a unit
+
+    @with_delayed_retry(max_retries=5, topology=quorum.topology)
+    async def handler(message: AbstractIncomingMessage) -> None:
+        state = calls.record(message)
+        exchanges.append(message.exchange)
+        if state.attempt <= len(delays):
+            raise RetryAfter(delays[state.attempt - 1])
+
+    queue, parked = await start(quorum, handler)
+    # Published through an exchange of its own, so the record keeps where it came from.
+    entry = await quorum.ch.declare_exchange(f"{quorum.unique}.entry", auto_delete=True)
+    await queue.bind(entry, "k")
+    await entry.publish(aio_pika.Message(b"job", message_id="job-1"), "k")
+    seen = [await calls.get() for _ in range(len(delays) + 1)]
+    assert [st.attempt for _, st, _, _ in seen] == [1, 2, 3, 4]
+    # Zero delay: the default exchange, like a hand-rolled re-publish; one unit: the chain.
+    assert exchanges[:3] == [entry.name, "", ""]
+    assert quorum.topology.is_chain_exchange(exchanges[3])
+    for handled_at, state, _, _ in seen[1:]:
+        assert state.original_exchange == entry.name and state.original_routing_key == "k"
+        assert state.due_at is not None and handled_at >= state.due_at.timestamp() - 0.001
+    assert all("x-death" not in headers for _, _, headers, _ in seen[1:3])
+    assert seen[-1][2][h.X_RETRY] == 3
+    assert parked.pending() == 0
+    assert await quorum.depth(quorum.topology.unroutable_queue) == 0
+
+
+async def test_a_zero_delay_retry_to_a_missing_queue_is_returned_not_confirmed(
+    quorum: Scenario,
+) -> None:
+    # What the zero-delay route relies on when its queue is deleted in between:
+    # the mandatory publish comes back, so the original is never acked for it.
+    channel = await underlay_of(quorum.ch)
+    with pytest.raises(PublishNotConfirmedError, match="unroutable"):
+        await publish_confirmed(
+            channel,
+            exchange="",
+            routing_key=f"{quorum.unique}.no-such-queue",
+            body=b"x",
+            properties=spec.Basic.Properties(delivery_mode=2),
+        )

@@ -250,3 +250,26 @@ async def test_an_expired_message_is_parked_at_once(chain: Scenario) -> None:
     assert headers[X_PARKED_REASON] == "not-retryable"
     assert headers["x-exception-message"] == f"message dead-lettered (expired) by queue {name!r}"
     await parked.ack()
+
+
+async def test_a_zero_delay_rejection_still_goes_through_the_chain(chain: Scenario) -> None:
+    # The router hands over messages from <prefix>.rejected, not from the queue itself, so a
+    # retry due at once keeps the chain route (and its unroutable safety net for a queue
+    # deleted meanwhile) instead of going straight to the queue as a consumer's retry does.
+    orders = await _team_queue(chain)
+    router = RetryRouter(
+        queues=(orders,),
+        max_retries=1,
+        wait=wait_fixed(0),
+        topology=chain.topology,
+        instrumentation=NoInstrumentation(),
+    )
+    await router.start(await chain.connection.channel())
+    rejecter = Rejecter()
+    queue = await chain.ch.get_queue(orders)
+    await queue.consume(rejecter)
+    await chain.ch.default_exchange.publish(aio_pika.Message(b"now", message_id="m-0"), orders)
+    first, retried = await rejecter.get(), await rejecter.get()
+    assert first.exchange == ""
+    assert chain.topology.is_chain_exchange(retried.exchange), retried.exchange
+    assert (retried.headers or {}).get(X_RETRY) == 1

@@ -10,6 +10,7 @@ dead-letter cycle (RabbitMQ ≤ 3.12) or stall a quorum queue.
 from __future__ import annotations
 
 import base64
+import functools
 import math
 import struct
 import traceback as tb
@@ -88,6 +89,10 @@ MAX_HEADER_DEPTH = 8
 _COUNTED_DEATHS = ("rejected", "delivery_limit")
 _QUEUE_STATE = (X_RETRY, X_FIRST_FAILURE_AT, X_LAST_FAILURE_AT, X_LAST_ERROR, X_DUE_AT)
 """Headers that count only for the queue named in :data:`X_QUEUE`."""
+_STATE_HEADERS = frozenset(
+    (*_QUEUE_STATE, X_QUEUE, X_ORIGINAL_EXCHANGE, X_ORIGINAL_ROUTING_KEY, "x-death")
+)
+"""Every header :func:`parse_retry_state` reads: a message with none of them is on attempt 1."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +160,18 @@ def _broker_deaths(x_death: object, queue: str | None) -> int:
     return min(total, MAX_RETRY_COUNT)
 
 
+@functools.lru_cache(maxsize=256)
+def _first_attempt(queue: str | None, exchange: str, routing_key: str) -> RetryState:
+    """The state of a message that has never failed (frozen, so one object serves them all)."""
+    return RetryState(
+        attempt=1,
+        retries=0,
+        queue=queue,
+        original_exchange=exchange,
+        original_routing_key=routing_key,
+    )
+
+
 def parse_retry_state(
     headers: Mapping[str, Any] | None,
     *,
@@ -170,6 +187,8 @@ def parse_retry_state(
     from the headers" (for tools, never for routing).
     """
     h: Mapping[str, Any] = headers if isinstance(headers, Mapping) else {}
+    if h.keys().isdisjoint(_STATE_HEADERS):  # a first delivery: nothing to read
+        return _first_attempt(queue, exchange or "", routing_key or "")
     problems: list[str] = []
     raw = h.get(X_RETRY)
     retries = 0
@@ -223,6 +242,8 @@ def _float32_exact(value: float) -> bool:
 
 def _utf8(text: str) -> str:
     """``text`` as UTF-8 can carry it: lone surrogates (from ``surrogateescape``) replaced."""
+    if text.isascii():  # most header text: no surrogate possible, no encoding needed
+        return text
     try:
         text.encode()
     except UnicodeEncodeError:

@@ -63,13 +63,18 @@ class _NoCall(tenacity.Retrying):
     """A Retrying object that strategies may inspect; it is never called."""
 
 
+_NO_CALL = _NoCall()
+"""Shared by every call state: it holds no per-call data, and building one per failure
+(a ``threading.local`` and a dozen attributes) was a visible part of a decision."""
+
+
 def call_state(state: RetryState, exc: BaseException, *, now: datetime) -> tenacity.RetryCallState:
     """A tenacity ``RetryCallState`` describing the failed attempt ``state.attempt`` of a message.
 
     Time fields are wall-clock seconds so that "since start" means since the
     first failure of the message, which may be days ago in another process.
     """
-    rcs = tenacity.RetryCallState(_NoCall(), None, (), {})
+    rcs = tenacity.RetryCallState(_NO_CALL, None, (), {})
     rcs.attempt_number = state.attempt
     first = state.first_failure_at or now
     rcs.start_time = first.timestamp()
@@ -122,15 +127,28 @@ class RetryPolicy:
         """The fate of a message whose handling attempt ``state.attempt`` raised ``exc``."""
         if isinstance(exc, ParkMessage):
             return Decision.park("park-requested")
-        rcs = call_state(state, exc, now=now)
-        if not isinstance(exc, RetryAfter) and not self.retry(rcs):
-            return Decision.park("not-retryable")
+        # The tenacity call state is built only when a strategy needs it: a RetryAfter
+        # with no stop condition needs none, and the default ``retry`` is an isinstance.
+        rcs: tenacity.RetryCallState | None = None
+        if not isinstance(exc, RetryAfter):
+            if self.retry is DEFAULT_RETRY:
+                retryable = isinstance(exc, Exception)
+            else:
+                rcs = call_state(state, exc, now=now)
+                retryable = bool(self.retry(rcs))
+            if not retryable:
+                return Decision.park("not-retryable")
         if state.retries >= self.max_retries:
             return Decision.park("max-retries")
-        if self.stop is not None and self.stop(rcs):
-            return Decision.park("stopped")
+        if self.stop is not None:
+            rcs = rcs or call_state(state, exc, now=now)
+            if self.stop(rcs):
+                return Decision.park("stopped")
         try:
-            delay = to_seconds(exc.delay if isinstance(exc, RetryAfter) else self.wait(rcs))
+            if isinstance(exc, RetryAfter):
+                delay = to_seconds(exc.delay)
+            else:
+                delay = to_seconds(self.wait(rcs or call_state(state, exc, now=now)))
         except ConfigurationError:
             # Negative, NaN, or not a duration at all (``RetryAfter("soon")``, a custom wait
             # returning None): raising here would leave the message unacked, so park it.

@@ -171,6 +171,7 @@ class RetryRouter:
             topology=self.topology,
             parking_queue=None,
             publish_timeout=self.publish_timeout,
+            consumed_from_queue=False,  # from <prefix>.rejected: keep the chain's safety net
         )
         with self.instrumentation.attempt(message, state, queue=queue) as scope:
             await hand_over.failed(message, state, exc, decision, scope)
