@@ -7,11 +7,19 @@ handler's view, after any early-arrival correction the middleware makes).
 The baseline is the same stream published with no delay to the same queue
 (publish→handler latency of a plain aio-pika consumer): the part of the
 lateness no delay mechanism can remove. Ratios are p99 lateness / baseline p99.
+
+Two delayed-retry subjects: with a hold (``publish_delayed(hold=DEFAULT_HOLD)``,
+the message leaves the chain a few ms early and the handler holds it until due)
+and without (``hold=None``: the chain rounds up and the handler takes what comes).
+Each row also reports the mean number of TTL hops a message made. ``side_rate``
+adds a light load beside every stream, baseline included: plain messages
+published and consumed on a queue of their own at that rate.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -22,12 +30,15 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import (
+    DEFAULT_HOLD,
     DelayTopology,
+    Hold,
     consume,
     declare_topology,
     publish_delayed,
     with_delayed_retry,
 )
+from delayed_retry.hold import chain_units
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -55,8 +66,13 @@ async def _stream(
     min_delay: float,
     max_delay: float,
     delayed: bool,
+    hold: Hold | None = None,
+    hops: list[int] | None = None,
 ) -> list[float]:
-    """Lateness in ms of each message of one stream (delay 0 and plain consumer if not delayed)."""
+    """Lateness in ms of each message of one stream (delay 0 and plain consumer if not delayed).
+
+    ``hops`` collects the number of TTL queues each delayed message waits in.
+    """
     channel = await connection.channel()
     await channel.set_qos(prefetch_count=200)
     name = f"bench-precision-{uuid.uuid4().hex[:8]}"
@@ -77,7 +93,7 @@ async def _stream(
         async def handler(message: AbstractIncomingMessage) -> None:
             record(message.message_id)
 
-        tag = await consume(queue, with_delayed_retry(topology=topology)(handler))
+        tag = await consume(queue, with_delayed_retry(topology=topology, hold=hold)(handler))
     else:
 
         async def plain(message: AbstractIncomingMessage) -> None:
@@ -104,8 +120,18 @@ async def _stream(
             now = datetime.now(UTC)
             due_at = now + timedelta(seconds=delay)
             due[message_id] = due_at.timestamp()
+            if hops is not None:
+                hops.append(chain_units(topology, due_at, now=now, hold=hold).bit_count())
             task = asyncio.create_task(
-                publish_delayed(publisher, message, queue=name, delay=due_at, topology=topology)
+                publish_delayed(
+                    publisher,
+                    message,
+                    queue=name,
+                    delay=due_at,
+                    topology=topology,
+                    hold=hold,
+                    now=now,
+                )
             )
         else:
             due[message_id] = time.time()
@@ -124,6 +150,52 @@ async def _stream(
     return late
 
 
+SUBJECTS: tuple[tuple[str, Hold | None], ...] = (
+    ("delayed-retry (held)", DEFAULT_HOLD),
+    ("delayed-retry, no hold", None),
+)
+
+
+class SideLoad:
+    """Plain publish→consume traffic on a queue of its own, at a fixed rate, while in use."""
+
+    def __init__(self, connection: aio_pika.abc.AbstractConnection, rate: float) -> None:
+        self._connection = connection
+        self._rate = rate
+        self._task: asyncio.Task[None] | None = None
+        self.sent = 0
+
+    async def __aenter__(self) -> SideLoad:
+        if self._rate > 0:
+            self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        channel = await self._connection.channel()
+        queue = await channel.declare_queue(f"bench-side-{uuid.uuid4().hex[:8]}", exclusive=True)
+
+        async def ack(message: AbstractIncomingMessage) -> None:
+            await message.ack()
+
+        await queue.consume(ack)
+        started = time.monotonic()
+        try:
+            while True:
+                pause = started + self.sent / self._rate - time.monotonic()
+                if pause > 0:
+                    await asyncio.sleep(pause)
+                await channel.default_exchange.publish(aio_pika.Message(b"s" * 200), queue.name)
+                self.sent += 1
+        finally:
+            await asyncio.shield(channel.close())
+
+
 async def run(
     url: str,
     *,
@@ -132,6 +204,7 @@ async def run(
     min_delay: float,
     max_delay: float,
     topology: DelayTopology,
+    side_rate: float = 0.0,
 ) -> list[dict[str, Any]]:
     rows = []
     connection = await aio_pika.connect(url)
@@ -139,45 +212,56 @@ async def run(
         channel = await connection.channel()
         await declare_topology(channel, topology)
         for rate in rates:
-            base = await _stream(
-                connection,
-                topology,
-                rate=rate,
-                seconds=seconds,
-                min_delay=min_delay,
-                max_delay=max_delay,
-                delayed=False,
-            )
-            late = await _stream(
-                connection,
-                topology,
-                rate=rate,
-                seconds=seconds,
-                min_delay=min_delay,
-                max_delay=max_delay,
-                delayed=True,
-            )
+            stream = {"rate": rate, "seconds": seconds, "min_delay": min_delay}
+            stream["max_delay"] = max_delay
+            async with SideLoad(connection, side_rate):
+                base = await _stream(connection, topology, delayed=False, **stream)
             b = _percentiles(base)
-            s = _percentiles(late)
-            rows.append(
-                {
-                    "workload": f"precision {rate:g}/s",
-                    "subject": "delayed-retry",
-                    "baseline": "plain publish→consume, no delay",
-                    "unit": "ms late (p99)",
-                    "value": s["p99"],
-                    "baseline_value": b["p99"],
-                    "ratio": round(s["p99"] / b["p99"], 2) if b["p99"] > 0 else None,
-                    "lateness_ms": s,
-                    "baseline_lateness_ms": b,
-                    "never_early": s["min"] >= 0,
-                    "messages": len(late),
-                    "topology": {
-                        "levels": topology.levels,
-                        "unit_ms": topology.unit_ms,
-                        "queue_type": topology.queue_type,
-                    },
-                }
-            )
+            for subject, hold in SUBJECTS:
+                hops: list[int] = []
+                async with SideLoad(connection, side_rate):
+                    late = await _stream(
+                        connection, topology, delayed=True, hold=hold, hops=hops, **stream
+                    )
+                s = _percentiles(late)
+                rows.append(
+                    {
+                        "workload": f"precision {rate:g}/s",
+                        "subject": subject,
+                        "baseline": "plain publish→consume, no delay",
+                        "unit": "ms late (p99)",
+                        "value": s["p99"],
+                        "baseline_value": b["p99"],
+                        "ratio": round(s["p99"] / b["p99"], 2) if b["p99"] > 0 else None,
+                        "lateness_ms": s,
+                        "baseline_lateness_ms": b,
+                        "never_early": s["min"] >= 0,
+                        "messages": len(late),
+                        "hops_per_message": round(sum(hops) / max(len(hops), 1), 2),
+                        "hold": repr(hold),
+                        "side_load_per_s": side_rate,
+                        "topology": {
+                            "levels": topology.levels,
+                            "unit_ms": topology.unit_ms,
+                            "queue_type": topology.queue_type,
+                        },
+                    }
+                )
         await channel.close()
     return rows
+
+
+def details(rows: list[dict[str, Any]]) -> str:
+    """One line per precision row: p50/p99/max/earliest lateness and hops per message."""
+    lines = []
+    for row in rows:
+        if "lateness_ms" not in row:
+            continue
+        s, b = row["lateness_ms"], row["baseline_lateness_ms"]
+        lines.append(
+            f"{row['workload']:<16} {row['subject']:<24} late ms p50 {s['p50']:g} "
+            f"p99 {s['p99']:g} max {s['max']:g} earliest {s['min']:g}; "
+            f"hops/msg {row['hops_per_message']:g}; never early: {row['never_early']}; "
+            f"baseline p50 {b['p50']:g} p99 {b['p99']:g}"
+        )
+    return "\n".join(lines)

@@ -105,7 +105,9 @@ def decorated(
                 raise RetryAfter(fail_once_with)
             finished()
 
-        options: dict[str, Any] = {"topology": topology}
+        # hold=None: a 1 ms retry makes its one TTL hop, as the hand-rolled baseline does
+        # (held, it would skip the chain and wait the millisecond in the consumer).
+        options: dict[str, Any] = {"topology": topology, "hold": None}
         if not telemetry:
             options["instrumentation"] = NoInstrumentation()
         return await consume(queue, with_delayed_retry(**options)(handler))

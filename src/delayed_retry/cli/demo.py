@@ -17,6 +17,7 @@ import aio_pika
 from tenacity import retry_if_exception_type, wait_exponential
 
 from delayed_retry.declare import declare_topology
+from delayed_retry.hold import DEFAULT_HOLD
 from delayed_retry.middleware import consume, current_retry_state, with_delayed_retry
 from delayed_retry.parking import peek_parked
 from delayed_retry.scheduling import publish_delayed
@@ -89,6 +90,7 @@ async def run(url: str) -> int:
             queue=queue_name,
             delay=timedelta(seconds=1.5),
             topology=topology,
+            hold=DEFAULT_HOLD,  # the handler below holds it until due
         )
         say(f"scheduled order-5 for {due.isoformat(timespec='milliseconds')}")
         seen: set[str] = set()

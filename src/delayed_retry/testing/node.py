@@ -237,7 +237,12 @@ class RabbitMQNode:
             RABBITMQ_CONF_ENV_FILE=inner(self.base_dir / "rabbitmq-env.conf"),
             RABBITMQ_ENABLED_PLUGINS_FILE=inner(self.base_dir / "enabled_plugins"),
             RABBITMQ_DIST_PORT=str(self.dist_port),
-            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            # No scheduler busy-waiting: several test nodes, a client and its tests share a
+            # few cores, and idle schedulers that spin take CPU from all of them.
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=(
+                "-kernel inet_dist_use_interface {127,0,0,1} "
+                "+sbwt none +sbwtdcpu none +sbwtdio none"
+            ),
             ERL_EPMD_ADDRESS="127.0.0.1",
             HOME=inner(self.home),
         )
