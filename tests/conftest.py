@@ -17,6 +17,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.testing import BrokerHarnessError, RabbitMQCluster, broker_url
 from tests.support.chain import Scenario, open_scenario
+from tests.support.cluster import CONFIRM_TIMEOUT_MS
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -86,7 +87,9 @@ async def quorum(
 
 @pytest.fixture(scope="session")
 def _cluster_session() -> Iterator[RabbitMQCluster]:
-    cluster = RabbitMQCluster(size=3)
+    cluster = RabbitMQCluster(
+        size=3, rabbit_env={"dead_letter_worker_publisher_confirm_timeout": CONFIRM_TIMEOUT_MS}
+    )
     with contextlib.closing(cluster):
         try:
             cluster.start()

@@ -7,6 +7,7 @@ import pytest
 from aio_pika.abc import AbstractConnection
 
 from delayed_retry.testing import RabbitMQCluster
+from tests.support.cluster import CONFIRM_TIMEOUT_MS
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -21,6 +22,14 @@ def test_three_nodes_run_as_one_cluster(cluster: RabbitMQCluster) -> None:
         assert all(name in status for name in names)
     assert sorted(cluster.running_node_names()) == names
     assert len(set(cluster.urls)) == 3
+
+
+def test_rabbit_env_reaches_every_node(cluster: RabbitMQCluster) -> None:
+    for node in cluster.nodes:
+        value = node.rabbitmqctl(
+            "eval", "application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout)."
+        )
+        assert value.strip() == f"{{ok,{CONFIRM_TIMEOUT_MS}}}", node.name
 
 
 async def get_with_retry(url: str, queue: str, timeout: float = 60.0) -> bytes:

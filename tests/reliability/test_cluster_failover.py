@@ -91,13 +91,19 @@ async def test_killing_the_chain_leader_loses_no_message(
         )
         assert not ledger.handled, "the kill must come while every message is in the chain"
         await asyncio.to_thread(cluster.kill_node, leader)
-        await wait_until(
-            lambda: set(ledger.handled) >= ledger.sent,
-            # Leader elections and the 3 s chain wait take ~40 s on an idle 2-core machine;
-            # the margin is for a loaded one.
-            timeout=240,
-            what="every message back from the chain after the leader was killed",
-        )
+        try:
+            await wait_until(
+                lambda: set(ledger.handled) >= ledger.sent,
+                # Leader elections and the 3 s chain wait take ~40 s on an idle 2-core machine;
+                # the margin is for a loaded one.
+                timeout=240,
+                what="every message back from the chain after the leader was killed",
+            )
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}; {len(ledger.sent - set(ledger.handled))} missing; queues: "
+                + await asyncio.to_thread(where_messages_are, cluster, unique)
+            ) from None
         new_leader = cluster.leader_of(topology.level_name(DELAY_LEVEL))
         assert new_leader != leader
         counts = ledger.report("cluster-leader-killed")
@@ -129,3 +135,20 @@ async def test_killing_the_chain_leader_loses_no_message(
         await cleanup.close()
         for opened in connections:
             await opened.close()
+
+
+def where_messages_are(cluster: RabbitMQCluster, prefix: str) -> str:
+    """The test's queues that hold messages, with their leaders: where a stuck message waits."""
+    rows = cluster.list_queues(
+        "name", "messages_ready", "messages_unacknowledged", "leader", "online"
+    )
+    return (
+        "; ".join(
+            f"{row['name']} ready={row['messages_ready']} unacked={row['messages_unacknowledged']} "
+            f"leader={row['leader']} online={row['online']}"
+            for row in rows
+            if str(row["name"]).startswith(prefix)
+            and (row["messages_ready"] or row["messages_unacknowledged"])
+        )
+        or "all empty"
+    )

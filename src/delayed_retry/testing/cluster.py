@@ -9,6 +9,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -28,9 +29,16 @@ class RabbitMQCluster:
     start (tens of seconds), so share one per test module or session and give
     each test its own queue names. Nodes are numbered from 0; node 0 is the
     one the others joined. Everything is killed and deleted on :meth:`close`.
+    ``rabbit_env`` goes to every node (see :class:`RabbitMQNode`).
     """
 
-    def __init__(self, size: int = 3, *, start_timeout: float = 180.0) -> None:
+    def __init__(
+        self,
+        size: int = 3,
+        *,
+        start_timeout: float = 180.0,
+        rabbit_env: Mapping[str, int] | None = None,
+    ) -> None:
         if size < 1:
             raise ValueError(f"a cluster needs at least one node, not {size}")
         self.size = size
@@ -44,6 +52,7 @@ class RabbitMQCluster:
                 base_dir=self.base_dir / f"node{index + 1}",
                 home=self.home,
                 start_timeout=start_timeout,
+                rabbit_env=rabbit_env,
             )
             for index in range(size)
         ]
@@ -130,11 +139,20 @@ class RabbitMQCluster:
         members = self._queue_info(queue, vhost)["members"]
         return sorted(self._index_of(str(member), queue) for member in members)
 
-    def _queue_info(self, queue: str, vhost: str) -> dict[str, Any]:
+    def list_queues(self, *columns: str, vhost: str = "/") -> list[dict[str, Any]]:
+        """``rabbitmqctl list_queues`` with ``columns``, asked of the first running node.
+
+        Use it to say where messages are when a test times out, e.g.
+        ``cluster.list_queues("name", "messages", "leader")``.
+        """
         output = self._any_running().rabbitmqctl(
-            "list_queues", "-p", vhost, "name", "type", "leader", "members", "--formatter", "json"
+            "list_queues", "-p", vhost, *columns, "--formatter", "json"
         )
-        for row in json.loads(output):
+        rows: list[dict[str, Any]] = json.loads(output)
+        return rows
+
+    def _queue_info(self, queue: str, vhost: str) -> dict[str, Any]:
+        for row in self.list_queues("name", "type", "leader", "members", vhost=vhost):
             if row.get("name") == queue:
                 if row.get("type") != "quorum":
                     raise BrokerHarnessError(

@@ -95,7 +95,10 @@ class RabbitMQNode:
     that tests merely share, use :func:`broker_url`, which may not start
     anything. The node listens on 127.0.0.1 on free ports, with only the
     ``guest`` user, no plugins unless ``plugins`` names some, and its own
-    Erlang cookie (pass ``home`` to share one, as a cluster must). Processes
+    Erlang cookie (pass ``home`` to share one, as a cluster must).
+    ``rabbit_env`` sets what ``rabbitmq.conf`` has no key for (the ``rabbit``
+    section of ``advanced.config``), e.g.
+    ``{"dead_letter_worker_publisher_confirm_timeout": 10_000}``. Processes
     and folder are removed on :meth:`close`, on leaving the ``with`` block, or
     at interpreter exit.
 
@@ -114,6 +117,7 @@ class RabbitMQNode:
         tls: TLSFiles | None = None,
         plugins: Sequence[str] = (),
         config: Mapping[str, str] | None = None,
+        rabbit_env: Mapping[str, int] | None = None,
         start_timeout: float = 120.0,
         bin_dir: Path = RABBITMQ_BIN_DIR,
         version: str | None = None,
@@ -147,6 +151,7 @@ class RabbitMQNode:
         self.tls_port = self._new_port() if tls is not None else None
         self.plugins = tuple(plugins)
         self.config = dict(config or {})
+        self.rabbit_env = dict(rabbit_env or {})
         self.start_timeout = start_timeout
         self.bin_dir = bin_dir
         self._proc: subprocess.Popen[bytes] | None = None
@@ -242,6 +247,7 @@ class RabbitMQNode:
             RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=(
                 "-kernel inet_dist_use_interface {127,0,0,1} "
                 "+sbwt none +sbwtdcpu none +sbwtdio none"
+                + "".join(f" -rabbit {key} {value}" for key, value in self.rabbit_env.items())
             ),
             ERL_EPMD_ADDRESS="127.0.0.1",
             HOME=inner(self.home),
