@@ -255,8 +255,8 @@ def details(rows: list[dict[str, Any]]) -> str:
     """One line per precision row: p50/p99/max/earliest lateness and hops per message."""
     lines = []
     for row in rows:
-        if "lateness_ms" not in row:
-            continue
+        if "lateness_ms" not in row or "hops_per_message" not in row:
+            continue  # not a precision row (peer precision rows have no hops)
         s, b = row["lateness_ms"], row["baseline_lateness_ms"]
         lines.append(
             f"{row['workload']:<16} {row['subject']:<24} late ms p50 {s['p50']:g} "

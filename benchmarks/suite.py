@@ -320,14 +320,15 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": _parameters(args),
         "seconds": round(elapsed, 1),
     }
+    # The results first: nothing printed after a run of many minutes may lose it.
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    report.write_json(stem.with_suffix(".json"), meta, rows)
     print()
     print(f"RabbitMQ {version}; {meta['machine']}; {elapsed:.0f} s")
     print(report.table(rows))
     print(precision.details(rows))
     print(hops.details(rows))
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    report.write_json(stem.with_suffix(".json"), meta, rows)
     report.plot(stem.with_suffix(".png"), meta, rows)
     print(f"wrote {stem}.json and {stem}.png")
     return 0
