@@ -38,6 +38,7 @@ from typing import Any
 import aio_pika
 import precision
 from aio_pika.abc import AbstractIncomingMessage
+from throughput import broker_cpu_seconds
 
 from delayed_retry import (
     DEFAULT_HOLD,
@@ -55,6 +56,9 @@ DUE_HEADER = "bench-due-us"
 """Due time (or publish time, for the baseline) in integer microseconds since the epoch.
 
 An integer: pamqp sends a Python float as a 32-bit float, which cannot hold an epoch time."""
+
+MIN_DELAY, MAX_DELAY = 0.5, 3.0
+"""Seconds; each delayed message's delay is drawn uniformly from this range."""
 
 
 @dataclass(frozen=True)
@@ -87,11 +91,6 @@ SUBJECTS = {
 }
 
 TOPIC_ROUTING = re.compile(r"^(rabbit_exchange_type_topic|mnesia|mnesia_lib):")
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _own_cpu() -> float:
@@ -147,9 +146,6 @@ async def produce(
     await asyncio.gather(*pending)
     await connection.close()
     return {"hops_per_message": sum(hops) / max(len(hops), 1), "cpu_seconds": _own_cpu()}
-
-
-MIN_DELAY, MAX_DELAY = 0.5, 3.0
 
 
 async def _profile_broker(node: RabbitMQNode, seconds: float, out: Path) -> None:
@@ -210,18 +206,20 @@ async def measure(
         async def handler(message: AbstractIncomingMessage) -> None:
             record(message)
 
-        await consume(queue, with_delayed_retry(topology=topology, hold=subject.hold)(handler))
+        tag = await consume(
+            queue, with_delayed_retry(topology=topology, hold=subject.hold)(handler)
+        )
     else:
 
         async def plain(message: AbstractIncomingMessage) -> None:
             record(message)
             await message.ack()
 
-        await queue.consume(plain)
+        tag = await queue.consume(plain)
 
     beam = node.beam_pid
     assert beam is not None
-    broker0, own0, began = _cpu_seconds(beam), _own_cpu(), time.monotonic()
+    broker0, own0, began = broker_cpu_seconds(beam), _own_cpu(), time.monotonic()
     profile: dict[str, Any] | None = None
     async with precision.SideLoad(connection, side_rate):
         producer = await asyncio.create_subprocess_exec(
@@ -249,8 +247,9 @@ async def measure(
         stdout, _ = await producer.communicate()
         await asyncio.wait_for(done.wait(), timeout=MAX_DELAY + 300)
     elapsed = time.monotonic() - began
-    broker, own = _cpu_seconds(beam) - broker0, _own_cpu() - own0
+    broker, own = broker_cpu_seconds(beam) - broker0, _own_cpu() - own0
     produced = json.loads(stdout)
+    await queue.cancel(tag)
     await channel.queue_delete(name)
     await channel.queue_delete(f"{name}.parking")
     if subject.delayed:
@@ -280,12 +279,11 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     profiled = False
     with RabbitMQNode() as node:
         for key in ["baseline", *args.subjects]:
-            subject = SUBJECTS[key]
-            eprof = args.eprof if subject.delayed and not profiled else 0.0
+            eprof = args.eprof if SUBJECTS[key].delayed and not profiled else 0.0
             profiled = profiled or eprof > 0
             row = await measure(
                 node,
-                subject,
+                key,
                 rate=args.rate,
                 seconds=args.seconds,
                 side_rate=args.side_rate,
