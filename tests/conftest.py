@@ -17,7 +17,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.testing import BrokerHarnessError, RabbitMQCluster, broker_url
 from tests.support.chain import Scenario, open_scenario
-from tests.support.cluster import CONFIRM_TIMEOUT_MS
+from tests.support.nodes import CONFIRM_TIMEOUT_MS
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

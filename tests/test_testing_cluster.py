@@ -7,7 +7,7 @@ import pytest
 from aio_pika.abc import AbstractConnection
 
 from delayed_retry.testing import RabbitMQCluster
-from tests.support.cluster import CONFIRM_TIMEOUT_MS
+from tests.support.nodes import CONFIRM_TIMEOUT_MS
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster

@@ -169,7 +169,12 @@ def chain_units(
             return min(-(-target_us // unit_us), exact)
         return target_us // (unit_us * step) * step
 
-    # The lead depends on the hops, which depend on the units: estimate the hops
-    # with the base lead, then take the larger of the two estimates' leads.
-    first = units(hold.lead_for(units(hold.lead_us).bit_count()))
-    return min(first, units(hold.lead_for(first.bit_count())))
+    # The lead depends on the hops, which depend on the units. Raise the hops the lead
+    # is computed for until the units it gives make no more hops than that: the lead
+    # then covers every hop. The hops only grow and stop at the levels: it ends.
+    hops = units(hold.lead_us).bit_count()
+    while True:
+        result = units(hold.lead_for(hops))
+        if result.bit_count() <= hops:
+            return result
+        hops = result.bit_count()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import aio_pika
@@ -16,13 +17,36 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, declare_topology, publish_delayed
-from delayed_retry.testing import RabbitMQNode
+from delayed_retry.testing import BrokerHarnessError, RabbitMQNode
+from tests.support.nodes import CONFIRM_TIMEOUT_MS
 from tests.support.queues import depth
 from tests.support.waiting import wait_until
 
 from ._support import QUORUM, Ledger
 
 MESSAGES = 2000
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[RabbitMQNode]:
+    """This module's node: a kill can catch messages between two levels of the chain.
+
+    The at-least-once dead-letter worker sends such a message again when its publish
+    confirm times out (``dead_letter_worker_publisher_confirm_timeout``, 180 s by
+    default); 10 s here keeps the test about what arrives, not about that wait.
+    """
+    started = RabbitMQNode(
+        rabbit_env={"dead_letter_worker_publisher_confirm_timeout": CONFIRM_TIMEOUT_MS}
+    )
+    try:
+        started.start()
+    except BrokerHarnessError as exc:
+        started.close()
+        pytest.fail(f"could not start a private RabbitMQ node: {exc}", pytrace=False)
+    try:
+        yield started
+    finally:
+        started.close()
 
 
 @pytest.mark.timeout(600)
@@ -88,8 +112,8 @@ async def test_messages_in_the_chain_survive_a_broker_restart(
         await wait_until(
             lambda: set(ledger.handled) >= ledger.sent,
             # A message the crash caught between two levels is dead-lettered again when the
-            # broker's at-least-once dead-letter worker times out its unconfirmed publish:
-            # dead_letter_worker_publisher_confirm_timeout, 180 s by default. Late, not lost.
+            # broker's at-least-once dead-letter worker times out its unconfirmed publish
+            # (10 s on this node, see ``node``). Late, not lost.
             timeout=240,
             what=f"all {MESSAGES} delayed messages after the broker {fault}",
         )
