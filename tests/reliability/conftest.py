@@ -6,22 +6,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from delayed_retry.testing import BrokerHarnessError, RabbitMQNode
+from delayed_retry.testing import RabbitMQNode
+
+from ._support import private_node
 
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[RabbitMQNode]:
     """A private RabbitMQ node for one test module: stopped, killed, alarmed at will."""
-    started = RabbitMQNode()
-    try:
-        started.start()
-    except BrokerHarnessError as exc:
-        started.close()
-        pytest.fail(f"could not start a private RabbitMQ node: {exc}", pytrace=False)
-    try:
-        yield started
-    finally:
-        started.close()
+    yield from private_node()
 
 
 @pytest.fixture

@@ -17,12 +17,12 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, declare_topology, publish_delayed
-from delayed_retry.testing import BrokerHarnessError, RabbitMQNode
+from delayed_retry.testing import RabbitMQNode
 from tests.support.nodes import CONFIRM_TIMEOUT_MS
 from tests.support.queues import depth
 from tests.support.waiting import wait_until
 
-from ._support import QUORUM, Ledger
+from ._support import QUORUM, Ledger, private_node
 
 MESSAGES = 2000
 
@@ -35,18 +35,9 @@ def node() -> Iterator[RabbitMQNode]:
     confirm times out (``dead_letter_worker_publisher_confirm_timeout``, 180 s by
     default); 10 s here keeps the test about what arrives, not about that wait.
     """
-    started = RabbitMQNode(
+    yield from private_node(
         rabbit_env={"dead_letter_worker_publisher_confirm_timeout": CONFIRM_TIMEOUT_MS}
     )
-    try:
-        started.start()
-    except BrokerHarnessError as exc:
-        started.close()
-        pytest.fail(f"could not start a private RabbitMQ node: {exc}", pytrace=False)
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 @pytest.mark.timeout(600)
