@@ -23,10 +23,10 @@ from delayed_retry import (
     publish_delayed,
     with_delayed_retry,
 )
-from delayed_retry.testing import BrokerHarnessError, RabbitMQNode, TLSFiles
+from delayed_retry.testing import RabbitMQNode, TLSFiles
 from tests.support.waiting import wait_until
 
-from ._support import QUORUM, Ledger
+from ._support import QUORUM, Ledger, private_node
 
 pytestmark = pytest.mark.broker
 
@@ -45,20 +45,11 @@ def tls_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMQNode]
     server.cert_chain_pems[0].write_to_path(str(certs / "cert.pem"))
     server.private_key_pem.write_to_path(str(certs / "key.pem"))
     write_ca(certs, "other")
-    node = RabbitMQNode(
+    yield from private_node(
         tls=TLSFiles(
             certfile=certs / "cert.pem", keyfile=certs / "key.pem", cacertfile=certs / "good-ca.pem"
         )
     )
-    try:
-        node.start()
-    except BrokerHarnessError as exc:
-        node.close()
-        pytest.fail(f"could not start a TLS RabbitMQ node: {exc}", pytrace=False)
-    try:
-        yield node
-    finally:
-        node.close()
 
 
 async def test_retry_and_schedule_over_amqps(tls_node: RabbitMQNode, unique: str) -> None:
