@@ -231,6 +231,10 @@ def _policy_differences(
     return out
 
 
+_IN_MEMORY_POLICY_KEYS = tuple(key.removeprefix("x-") for key in IN_MEMORY_ARGUMENTS)
+"""The same limits as policy keys: ``max-in-memory-length`` and ``-bytes``."""
+
+
 def _memory_differences(
     topology: DelayTopology, live: LiveChain, broker_version: tuple[int, int] | None
 ) -> list[Difference]:
@@ -244,8 +248,7 @@ def _memory_differences(
         if queue is None or any(key in queue.arguments for key in IN_MEMORY_ARGUMENTS):
             continue
         policies = applying_policies(live.policies, name, kind="queue", queue_type="quorum")
-        limits = ("max-in-memory-length", "max-in-memory-bytes")
-        if not any(key in p.definition for p in policies for key in limits):
+        if not any(key in p.definition for p in policies for key in _IN_MEMORY_POLICY_KEYS):
             in_memory.append(name)
     if not in_memory:
         return []

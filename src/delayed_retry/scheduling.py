@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -22,7 +20,7 @@ from delayed_retry.forwarding import (
 )
 from delayed_retry.headers import X_ORIGINAL_EXCHANGE, X_ORIGINAL_ROUTING_KEY, scheduled_headers
 from delayed_retry.hold import Hold, chain_units, check_hold
-from delayed_retry.observability.instrumentation import Instrumentation
+from delayed_retry.observability.instrumentation import Instrumentation, NoInstrumentation
 from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, publish_copy
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
@@ -30,9 +28,7 @@ from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 __all__ = ["publish_delayed"]
 
 
-@contextlib.contextmanager
-def _quiet_scheduling(headers: dict[str, Any], **_: Any) -> Iterator[None]:
-    yield
+_QUIET = NoInstrumentation()
 
 
 async def publish_delayed(
@@ -86,16 +82,17 @@ async def publish_delayed(
             f"publish_delayed needs exactly one destination: queue={queue!r} or "
             f"exchange={exchange!r} (with routing_key)"
         )
+    if exchange is not None and not isinstance(routing_key, str):
+        raise ConfigurationError(f"routing_key={routing_key!r} must be a str")
     check_hold(hold, topology)
     start = now or utcnow()
     due_at = resolve_due_at(delay, now=start)
+    # Before any I/O: a delay out of the chain's range raises here, having sent nothing.
+    units = chain_units(topology, due_at, now=start, hold=hold)
     underlay = await channel.get_underlay_channel()
     headers: dict[str, Any] = scheduled_headers(message.headers, due_at=due_at)
     if exchange is not None:
-        if not isinstance(routing_key, str):
-            raise ConfigurationError(f"routing_key={routing_key!r} must be a str")
         target = forward_queue_name(topology, exchange)
-        units = chain_units(topology, due_at, now=start, hold=hold)
         await check_exchange_exists(underlay.connection, exchange, cache=EXISTS_CACHE_SECONDS)
         await declare_forward_queue(underlay.connection, topology, exchange)
         headers[X_FORWARD_ROUTING_KEY] = routing_key
@@ -104,7 +101,6 @@ async def publish_delayed(
     else:
         assert queue is not None
         target = queue
-        units = chain_units(topology, due_at, now=start, hold=hold)
         await declarer_for(underlay.connection).destination(
             underlay.connection, topology, queue, with_parking=False
         )
@@ -116,7 +112,7 @@ async def publish_delayed(
     inst = instrumentation or default_instrumentation()
     # Like the handler's success path: no span or metric work while nothing records them.
     enabled = getattr(inst, "enabled", None)
-    observed = inst.scheduling if enabled is None or enabled() else _quiet_scheduling
+    observed = inst.scheduling if enabled is None or enabled() else _QUIET.scheduling
     with observed(
         headers,
         queue=target,
