@@ -38,7 +38,7 @@ from typing import Any
 import aio_pika
 import precision
 from aio_pika.abc import AbstractIncomingMessage
-from throughput import broker_cpu_seconds
+from throughput import broker_cpu_seconds, delete_topology
 
 from delayed_retry import (
     DEFAULT_HOLD,
@@ -108,11 +108,7 @@ async def produce(
     rng = random.Random(7)
     hops: list[int] = []
     pending: set[asyncio.Task[Any]] = set()
-    started = time.monotonic()
-    for i in range(int(rate * seconds)):
-        pause = started + i / rate - time.monotonic()
-        if pause > 0:
-            await asyncio.sleep(pause)
+    async for i in precision.paced(rate, int(rate * seconds)):
         if subject.delayed:
             now = datetime.now(UTC)
             due_at = now + timedelta(seconds=rng.uniform(MIN_DELAY, MAX_DELAY))
@@ -253,10 +249,7 @@ async def measure(
     await channel.queue_delete(name)
     await channel.queue_delete(f"{name}.parking")
     if subject.delayed:
-        for spec in topology.queues():
-            await channel.queue_delete(spec.name)
-        for exchange in topology.exchanges():
-            await channel.exchange_delete(exchange.name)
+        await delete_topology(channel, topology)
     await connection.close()
     row: dict[str, Any] = {
         "subject": subject.name,

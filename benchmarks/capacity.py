@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import throughput
 from pamqp import commands as spec
 
 from delayed_retry import DelayTopology, consume, declare_topology, publish_delayed
@@ -368,10 +369,7 @@ async def run(
         # 5. clean up.
         await channel.queue_delete(destination)
         await channel.queue_delete(topology.default_parking_queue(destination))
-        for queue_spec in topology.queues():
-            await channel.queue_delete(queue_spec.name)
-        for ex in reversed(topology.exchanges()):
-            await channel.exchange_delete(ex.name)
+        await throughput.delete_topology(channel, topology)
         if memory_policy and node is not None:
             node.rabbitmqctl("clear_operator_policy", policy.name)
 

@@ -64,12 +64,8 @@ async def _exits(
     tag = await queue.consume(on_message)
     publisher = await connection.channel()
     rng = random.Random(11)
-    started = time.monotonic()
     pending: set[asyncio.Task[Any]] = set()
-    for i in range(total):
-        pause = started + i / rate - time.monotonic()
-        if pause > 0:
-            await asyncio.sleep(pause)
+    async for i in precision.paced(rate, total):
         now = datetime.now(UTC)
         due_at = now + timedelta(seconds=rng.uniform(min_delay, max_delay))
         units = chain_units(topology, due_at, now=now, hold=ZERO_LEAD)

@@ -23,6 +23,7 @@ import contextlib
 import random
 import time
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -55,6 +56,16 @@ def _percentiles(values: list[float]) -> dict[str, float]:
         "max": round(ordered[-1], 2),
         "min": round(ordered[0], 2),
     }
+
+
+async def paced(rate: float, total: int) -> AsyncIterator[int]:
+    """``0 .. total - 1``, each when it is due on the schedule: ``i`` at start + ``i / rate``."""
+    started = time.monotonic()
+    for i in range(total):
+        pause = started + i / rate - time.monotonic()
+        if pause > 0:
+            await asyncio.sleep(pause)
+        yield i
 
 
 async def _stream(
@@ -104,13 +115,8 @@ async def _stream(
 
     publisher = await connection.channel()
     rng = random.Random(7)
-    started = time.monotonic()
     pending: set[asyncio.Task[Any]] = set()
-    for i in range(total):
-        # Keep to the schedule: message i leaves at started + i / rate.
-        pause = started + i / rate - time.monotonic()
-        if pause > 0:
-            await asyncio.sleep(pause)
+    async for i in paced(rate, total):
         delay = rng.uniform(min_delay, max_delay) if delayed else 0.0
         message_id = str(i)
         message = aio_pika.Message(

@@ -77,7 +77,7 @@ async def _run(url: str, subject: str, n: int) -> float:
         sample = await throughput.measure(
             connection, consumers[subject], n, on_start=start, on_end=profiler.stop
         )
-        await throughput._delete_topology(channel, topology)
+        await throughput.delete_topology(channel, topology)
     print(profiler.output_text(show_all=True, color=False))
     return sample.rate
 

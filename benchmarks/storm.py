@@ -325,7 +325,7 @@ async def delete_peer_topology(url: str, prefix: str) -> None:
             await channel.queue_delete(f"celery_delayed_{level}")
             await channel.exchange_delete(f"celery_delayed_{level}")
         await channel.exchange_delete("celery_delayed_delivery")
-        await throughput._delete_topology(channel, DelayTopology(prefix=prefix))
+        await throughput.delete_topology(channel, DelayTopology(prefix=prefix))
 
 
 async def _plain_seconds(url: str, deliveries: int) -> float:
@@ -553,14 +553,14 @@ async def run_long_delay(
 
     node = None
     if url is None:
-        node = RabbitMQNode(config={"consumer_timeout": str(round(consumer_timeout * 1000))})
-        await asyncio.to_thread(node.start)
         # The broker checks consumer timeouts on each channel's tick, every 60 s by
         # default; tick every second so the timeout acts when it is due (RabbitMQ's own
         # consumer-timeout tests do the same).
-        await asyncio.to_thread(
-            node.rabbitmqctl, "eval", "application:set_env(rabbit, channel_tick_interval, 1000)."
+        node = RabbitMQNode(
+            config={"consumer_timeout": str(round(consumer_timeout * 1000))},
+            rabbit_env={"channel_tick_interval": 1000},
         )
+        await asyncio.to_thread(node.start)
         url = node.url
     try:
         with tempfile.TemporaryDirectory(prefix="bench-long-") as tmp:

@@ -215,7 +215,7 @@ async def _delete_topology(url: str, topology: DelayTopology) -> None:
     connection = await aio_pika.connect(url)
     async with connection:
         channel = await connection.channel()
-        await throughput._delete_topology(channel, topology)
+        await throughput.delete_topology(channel, topology)
 
 
 def main(argv: list[str] | None = None) -> int:

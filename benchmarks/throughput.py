@@ -273,7 +273,7 @@ async def run(
                         broker_pid=broker_pid,
                     )
                 )
-        await _delete_topology(channel, topology)
+        await delete_topology(channel, topology)
     rows = []
     for pair in PAIRS:
         subject = samples[(pair.workload, pair.subject)]
@@ -316,7 +316,8 @@ def _via_hop() -> Consumer:
     return start
 
 
-async def _delete_topology(channel: AbstractChannel, topology: DelayTopology) -> None:
+async def delete_topology(channel: AbstractChannel, topology: DelayTopology) -> None:
+    """Delete a benchmark's chain: its queues, then its exchanges."""
     for spec in topology.queues():
         await channel.queue_delete(spec.name)
     for ex in reversed(topology.exchanges()):
