@@ -4,9 +4,9 @@ Three paths deliver the same number of delayed messages on the same broker:
 
 * queue (baseline): ``publish_delayed(queue=Q)``: chain, then Q;
 * exchange: ``publish_delayed(exchange=X, routing_key=K)``: chain, forward
-  queue, a :class:`~delayed_retry.forwarding.Forwarder`, then X and Q;
+  queue, a :class:`~delayed_retry.delivery.forwarder.Forwarder`, then X and Q;
 * front door: a plain publish to ``X.delay`` with ``x-delay``: a
-  :class:`~delayed_retry.frontdoor.FrontDoor`, chain, forward queue, X, Q.
+  :class:`~delayed_retry.delivery.front_door.FrontDoor`, chain, forward queue, X, Q.
 
 Two phases per path: a burst of ``--messages`` with a 1 ms delay gives
 throughput (messages per second, first publish to last arrival); ``--paced``
@@ -36,9 +36,14 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, publish_delayed
+from delayed_retry.delivery.forwarder import Forwarder
+from delayed_retry.delivery.front_door import (
+    FrontDoor,
+)
 from delayed_retry.durations import from_epoch_ms, to_epoch_ms
-from delayed_retry.forwarding import Forwarder, forward_queue_name
-from delayed_retry.frontdoor import X_DELAY, FrontDoor
+from delayed_retry.headers import (
+    X_DELAY,
+)
 from delayed_retry.testing import broker_url
 
 DUE = "bench-due-ms"
@@ -103,7 +108,7 @@ async def _run(
         elapsed = time.monotonic() - started
         if helper is not None:
             await helper.close()
-        forward = forward_queue_name(topology, exchange)
+        forward = topology.forward_queue(exchange)
         for name in (
             queue_name,
             forward,

@@ -43,10 +43,10 @@ import throughput
 from pamqp import commands as spec
 
 from delayed_retry import DelayTopology, consume, declare_topology, publish_delayed
-from delayed_retry.batching import connect_batched
+from delayed_retry.amqp.batching import connect_batched
+from delayed_retry.amqp.publish import publish_confirmed
 from delayed_retry.durations import utcnow
 from delayed_retry.headers import scheduled_headers
-from delayed_retry.publishing import publish_confirmed
 from delayed_retry.testing import RabbitMQNode
 
 BODY_BYTES = 1024

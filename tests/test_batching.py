@@ -8,8 +8,8 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection
 from pamqp import commands as spec
 
-from delayed_retry.batching import BatchingWriter, connect_batched
-from delayed_retry.publishing import publish_confirmed
+from delayed_retry.amqp.batching import BatchingWriter, connect_batched
+from delayed_retry.amqp.publish import publish_confirmed
 
 
 async def _loopback() -> tuple[asyncio.StreamWriter, asyncio.Future[bytes], asyncio.Server]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from delayed_retry import DelayTopology
-from delayed_retry.chain_diff import (
+from delayed_retry.admin.chain_diff import (
     Binding,
     LiveChain,
     LiveExchange,

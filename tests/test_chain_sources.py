@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from delayed_retry import DelayTopology
-from delayed_retry.chain_sources import SourceChain, plan_move
+from delayed_retry.admin.other_chains import SourceChain, plan_move
 from delayed_retry.durations import to_epoch_ms
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)

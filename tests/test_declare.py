@@ -19,7 +19,7 @@ from delayed_retry import (
     publish_delayed,
     with_delayed_retry,
 )
-from delayed_retry import declare as declare_module
+from delayed_retry.amqp import declare as declare_module
 from delayed_retry.headers import X_DUE_AT
 from delayed_retry.topology import amqp_arguments
 from tests.support.chain import Inbox, Scenario, publish
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.broker
 
 
 def count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[object]:
-    """Wrap ``delayed_retry.declare.<name>`` to record its calls; the broker still does the work."""
+    """Wrap ``delayed_retry.amqp.declare.<name>`` to record its calls; the broker does the work."""
     calls: list[object] = []
     real = getattr(declare_module, name)
 
@@ -256,7 +256,7 @@ async def test_level_queues_with_in_memory_limits_are_used_as_they_are(
             name, durable=True, arguments=_level_arguments(quorum, level, **extra)
         )
     queue = await quorum.queue()
-    with caplog.at_level(logging.WARNING, logger="delayed_retry.declare"):
+    with caplog.at_level(logging.WARNING, logger="delayed_retry.amqp.declare"):
         await declare_topology(quorum.ch, quorum.topology, queues=[queue.name])
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert f"'{quorum.topology.level_name(4)}', '{quorum.topology.level_name(5)}'" in warning

@@ -16,10 +16,10 @@ from aio_pika.abc import AbstractIncomingMessage
 from tenacity.stop import stop_base
 
 from delayed_retry import ConfigurationError, ParkMessage, consume, with_delayed_retry
-from delayed_retry import declare as declare_module
+from delayed_retry.amqp import declare as declare_module
 from delayed_retry.checks import broker_major_version
-from delayed_retry.parking import peek_parked
-from delayed_retry.topology import PARKED_DELIVERY_LIMIT
+from delayed_retry.parking.shortcuts import peek_parked
+from delayed_retry.topology import DELIVERY_LIMIT
 from tests.support.chain import Scenario
 from tests.support.waiting import wait_until
 
@@ -90,14 +90,14 @@ async def test_parking_queue_from_before_the_limit_is_kept_and_guarded(
     quorum: Scenario, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A parking queue without x-delivery-limit is used with a warning; on 4.x never peeked."""
-    caplog.set_level(logging.WARNING, logger="delayed_retry.declare")
+    caplog.set_level(logging.WARNING, logger="delayed_retry.amqp.declare")
     queue = quorum.name("old")
     parking = quorum.topology.default_parking_queue(queue)
     quorum.track_queue(queue, parking)
     await quorum.ch.declare_queue(parking, durable=True, arguments={"x-queue-type": "quorum"})
     handled = await _park_messages(quorum, queue, 1)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "delayed_retry.declare"]
-    assert any(parking in w and str(PARKED_DELIVERY_LIMIT) in w for w in warnings), warnings
+    warnings = [r.getMessage() for r in caplog.records if r.name == "delayed_retry.amqp.declare"]
+    assert any(parking in w and str(DELIVERY_LIMIT) in w for w in warnings), warnings
     await _publish_many(quorum, queue, 1)
     await asyncio.wait_for(handled.get(), 30)
     await quorum.wait_for_depth(parking, 1)

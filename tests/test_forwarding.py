@@ -14,13 +14,14 @@ import aio_pika
 import pytest
 
 from delayed_retry import ConfigurationError, publish_delayed
-from delayed_retry.forwarding import (
+from delayed_retry.delivery.forwarder import Forwarder
+from delayed_retry.headers import (
+    X_DUE_AT,
     X_FORWARD_ROUTING_KEY,
-    Forwarder,
-    forward_queue_name,
+    X_ORIGINAL_EXCHANGE,
+    X_PARKED_REASON,
     forwarded_headers,
 )
-from delayed_retry.headers import X_DUE_AT, X_ORIGINAL_EXCHANGE, X_PARKED_REASON
 from delayed_retry.topology import DelayTopology
 from tests.support.chain import Inbox, Scenario
 from tests.support.waiting import wait_until
@@ -28,9 +29,9 @@ from tests.support.waiting import wait_until
 
 def test_forward_queue_name_is_under_the_prefix() -> None:
     topology = DelayTopology(prefix="p")
-    assert forward_queue_name(topology, "amq.topic") == "p.forward.amq.topic"
+    assert topology.forward_queue("amq.topic") == "p.forward.amq.topic"
     with pytest.raises(ConfigurationError, match="default exchange"):
-        forward_queue_name(topology, "")
+        topology.forward_queue("")
 
 
 def test_forwarded_headers_drop_the_chain_headers_only() -> None:
@@ -46,7 +47,7 @@ async def _exchange(s: Scenario, kind: str = "topic") -> str:
 
 
 def _track_forward(s: Scenario, exchange: str) -> str:
-    queue = forward_queue_name(s.topology, exchange)
+    queue: str = s.topology.forward_queue(exchange)
     s.track_queue(queue, f"{queue}.parking")
     return queue
 

@@ -17,9 +17,15 @@ from typing import Any
 import pika
 import pytest
 
-from delayed_retry.forwarding import forward_queue_name
-from delayed_retry.frontdoor import X_DELAY, BadDelay, FrontDoor, parse_x_delay
-from delayed_retry.headers import X_PARKED_REASON
+from delayed_retry.delivery.front_door import (
+    BadDelay,
+    FrontDoor,
+    parse_x_delay,
+)
+from delayed_retry.headers import (
+    X_DELAY,
+    X_PARKED_REASON,
+)
 from tests.support.chain import Inbox, Scenario
 from tests.support.waiting import wait_until
 
@@ -70,7 +76,7 @@ def _pika_publish(
 
 
 def _track_door(s: Scenario, exchange: str) -> None:
-    forward = forward_queue_name(s.topology, exchange)
+    forward = s.topology.forward_queue(exchange)
     s.track_queue(f"{exchange}.delay", f"{exchange}.delay.parking", forward, f"{forward}.parking")
     s.track_exchange(exchange, f"{exchange}.delay")
 
@@ -211,7 +217,7 @@ async def test_front_door_loses_nothing_under_kill_9(
     seen = {(await inbox.get()).message.body}  # some went through: kill it mid-stream
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
-    forward = forward_queue_name(s.topology, exchange)
+    forward = s.topology.forward_queue(exchange)
 
     async def left_behind() -> bool:
         return await s.depth(f"{exchange}.delay") + await s.depth(forward) > 0

@@ -17,7 +17,11 @@ import pytest
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry import declare, handover, middleware
+from delayed_retry.amqp import declare
+from delayed_retry.amqp.publish import publish_confirmed
+from delayed_retry.consumer import decorator as middleware
+from delayed_retry.consumer import handover
+from delayed_retry.consumer.decorator import consume, early_tolerance, with_delayed_retry
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, TopologyMismatchError
 from delayed_retry.headers import (
@@ -29,9 +33,7 @@ from delayed_retry.headers import (
     X_RETRY,
     parse_retry_state,
 )
-from delayed_retry.middleware import consume, early_tolerance, with_delayed_retry
 from delayed_retry.observability.instrumentation import NoInstrumentation
-from delayed_retry.publishing import publish_confirmed
 from delayed_retry.testing.fake import FakeChannel, FakeConnection, fake_message
 from delayed_retry.topology import DelayTopology
 

@@ -17,7 +17,7 @@ from delayed_retry import (
     publish_delayed,
     with_delayed_retry,
 )
-from delayed_retry.forwarding import Forwarder, forward_queue_name
+from delayed_retry.delivery.forwarder import Forwarder
 from tests.support.chain import Inbox, Scenario
 from tests.support.waiting import WAIT, wait_until
 from tests.test_retry import Calls, start
@@ -84,7 +84,7 @@ async def test_a_held_delay_to_an_exchange_is_forwarded_at_its_due_time(
     exchange = s.name("x")
     s.track_exchange(exchange)
     await s.ch.declare_exchange(exchange, "topic", durable=True)
-    forward = forward_queue_name(s.topology, exchange)
+    forward = s.topology.forward_queue(exchange)
     s.track_queue(forward, f"{forward}.parking")
     queue = await s.queue()
     await queue.bind(exchange, routing_key="k")

@@ -17,9 +17,14 @@ from typing import Any
 import aio_pika
 import pytest
 
+from delayed_retry.admin.plugin_migration import MigrationError, read_exchange
 from delayed_retry.cli.main import main
-from delayed_retry.frontdoor import X_DELAY, FrontDoor
-from delayed_retry.migration import MigrationError, read_exchange
+from delayed_retry.delivery.front_door import (
+    FrontDoor,
+)
+from delayed_retry.headers import (
+    X_DELAY,
+)
 from delayed_retry.testing.node import RabbitMQNode
 from delayed_retry.testing.ports import free_port, listening
 from delayed_retry.topology import DelayTopology

@@ -27,9 +27,9 @@ from aio_pika.abc import (
 )
 
 from delayed_retry import ConfigurationError, DelayTopology, publish_delayed
-from delayed_retry.chain_migration import migrate_chain
-from delayed_retry.chain_sources import SourceChain
-from delayed_retry.declare import declare_topology
+from delayed_retry.admin.chain_migration import migrate_chain
+from delayed_retry.admin.other_chains import SourceChain
+from delayed_retry.amqp.declare import declare_topology
 from delayed_retry.headers import X_DUE_AT, read_epoch_ms
 from delayed_retry.testing import RabbitMQNode
 from delayed_retry.topology import amqp_arguments

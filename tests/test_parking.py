@@ -9,9 +9,12 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from delayed_retry import ConfigurationError, DelayTopology, ParkMessage, with_delayed_retry
-from delayed_retry.headers import X_PARKED_REASON, X_RETRY
-from delayed_retry.parking import (
+from delayed_retry.headers import (
+    X_PARKED_REASON,
     X_REPLAYED,
+    X_RETRY,
+)
+from delayed_retry.parking.shortcuts import (
     parse_parked,
     peek_parked,
     replay_headers,

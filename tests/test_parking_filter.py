@@ -15,13 +15,13 @@ from delayed_retry.headers import (
     X_PARKED_AT,
     X_PARKED_REASON,
     X_QUEUE,
-    X_RETRY,
-)
-from delayed_retry.parking_lot import (
     X_REPLAY_CANARY,
     X_REPLAYED,
     X_REPLAYED_AT,
     X_REPLAYED_BY,
+    X_RETRY,
+)
+from delayed_retry.parking.lot import (
     ParkedFilter,
     ParkedRecord,
     read_record,

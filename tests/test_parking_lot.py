@@ -14,17 +14,21 @@ from delayed_retry import (
     DelayOutOfRangeError,
     DelayTopology,
     ParkMessage,
-    parking_lot,
     with_delayed_retry,
 )
-from delayed_retry.declare import declare_topology
+from delayed_retry.amqp.declare import declare_topology
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, PublishError
-from delayed_retry.headers import X_FIRST_FAILURE_AT, X_PARKED_AT, X_PARKED_REASON, X_RETRY
-from delayed_retry.parking import replay_parked
-from delayed_retry.parking_lot import (
+from delayed_retry.headers import (
+    X_FIRST_FAILURE_AT,
+    X_PARKED_AT,
+    X_PARKED_REASON,
     X_REPLAYED,
     X_REPLAYED_BY,
+    X_RETRY,
+)
+from delayed_retry.parking import lot as parking_lot
+from delayed_retry.parking.lot import (
     MoveProgress,
     ParkedFilter,
     browse_parked,
@@ -33,6 +37,7 @@ from delayed_retry.parking_lot import (
     purge_matching,
     replay_matching,
 )
+from delayed_retry.parking.shortcuts import replay_parked
 
 pytestmark = pytest.mark.broker
 

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayed_retry.rejections import read_rejection
+from delayed_retry.consumer.rejections import read_rejection
 
 QUEUES = frozenset({"orders", "billing"})
 WHEN = datetime(2026, 1, 1, tzinfo=UTC)

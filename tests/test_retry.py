@@ -27,11 +27,11 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry import headers as h
-from delayed_retry.declare import underlay_of
+from delayed_retry.amqp.declare import underlay_of
+from delayed_retry.amqp.publish import publish_confirmed
+from delayed_retry.consumer.decorator import EARLY_TOLERANCE
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.errors import PublishNotConfirmedError
-from delayed_retry.middleware import EARLY_TOLERANCE
-from delayed_retry.publishing import publish_confirmed
 from tests.support.chain import Inbox, Scenario, publish
 from tests.support.waiting import WAIT, wait_until
 

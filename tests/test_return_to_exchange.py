@@ -11,7 +11,7 @@ import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import ConfigurationError, consume, current_retry_state, with_delayed_retry
-from delayed_retry.forwarding import Forwarder, forward_queue_name
+from delayed_retry.delivery.forwarder import Forwarder
 from tests.support.chain import Inbox, Scenario
 
 
@@ -27,7 +27,7 @@ async def test_retry_returns_through_the_original_exchange_and_key(
     s = quorum
     exchange = s.name("x")
     s.track_exchange(exchange)
-    forward = forward_queue_name(s.topology, exchange)
+    forward = s.topology.forward_queue(exchange)
     s.track_queue(forward, f"{forward}.parking")
     x = await s.ch.declare_exchange(exchange, "topic", durable=True)
     failing = await s.queue("failing")

@@ -22,8 +22,11 @@ from tenacity import wait_fixed
 
 from delayed_retry import ConfigurationError, DelayTopology, NoInstrumentation, RetryRouter
 from delayed_retry.cli.router_cmd import parse_wait
-from delayed_retry.headers import X_PARKED_REASON, X_RETRY
-from delayed_retry.router import X_CLAIMED_QUEUE
+from delayed_retry.headers import (
+    X_CLAIMED_QUEUE,
+    X_PARKED_REASON,
+    X_RETRY,
+)
 from tests.support.chain import Scenario, open_scenario
 from tests.support.waiting import WAIT
 
@@ -116,7 +119,7 @@ async def test_rejections_are_retried_through_the_chain_then_parked(chain: Scena
     assert headers["x-retry-queue"] == orders
     assert headers["x-retry-original-exchange"] == entry
     assert headers["x-retry-original-routing-key"] == "order.created"
-    assert headers["x-exception-type"] == "delayed_retry.router.ConsumerRejected"
+    assert headers["x-exception-type"] == "delayed_retry.consumer.router.ConsumerRejected"
     assert headers["team"] == "go"
     assert "x-death" not in headers
     await parked.ack()

@@ -24,8 +24,13 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from tenacity import wait_fixed
 
 from delayed_retry import DelayTopology, consume, publish_delayed, with_delayed_retry
+from delayed_retry.headers import (
+    X_TRACE_ORIGIN,
+)
 from delayed_retry.observability.otel import OpenTelemetryInstrumentation, default_instrumentation
-from delayed_retry.observability.spans import X_TRACE_ORIGIN, HeaderGetter
+from delayed_retry.observability.spans import (
+    HeaderGetter,
+)
 from tests.support.queues import cleaned
 from tests.support.telemetry import Telemetry, make_telemetry
 

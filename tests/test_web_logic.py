@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.parking_lot import ParkedFilter, ParkedRecord, read_record
+from delayed_retry.parking.lot import ParkedFilter, ParkedRecord, read_record
 from delayed_retry.web.jobs import JobRequest
 from delayed_retry.web.records import filter_from_mapping, filter_to_mapping, group_label
 from delayed_retry.web.render import histogram, view_body

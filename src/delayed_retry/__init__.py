@@ -10,7 +10,18 @@ from delayed_retry.alerts import (
     SinkRetry,
     WebhookSink,
 )
-from delayed_retry.declare import declare_topology
+from delayed_retry.amqp.declare import declare_topology
+from delayed_retry.consumer.decorator import (
+    RetryingHandler,
+    consume,
+    current_retry_state,
+    retry_state,
+    with_delayed_retry,
+)
+from delayed_retry.consumer.router import ConsumerRejected, RetryRouter
+from delayed_retry.delivery.forwarder import Forwarder
+from delayed_retry.delivery.front_door import FrontDoor
+from delayed_retry.delivery.schedule import publish_delayed
 from delayed_retry.errors import (
     ConfigurationError,
     DelayedRetryError,
@@ -23,24 +34,13 @@ from delayed_retry.errors import (
     RetryAfter,
     TopologyMismatchError,
 )
-from delayed_retry.forwarding import Forwarder
-from delayed_retry.frontdoor import FrontDoor
 from delayed_retry.headers import RetryState
 from delayed_retry.hold import DEFAULT_HOLD, Hold
-from delayed_retry.middleware import (
-    RetryingHandler,
-    consume,
-    current_retry_state,
-    retry_state,
-    with_delayed_retry,
-)
 from delayed_retry.observability.gauges import ChainMonitor
 from delayed_retry.observability.instrumentation import Instrumentation, NoInstrumentation
 from delayed_retry.observability.otel import OpenTelemetryInstrumentation
-from delayed_retry.parking import ParkedMessage, ReplayResult, peek_parked, replay_parked
+from delayed_retry.parking.shortcuts import ParkedMessage, ReplayResult, peek_parked, replay_parked
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
-from delayed_retry.router import ConsumerRejected, RetryRouter
-from delayed_retry.scheduling import publish_delayed
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [

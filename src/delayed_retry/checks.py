@@ -7,7 +7,7 @@ message in the queue, with a fresh delivery count, so ``max_retries`` has no
 bearing on the limit. What does count, on every version:
 
 - a hand-over into the delay chain or to parking that is not confirmed for
-  :data:`~delayed_retry.handover.HANDOVER_RETRY_WINDOW` (30 s): the message is
+  :data:`~delayed_retry.consumer.handover.HANDOVER_RETRY_WINDOW` (30 s): the message is
   nacked back to its queue, one delivery per 30 s of broker trouble;
 - a message given back after an internal failure (a declaration refused, a
   channel without confirms), after a pause of up to 30 s;
@@ -20,7 +20,7 @@ RabbitMQ 4.0 and later give every quorum queue a default delivery limit of
 (``-1``, 4.0+ only: 3.10 reads ``-1`` as "drop at the first return") or at
 least :data:`SAFE_DELIVERY_LIMIT`, with a dead-letter exchange so what passes
 it is kept. delayed-retry's own parking and unroutable queues are declared
-with :data:`~delayed_retry.topology.PARKED_DELIVERY_LIMIT`; one declared by an
+with :data:`~delayed_retry.topology.DELIVERY_LIMIT`; one declared by an
 older version without it is reported by :func:`kept_queue_risk`. Policies
 (``delivery-limit``) cannot be read over AMQP; check them with
 ``rabbitmqctl list_policies``.
@@ -198,7 +198,7 @@ def kept_queue_risk(*, queue: str, broker_major: int | None) -> str:
     ``x-delivery-limit`` on it (the broker refuses to change a queue's
     arguments). Returns the warning to log, naming the queue and the fix.
     """
-    from delayed_retry.topology import PARKED_DELIVERY_LIMIT
+    from delayed_retry.topology import DELIVERY_LIMIT
 
     if broker_major is not None and broker_major >= 4:
         danger = (
@@ -213,9 +213,9 @@ def kept_queue_risk(*, queue: str, broker_major: int | None) -> str:
         )
     return (
         f"queue {queue!r} exists with other x-delivery-limit arguments than delayed-retry "
-        f"declares ({PARKED_DELIVERY_LIMIT}); {danger}. Fix: move its messages elsewhere "
+        f"declares ({DELIVERY_LIMIT}); {danger}. Fix: move its messages elsewhere "
         f"(shovel or replay), delete {queue!r} and let the next consumer declare it again, "
-        f"or set a policy with delivery-limit {PARKED_DELIVERY_LIMIT} on it"
+        f"or set a policy with delivery-limit {DELIVERY_LIMIT} on it"
     )
 
 

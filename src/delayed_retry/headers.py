@@ -24,6 +24,21 @@ from delayed_retry.durations import from_epoch_ms, to_epoch_ms
 
 __all__ = [
     "BROKER_HEADERS",
+    "X_CLAIMED_QUEUE",
+    "X_DEATH",
+    "X_DELAY",
+    "X_DELIVERY_COUNT",
+    "X_FORWARD_ROUTING_KEY",
+    "X_HEADER_PROBLEMS",
+    "X_MIGRATED_FROM",
+    "X_PARKED_NOTE",
+    "X_REDRIVE_ID",
+    "X_REPLAYED",
+    "X_REPLAYED_AT",
+    "X_REPLAYED_BY",
+    "X_REPLAY_CANARY",
+    "X_SCHEDULE_ID",
+    "X_TRACE_ORIGIN",
     "MAX_RETRY_COUNT",
     "X_DUE_AT",
     "X_EXCEPTION_MESSAGE",
@@ -40,6 +55,7 @@ __all__ = [
     "X_RETRY",
     "RetryState",
     "failure_headers",
+    "forwarded_headers",
     "parking_headers",
     "parse_retry_state",
     "read_epoch_ms",
@@ -76,7 +92,39 @@ X_EXCEPTION_MESSAGE = "x-exception-message"
 X_EXCEPTION_TRACEBACK = "x-exception-traceback"
 """Its traceback, bounded (the innermost frames are kept)."""
 
-BROKER_HEADERS = ("x-death", "x-delivery-count")
+X_REPLAYED = "x-retry-replayed"
+"""How many times a message has been replayed from parking (an int)."""
+X_REPLAYED_AT = "x-retry-replayed-at"
+"""When it was last replayed, milliseconds since the Unix epoch."""
+X_REPLAYED_BY = "x-retry-replayed-by"
+"""Who replayed it last, when known (the command line writes ``user@host``)."""
+X_REPLAY_CANARY = "x-retry-replay-canary"
+"""Token on a canary copy, so the replay can tell when it parks again."""
+X_DELAY = "x-delay"
+"""The plugin's header: the delay in milliseconds."""
+X_FORWARD_ROUTING_KEY = "x-retry-forward-routing-key"
+"""The routing key a message in a forward queue is delivered with."""
+X_CLAIMED_QUEUE = "x-retry-claimed-queue"
+"""On a message the router could not route: the queue its ``x-death`` named (never trusted)."""
+X_TRACE_ORIGIN = "x-retry-trace-origin"
+"""``traceparent`` of the delivery that first failed; later attempts link to it."""
+X_REDRIVE_ID = "x-redrive-id"
+"""Header naming the redrive a message was sent by."""
+X_SCHEDULE_ID = "x-schedule-id"
+"""Header naming the bulk schedule a message was sent by."""
+X_PARKED_NOTE = "x-parked-note"
+"""On a parking record: what the record could not keep (original headers that could not be
+encoded)."""
+X_HEADER_PROBLEMS = "x-retry-header-problems"
+"""On a parking record: headers of the message that were present but unusable."""
+X_MIGRATED_FROM = "x-retry-migrated-from"
+"""On a message moved out of another chain: the level queue it was taken from."""
+X_DEATH = "x-death"
+"""The broker's dead-letter history (read to count rejections, never re-published)."""
+X_DELIVERY_COUNT = "x-delivery-count"
+"""Quorum queues' redelivery count (RabbitMQ 4.0+ sets it on redelivery; never re-published)."""
+
+BROKER_HEADERS = (X_DEATH, X_DELIVERY_COUNT)
 """Broker-written headers, never re-published (nor any ``x-first-death-*``/``x-last-death-*``)."""
 
 MAX_RETRY_COUNT = 1_000_000
@@ -90,7 +138,7 @@ _COUNTED_DEATHS = ("rejected", "delivery_limit")
 _QUEUE_STATE = (X_RETRY, X_FIRST_FAILURE_AT, X_LAST_FAILURE_AT, X_LAST_ERROR, X_DUE_AT)
 """Headers that count only for the queue named in :data:`X_QUEUE`."""
 _STATE_HEADERS = frozenset(
-    (*_QUEUE_STATE, X_QUEUE, X_ORIGINAL_EXCHANGE, X_ORIGINAL_ROUTING_KEY, "x-death")
+    (*_QUEUE_STATE, X_QUEUE, X_ORIGINAL_EXCHANGE, X_ORIGINAL_ROUTING_KEY, X_DEATH)
 )
 """Every header :func:`parse_retry_state` reads: a message with none of them is on attempt 1."""
 
@@ -206,7 +254,7 @@ def parse_retry_state(
         h = {k: v for k, v in h.items() if k not in _QUEUE_STATE}
         retries = 0
         problems.clear()
-    deaths = _broker_deaths(h.get("x-death"), queue)
+    deaths = _broker_deaths(h.get(X_DEATH), queue)
     retries = max(retries, deaths)
     original_exchange = _text(h.get(X_ORIGINAL_EXCHANGE), X_ORIGINAL_EXCHANGE, problems)
     original_key = _text(h.get(X_ORIGINAL_ROUTING_KEY), X_ORIGINAL_ROUTING_KEY, problems)
@@ -362,6 +410,14 @@ def scheduled_headers(headers: Mapping[str, Any] | None, *, due_at: datetime) ->
     return out
 
 
+def forwarded_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Headers of a message as delivered to its exchange by a forwarder: without the chain's own."""
+    out = sanitize_headers(headers)
+    out.pop(X_DUE_AT, None)
+    out.pop(X_FORWARD_ROUTING_KEY, None)
+    return out
+
+
 def failure_headers(
     headers: Mapping[str, Any] | None,
     state: RetryState,
@@ -401,7 +457,7 @@ def parking_headers(
     trace = "".join(tb.format_exception(exc))
     out[X_EXCEPTION_TRACEBACK] = _bounded(trace, MAX_TRACEBACK_CHARS, keep_end=True)
     if state.problems:
-        out["x-retry-header-problems"] = _bounded("; ".join(state.problems), MAX_ERROR_CHARS)
+        out[X_HEADER_PROBLEMS] = _bounded("; ".join(state.problems), MAX_ERROR_CHARS)
     return out
 
 

@@ -1,6 +1,6 @@
 """The delay chain's names and arguments: which exchanges and queues exist, and how.
 
-Pure: nothing here talks to a broker. :mod:`delayed_retry.declare` turns a
+Pure: nothing here talks to a broker. :mod:`delayed_retry.amqp.declare` turns a
 :class:`DelayTopology` into declarations.
 
 Picture for ``prefix="delayed-retry"``::
@@ -63,14 +63,16 @@ MAX_NAME_BYTES = 255
 
 _LONGEST_SUFFIX = ".parking.alerts"
 
-PARKED_DELIVERY_LIMIT = 1_000_000_000
-"""``x-delivery-limit`` of the parking and unroutable quorum queues, on every version.
+DELIVERY_LIMIT = 1_000_000_000
+"""``x-delivery-limit`` of every quorum queue delayed-retry consumes or keeps messages in.
 
-Without one, RabbitMQ 4.0–4.2 apply a limit of 20, and every ``basic.get``
-returned unacked (a peek) counts: the 21st peek drops a parked message. ``-1``
-turns the limit off on 4.0+, but RabbitMQ 3.10 reads it as "drop at the first
-return" (both measured, 3.10.8 and 4.0.5), so a finite limit no peek can reach
-is the one value safe on 3.10–4.x.
+That is the parking and unroutable queues, the rejected queue, the front
+door's inbox and the forward queues. Without one, RabbitMQ 4.0–4.2 apply a
+limit of 20, and every return counts: a peek (``basic.get`` returned unacked),
+a message given back after a failed hand-over, a consumer crash. The 21st
+drops the message. ``-1`` turns the limit off on 4.0+, but RabbitMQ 3.10 reads
+it as "drop at the first return" (both measured, 3.10.8 and 4.0.5), so a
+finite limit no return can reach is the one value safe on 3.10–4.x.
 """
 
 
@@ -307,7 +309,7 @@ class DelayTopology:
 
         Messages a consumer rejects (``basic.reject``/``nack`` without requeue)
         from a queue with this dead-letter exchange land in :attr:`rejected_queue`,
-        where :class:`~delayed_retry.router.RetryRouter` retries or parks them.
+        where :class:`~delayed_retry.consumer.router.RetryRouter` retries or parks them.
         """
         return f"{self.prefix}.rejected"
 
@@ -338,6 +340,21 @@ class DelayTopology:
             return True
         level = exchange.removeprefix(self._level_prefix)
         return level != exchange and level.isdigit() and int(level) < self.levels
+
+    def forward_queue(self, exchange: str) -> str:
+        """The queue holding delays for ``exchange`` at the chain's end: ``<prefix>.forward.X``.
+
+        A forwarder consumes it and delivers each message to ``exchange``
+        (dead-lettering cannot rewrite a routing key, so this takes one process step).
+        """
+        if not exchange:
+            raise ConfigurationError(
+                "exchange='' (the default exchange) cannot be a delay destination; "
+                "pass queue=NAME to publish_delayed instead"
+            )
+        name = f"{self.prefix}.forward.{exchange}"
+        self.check_destination(name)
+        return name
 
     @staticmethod
     def default_parking_queue(queue: str) -> str:
@@ -403,13 +420,13 @@ class DelayTopology:
 
     # -- what to declare -----------------------------------------------------
     def _queue_arguments(
-        self, dead_letter_exchange: str | None, ttl_ms: int | None, *, keeps: bool = False
+        self, dead_letter_exchange: str | None, ttl_ms: int | None, *, limited: bool = False
     ) -> QueueArguments:
         args: QueueArguments = {"x_queue_type": self.queue_type}
-        if keeps and self.queue_type == "quorum":
-            # Parking and unroutable queues keep messages for people: never let the
-            # broker's delivery limit drop one (see PARKED_DELIVERY_LIMIT).
-            args["x_delivery_limit"] = PARKED_DELIVERY_LIMIT
+        if limited and self.queue_type == "quorum":
+            # Queues the library consumes or keeps messages in: never let the broker's
+            # delivery limit drop one (see DELIVERY_LIMIT).
+            args["x_delivery_limit"] = DELIVERY_LIMIT
         if ttl_ms is not None:
             args["x_message_ttl"] = ttl_ms
         if dead_letter_exchange is not None:
@@ -461,14 +478,14 @@ class DelayTopology:
         specs.append(
             QueueSpec(
                 self.unroutable_queue,
-                self._queue_arguments(None, None, keeps=True),
+                self._queue_arguments(None, None, limited=True),
                 ((self.unroutable_exchange, ""),),
             )
         )
         specs.append(
             QueueSpec(
                 self.rejected_queue,
-                self._queue_arguments(None, None),
+                self._queue_arguments(None, None, limited=True),
                 ((self.rejected_exchange, ""),),
             )
         )
@@ -490,7 +507,21 @@ class DelayTopology:
         """The parking queue of ``queue``, bound to the parking exchange with key ``queue``."""
         name = parking_queue or self.default_parking_queue(queue)
         return QueueSpec(
-            name, self._queue_arguments(None, None, keeps=True), ((self.parking_exchange, queue),)
+            name, self._queue_arguments(None, None, limited=True), ((self.parking_exchange, queue),)
+        )
+
+    def forward_queue_spec(self, exchange: str) -> QueueSpec:
+        """The forward queue of ``exchange`` (:meth:`forward_queue`); bound like any destination."""
+        return QueueSpec(
+            self.forward_queue(exchange), self._queue_arguments(None, None, limited=True), ()
+        )
+
+    def inbox_queue_spec(self, delay_exchange: str) -> QueueSpec:
+        """The front door's inbox: a queue named and bound like its ``X.delay`` exchange."""
+        return QueueSpec(
+            delay_exchange,
+            self._queue_arguments(None, None, limited=True),
+            ((delay_exchange, ""),),
         )
 
     def delivery_binding(self, queue: str) -> tuple[str, str]:

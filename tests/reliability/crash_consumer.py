@@ -25,7 +25,7 @@ import aio_pika
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
-import delayed_retry.handover as handover
+import delayed_retry.consumer.handover as handover
 from delayed_retry import DelayTopology, consume, current_retry_state, with_delayed_retry
 
 MAX_RETRIES = 2

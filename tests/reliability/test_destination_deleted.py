@@ -15,7 +15,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from delayed_retry import DelayTopology, consume, with_delayed_retry
 from delayed_retry.headers import X_QUEUE, X_RETRY
-from delayed_retry.parking import parse_parked
+from delayed_retry.parking.shortcuts import parse_parked
 from tests.support.queues import delete_all, depth
 from tests.support.waiting import wait_until
 

@@ -30,6 +30,7 @@ from pamqp.frame import marshal
 from pamqp.header import ContentHeader
 
 from delayed_retry import DelayTopology, current_retry_state, with_delayed_retry
+from delayed_retry.amqp.publish import copy_properties
 from delayed_retry.encoding import decode_routing_key, routing_key
 from delayed_retry.headers import (
     X_DUE_AT,
@@ -42,7 +43,6 @@ from delayed_retry.headers import (
     parking_headers,
     parse_retry_state,
 )
-from delayed_retry.publishing import copy_properties
 
 from ._support import QUORUM
 

@@ -36,7 +36,7 @@ from delayed_retry.headers import (
     X_QUEUE,
     X_RETRY,
 )
-from delayed_retry.parking import replay_parked
+from delayed_retry.parking.shortcuts import replay_parked
 from tests.support.queues import delete_all, depth
 from tests.support.waiting import wait_until
 

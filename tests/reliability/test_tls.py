@@ -111,8 +111,8 @@ async def test_batched_bulk_connection_publishes_over_amqps(
 ) -> None:
     from pamqp import commands as spec
 
-    from delayed_retry.batching import connect_batched
-    from delayed_retry.publishing import publish_confirmed
+    from delayed_retry.amqp.batching import connect_batched
+    from delayed_retry.amqp.publish import publish_confirmed
 
     batched = await connect_batched(tls_node.tls_url, timeout=30)
     try:

@@ -16,8 +16,15 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from delayed_retry import declare_topology
-from delayed_retry.headers import X_DUE_AT
-from delayed_retry.spark import X_SCHEDULE_ID, PublishRunError, redrive, schedule_dataframe
+from delayed_retry.headers import (
+    X_DUE_AT,
+    X_SCHEDULE_ID,
+)
+from delayed_retry.spark import (
+    PublishRunError,
+    redrive,
+    schedule_dataframe,
+)
 from delayed_retry.spark.synthetic import parked_row, write_archive
 from delayed_retry.testing import RabbitMQNode
 from delayed_retry.topology import DelayTopology

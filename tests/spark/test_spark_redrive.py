@@ -14,8 +14,15 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from delayed_retry.durations import to_epoch_ms
-from delayed_retry.headers import X_DUE_AT, X_RETRY
-from delayed_retry.spark import X_REDRIVE_ID, RedriveError, redrive
+from delayed_retry.headers import (
+    X_DUE_AT,
+    X_REDRIVE_ID,
+    X_RETRY,
+)
+from delayed_retry.spark import (
+    RedriveError,
+    redrive,
+)
 from delayed_retry.spark.synthetic import parked_row, write_archive
 from delayed_retry.topology import DelayTopology
 

@@ -2,7 +2,7 @@
 
     python at_least_once_consumer.py URL QUEUE PREFIX LEVELS MAX_RETRIES
 
-Wraps ``delayed_retry.publishing.publish_copy`` so the process calls
+Wraps ``delayed_retry.amqp.publish.publish_copy`` so the process calls
 ``os._exit(1)`` as soon as the broker has confirmed the retry copy (or the
 parking record): the window in which the original is not yet acked. Its
 handler always fails. Exits 1 after that confirm; any other exit is a failure
@@ -20,7 +20,7 @@ import aio_pika
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
-import delayed_retry.publishing as publishing
+import delayed_retry.amqp.publish as publishing
 from delayed_retry import DelayTopology, consume, with_delayed_retry
 
 CRASHED_AFTER_CONFIRM = 1

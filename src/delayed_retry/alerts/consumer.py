@@ -30,7 +30,7 @@ from delayed_retry.alerts.sinks import (
     SinkRetry,
     deliver,
 )
-from delayed_retry.declare import declare_topology
+from delayed_retry.amqp.declare import declare_topology
 from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology

@@ -26,9 +26,9 @@ from urllib.parse import quote, unquote, urlsplit
 import aiormq
 from aio_pika.abc import AbstractConnection
 
+from delayed_retry.amqp.declare import underlay_of
 from delayed_retry.cli.common import topology_from_args
 from delayed_retry.cli.output import CommandError
-from delayed_retry.declare import underlay_of
 from delayed_retry.topology import DelayTopology, amqp_arguments
 
 __all__ = ["bound_chains", "checked_topology", "management_base"]

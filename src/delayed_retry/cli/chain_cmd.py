@@ -10,19 +10,19 @@ from typing import Any
 
 import aio_pika
 
-from delayed_retry.chain_diff import Difference, compare
-from delayed_retry.chain_probe import level_depths, probe_over_amqp, queue_depth
-from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.main import run
-from delayed_retry.cli.output import add_json_option, emit_json, print_table
-from delayed_retry.durations import format_duration
-from delayed_retry.management import (
+from delayed_retry.admin.chain_diff import Difference, compare
+from delayed_retry.admin.chain_probe import level_depths, probe_over_amqp, queue_depth
+from delayed_retry.admin.management import (
     ManagementClient,
     ManagementUnavailable,
     management_url_for,
     read_live_chain,
     vhost_of,
 )
+from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.cli.main import run
+from delayed_retry.cli.output import add_json_option, emit_json, print_table
+from delayed_retry.durations import format_duration
 from delayed_retry.topology import DelayTopology
 from delayed_retry.urls import redact_url
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import aio_pika
 
-from delayed_retry.chain_migration import migrate_chain, source_depths
-from delayed_retry.chain_sources import SourceChain
+from delayed_retry.admin.chain_migration import migrate_chain, source_depths
+from delayed_retry.admin.other_chains import SourceChain
 from delayed_retry.cli.chain_cmd import format_at_most
 from delayed_retry.cli.common import topology_from_args
 from delayed_retry.cli.main import run

@@ -16,8 +16,8 @@ import aio_pika
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
-from delayed_retry.forwarding import Forwarder
-from delayed_retry.frontdoor import FrontDoor
+from delayed_retry.delivery.forwarder import Forwarder
+from delayed_retry.delivery.front_door import FrontDoor
 
 __all__ = ["register"]
 

@@ -16,11 +16,11 @@ from datetime import timedelta
 import aio_pika
 from tenacity import retry_if_exception_type, wait_exponential
 
-from delayed_retry.declare import declare_topology
+from delayed_retry.amqp.declare import declare_topology
+from delayed_retry.consumer.decorator import consume, current_retry_state, with_delayed_retry
+from delayed_retry.delivery.schedule import publish_delayed
 from delayed_retry.hold import DEFAULT_HOLD
-from delayed_retry.middleware import consume, current_retry_state, with_delayed_retry
-from delayed_retry.parking import peek_parked
-from delayed_retry.scheduling import publish_delayed
+from delayed_retry.parking.shortcuts import peek_parked
 from delayed_retry.testing import broker_url
 from delayed_retry.topology import DelayTopology
 

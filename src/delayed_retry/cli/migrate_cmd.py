@@ -10,9 +10,9 @@ from urllib.parse import unquote, urlsplit
 
 import aio_pika
 
+from delayed_retry.admin.plugin_migration import manual_steps, plan, prepare, read_exchange, swap
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
-from delayed_retry.migration import manual_steps, plan, prepare, read_exchange, swap
 
 __all__ = ["register"]
 

@@ -32,7 +32,10 @@ from delayed_retry.cli.output import (
     to_jsonable,
 )
 from delayed_retry.durations import format_duration, utcnow
-from delayed_retry.parking_lot import (
+from delayed_retry.headers import (
+    X_EXCEPTION_TRACEBACK,
+)
+from delayed_retry.parking.lot import (
     MoveProgress,
     MoveReport,
     ParkedFilter,
@@ -292,7 +295,7 @@ async def _show(args: argparse.Namespace) -> int:
         print(f"{name:>14}: {'-' if value is None else value}")
     print("       headers:")
     for key, value in sorted(record.headers.items()):
-        if key != "x-exception-traceback":
+        if key != X_EXCEPTION_TRACEBACK:
             print(f"    {key} = {to_jsonable(value)!r}")
     if record.traceback:
         print("     traceback:")

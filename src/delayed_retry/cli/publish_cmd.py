@@ -68,7 +68,7 @@ def register(sub: Any) -> None:
 async def _publish(args: argparse.Namespace) -> int:
     import aio_pika
 
-    from delayed_retry.scheduling import publish_delayed
+    from delayed_retry.delivery.schedule import publish_delayed
 
     body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode()
     now = utcnow()

@@ -14,10 +14,10 @@ from tenacity.wait import wait_base
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
+from delayed_retry.consumer.router import RetryRouter
 from delayed_retry.durations import parse_duration
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.policy import DEFAULT_WAIT
-from delayed_retry.router import RetryRouter
 
 __all__ = ["parse_wait", "register"]
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import aio_pika
 
-from delayed_retry.chain_diff import topology_options
+from delayed_retry.admin.chain_diff import topology_options
+from delayed_retry.admin.teardown import TeardownPlan, plan_teardown, tear_down
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import CommandError, add_json_option, confirm, emit_json
-from delayed_retry.teardown import TeardownPlan, plan_teardown, tear_down
 
 __all__ = ["register"]
 

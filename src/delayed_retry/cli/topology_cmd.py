@@ -7,11 +7,11 @@ from typing import Any
 
 import aio_pika
 
-from delayed_retry.chain_probe import queue_depth
+from delayed_retry.admin.chain_probe import queue_depth
+from delayed_retry.amqp.declare import declare_topology
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import UsageError
-from delayed_retry.declare import declare_topology
 
 __all__ = ["register"]
 

@@ -21,14 +21,16 @@ from opentelemetry.metrics import MeterProvider, NoOpMeterProvider
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import TracerProvider
 
-from delayed_retry.headers import RetryState
+from delayed_retry.headers import (
+    X_TRACE_ORIGIN,
+    RetryState,
+)
 from delayed_retry.observability.instrumentation import Instrumentation, Outcome, PublishKind
 from delayed_retry.observability.metrics import RetryMetrics, meter_for
 from delayed_retry.observability.spans import (
     HEADER_GETTER,
     HEADER_SETTER,
     W3C,
-    X_TRACE_ORIGIN,
     AttemptSpan,
     attempt_span,
     global_propagator,

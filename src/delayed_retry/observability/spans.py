@@ -31,7 +31,7 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from delayed_retry.headers import RetryState, exception_name, exception_text
+from delayed_retry.headers import X_TRACE_ORIGIN, RetryState, exception_name, exception_text
 
 __all__ = [
     "ATTR_ATTEMPT",
@@ -40,7 +40,6 @@ __all__ = [
     "ATTR_PUBLISH_KIND",
     "ATTR_REASON",
     "INSTRUMENTATION_NAME",
-    "X_TRACE_ORIGIN",
     "HeaderGetter",
     "HeaderSetter",
     "active_consumer_span",
@@ -62,8 +61,6 @@ __all__ = [
 INSTRUMENTATION_NAME = "delayed_retry"
 """Instrumentation scope name of the tracer and the meter."""
 
-X_TRACE_ORIGIN = "x-retry-trace-origin"
-"""``traceparent`` of the delivery that first failed; later attempts link to it."""
 
 # Messaging semantic conventions (https://opentelemetry.io/docs/specs/semconv/messaging/).
 # Spelled out here because only opentelemetry-api is a run-time dependency.

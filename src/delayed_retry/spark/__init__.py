@@ -6,12 +6,23 @@ Apache Spark through PySpark (local mode by default, any cluster with a
 imported only when a Spark function runs.
 """
 
+from delayed_retry.headers import (
+    X_REDRIVE_ID,
+    X_SCHEDULE_ID,
+)
 from delayed_retry.spark.analyze import Analysis, ErrorGroup, analyze_archive
 from delayed_retry.spark.archive import ArchiveError, ArchiveResult, archive, archive_queue
-from delayed_retry.spark.bulk import X_SCHEDULE_ID, ScheduleResult, schedule_dataframe
+from delayed_retry.spark.bulk import (
+    ScheduleResult,
+    schedule_dataframe,
+)
 from delayed_retry.spark.dataset import ArchiveReadError, read_archive
 from delayed_retry.spark.publisher import PublishRunError
-from delayed_retry.spark.redrive import X_REDRIVE_ID, RedriveError, RedriveResult, redrive
+from delayed_retry.spark.redrive import (
+    RedriveError,
+    RedriveResult,
+    redrive,
+)
 from delayed_retry.spark.report import format_table, write_html_report
 from delayed_retry.spark.session import SparkMissingError, get_spark
 from delayed_retry.spark.sinks import (

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delayed_retry.errors import ConfigurationError
+from delayed_retry.headers import X_SCHEDULE_ID
 from delayed_retry.spark.ledger import ledger_keys
 from delayed_retry.spark.publisher import (
     PublishJob,
@@ -24,12 +25,9 @@ from delayed_retry.spark.publisher import (
 )
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
-__all__ = ["X_SCHEDULE_ID", "ScheduleResult", "schedule_dataframe"]
+__all__ = ["ScheduleResult", "schedule_dataframe"]
 
 log = logging.getLogger(__name__)
-
-X_SCHEDULE_ID = "x-schedule-id"
-"""Header naming the bulk schedule a message was sent by."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,13 +30,19 @@ def _fingerprint_row(
     last_error: str | None,
 ) -> tuple[str, str, str, str | None]:
     from delayed_retry.fingerprint import fingerprint_headers
+    from delayed_retry.headers import (
+        X_EXCEPTION_MESSAGE,
+        X_EXCEPTION_TRACEBACK,
+        X_EXCEPTION_TYPE,
+        X_LAST_ERROR,
+    )
 
     fp = fingerprint_headers(
         {
-            "x-exception-type": exception_type,
-            "x-exception-message": message,
-            "x-exception-traceback": traceback,
-            "x-retry-last-error": last_error,
+            X_EXCEPTION_TYPE: exception_type,
+            X_EXCEPTION_MESSAGE: message,
+            X_EXCEPTION_TRACEBACK: traceback,
+            X_LAST_ERROR: last_error,
         }
     )
     return fp.key, fp.exception_type, fp.template, fp.frame

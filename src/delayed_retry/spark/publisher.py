@@ -24,7 +24,7 @@ from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 from delayed_retry import encoding
-from delayed_retry.declare import declare_topology
+from delayed_retry.amqp.declare import declare_topology
 from delayed_retry.durations import from_epoch_ms
 from delayed_retry.errors import ConfigurationError, DelayedRetryError, DelayOutOfRangeError
 from delayed_retry.topology import DelayTopology
@@ -225,8 +225,8 @@ async def _publish_partition(
     An anchored partition connects and reads its first row, then agrees on
     the start (``start.settle``) before publishing anything.
     """
-    from delayed_retry.batching import connect_batched
-    from delayed_retry.publishing import publish_confirmed
+    from delayed_retry.amqp.batching import connect_batched
+    from delayed_retry.amqp.publish import publish_confirmed
 
     errors: list[str] = []
     try:

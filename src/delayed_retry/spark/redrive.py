@@ -26,7 +26,7 @@ from typing import Any
 
 from delayed_retry.durations import from_epoch_ms, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.headers import X_RETRY
+from delayed_retry.headers import X_REDRIVE_ID, X_RETRY
 from delayed_retry.spark.dataset import read_archive, reading
 from delayed_retry.spark.fingerprints import mentions_fingerprint, with_fingerprint
 from delayed_retry.spark.ledger import ledger_keys
@@ -39,12 +39,9 @@ from delayed_retry.spark.publisher import (
 )
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
-__all__ = ["X_REDRIVE_ID", "RedriveError", "RedriveResult", "default_redrive_id", "redrive"]
+__all__ = ["RedriveError", "RedriveResult", "default_redrive_id", "redrive"]
 
 log = logging.getLogger(__name__)
-
-X_REDRIVE_ID = "x-redrive-id"
-"""Header naming the redrive a message was sent by."""
 
 
 class RedriveError(ConfigurationError):

@@ -18,7 +18,7 @@ __all__ = [
     "WebSettings",
     "Credentials",
     "parse_credentials",
-    # the page's filter names <-> delayed_retry.parking_lot.ParkedFilter
+    # the page's filter names <-> delayed_retry.parking.lot.ParkedFilter
     "filter_from_mapping",
     "filter_to_mapping",
 ]

@@ -28,8 +28,15 @@ from multidict import MultiDictProxy
 
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
-from delayed_retry.headers import read_epoch_ms
-from delayed_retry.parking_lot import ParkedFilter, ParkedRecord
+from delayed_retry.headers import (
+    X_DEATH,
+    X_LAST_ERROR,
+    X_LAST_FAILURE_AT,
+    X_REPLAYED_AT,
+    X_REPLAYED_BY,
+    read_epoch_ms,
+)
+from delayed_retry.parking.lot import ParkedFilter, ParkedRecord
 from delayed_retry.web.discovery import discover_queues
 from delayed_retry.web.jobs import Action, AuditLog, Job, JobManager, JobRequest
 from delayed_retry.web.lot import ParkingLot
@@ -340,15 +347,15 @@ async def message_page(request: web.Request) -> web.Response:
     history = [
         ("attempts", str(record.attempts)),
         ("first failure", record.first_failure_at),
-        ("last failure", read_epoch_ms(h.get("x-retry-last-failure-at"))),
-        ("last error", h.get("x-retry-last-error")),
+        ("last failure", read_epoch_ms(h.get(X_LAST_FAILURE_AT))),
+        ("last error", h.get(X_LAST_ERROR)),
         ("replayed before", record.replays),
-        ("last replayed", read_epoch_ms(h.get("x-retry-replayed-at"))),
-        ("replayed by", h.get("x-retry-replayed-by")),
+        ("last replayed", read_epoch_ms(h.get(X_REPLAYED_AT))),
+        ("replayed by", h.get(X_REPLAYED_BY)),
         ("original exchange", record.original_exchange),
         ("original routing key", record.original_routing_key),
     ]
-    deaths = h.get("x-death")
+    deaths = h.get(X_DEATH)
     return _render(
         request,
         "message.html",

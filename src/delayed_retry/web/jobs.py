@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.parking_lot import MoveProgress, ParkedFilter
+from delayed_retry.parking.lot import MoveProgress, ParkedFilter
 from delayed_retry.web.lot import ParkingLot
 from delayed_retry.web.records import filter_from_mapping, filter_to_mapping
 

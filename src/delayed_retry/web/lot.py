@@ -1,4 +1,4 @@
-"""The broker side of the web view, on :mod:`delayed_retry.parking_lot`.
+"""The broker side of the web view, on :mod:`delayed_retry.parking.lot`.
 
 Reading and acting are the parking lot library's (the command line's too):
 reads take messages unacked on a channel of their own and the broker puts
@@ -19,8 +19,9 @@ from datetime import datetime
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from delayed_retry.declare import underlay_of
-from delayed_retry.parking_lot import (
+from delayed_retry.amqp.declare import underlay_of
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.parking.lot import (
     MoveProgress,
     MoveReport,
     ParkedFilter,
@@ -29,7 +30,6 @@ from delayed_retry.parking_lot import (
     purge_matching,
     replay_matching,
 )
-from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.topology import DelayTopology
 from delayed_retry.web.records import group_label
 

@@ -1,9 +1,9 @@
-"""The page's filters and labels, on top of :mod:`delayed_retry.parking_lot`. Pure.
+"""The page's filters and labels, on top of :mod:`delayed_retry.parking.lot`. Pure.
 
 The web view and its JSON API name filters ``exception``, ``reason``,
 ``older_than``, ``newer_than``, ``header``, ``text`` and ``group``;
 :func:`filter_from_mapping` turns them into the parking lot's
-:class:`~delayed_retry.parking_lot.ParkedFilter` (the one the command line
+:class:`~delayed_retry.parking.lot.ParkedFilter` (the one the command line
 uses too), and :func:`filter_to_mapping` back into a query string.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 from delayed_retry.durations import parse_duration
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.fingerprint import fingerprint
-from delayed_retry.parking_lot import ParkedFilter, ParkedRecord
+from delayed_retry.parking.lot import ParkedFilter, ParkedRecord
 
 __all__ = ["FILTER_FIELDS", "filter_from_mapping", "filter_to_mapping", "group_label"]
 

@@ -1,8 +1,8 @@
-"""Messages a handler holds in memory until their due time: counted, bounded, releasable.
+"""Messages held in memory until their due time: counted, bounded, releasable.
 
 A message that left the chain a little early (see :mod:`delayed_retry.hold`)
 waits here, unacked, for the rest of its delay. Released on shutdown (or by
-:meth:`HeldMessages.release`), it goes back to its queue with ``nack`` and
+:meth:`HeldUntilDue.release`), it goes back to its queue with ``nack`` and
 requeue, so nothing is lost; a closed channel returns it anyway.
 """
 
@@ -19,7 +19,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from delayed_retry.durations import utcnow
 from delayed_retry.hold import Hold
 
-__all__ = ["HeldMessages", "Outcome", "hold_until_due"]
+__all__ = ["HeldUntilDue", "Outcome", "hold_until_due"]
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def _settle(future: asyncio.Future[bool], due: bool) -> None:
         future.set_result(due)
 
 
-class HeldMessages:
+class HeldUntilDue:
     """The messages one handler (and its copies for other queues) holds right now."""
 
     __slots__ = ("_waiting",)
@@ -69,7 +69,7 @@ _US = timedelta(microseconds=1)
 
 
 async def hold_until_due(
-    held: HeldMessages,
+    held: HeldUntilDue,
     hold: Hold,
     message: AbstractIncomingMessage,
     due_at: datetime,

@@ -16,7 +16,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from delayed_retry.chain_diff import Binding, LiveChain, LiveExchange, LiveQueue, Policy
+from delayed_retry.admin.chain_diff import Binding, LiveChain, LiveExchange, LiveQueue, Policy
 
 __all__ = [
     "DEFAULT_MANAGEMENT_PORT",

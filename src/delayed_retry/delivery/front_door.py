@@ -20,7 +20,7 @@ Outcomes of each input, written down for the people who script against it:
 - longer than the chain holds (``DelayTopology.max_delay``, about 795 days by
   default): parked with ``x-parked-reason: delay-too-long``.
 - ``X`` missing or nothing bound for ``K`` when it comes due: parked (see
-  :mod:`delayed_retry.forwarding`).
+  :mod:`delayed_retry.delivery.forwarder`).
 
 As with the plugin, the delivered message carries ``x-delay`` negated
 (``-5000``), so a consumer can tell a delayed delivery from a direct one.
@@ -38,28 +38,26 @@ from typing import Any, Literal
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
-from delayed_retry.declare import declare_parking_queue, declarer_for
+from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.channels import close_quietly, on_scratch_channel, underlay_connection
+from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
+from delayed_retry.delivery.forwarder import Forwarder, ForwardingFailed
 from delayed_retry.durations import to_epoch_ms, utcnow
-from delayed_retry.errors import ConfigurationError, PublishError
-from delayed_retry.forwarding import (
-    X_FORWARD_ROUTING_KEY,
-    Forwarder,
-    ForwardingFailed,
-    check_exchange_exists,
-    forward_queue_name,
-)
+from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import (
+    X_DELAY,
     X_DUE_AT,
+    X_FORWARD_ROUTING_KEY,
     X_ORIGINAL_EXCHANGE,
     X_ORIGINAL_ROUTING_KEY,
     sanitize_headers,
 )
 from delayed_retry.hold import DEFAULT_HOLD, Hold, chain_units
-from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, publish_copy
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
-    "X_DELAY",
     "BadDelay",
     "ExchangeType",
     "FrontDoor",
@@ -69,15 +67,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-X_DELAY = "x-delay"
-"""The plugin's header: the delay in milliseconds."""
 
 ExchangeType = Literal["direct", "topic", "fanout", "headers"]
 
 _DIGITS = re.compile(r"\s*[+-]?\d{1,30}\s*")
 
 
-class BadDelay(ValueError):
+class BadDelay(DelayedRetryError, ValueError):
     """An ``x-delay`` value that is not a delay; ``reason`` is the parking reason."""
 
     def __init__(self, reason: str, detail: str) -> None:
@@ -128,7 +124,7 @@ class FrontDoor:
     --exchange X``. Several may run at once; each message is delivered at
     least once. It declares ``X`` (of ``exchange_type``) when missing,
     ``X.delay``, the queue ``X.delay`` and its parking queue, and runs a
-    :class:`~delayed_retry.forwarding.Forwarder` for ``X``. With ``hold`` (the
+    :class:`~delayed_retry.delivery.forwarder.Forwarder` for ``X``. With ``hold`` (the
     default :data:`~delayed_retry.hold.DEFAULT_HOLD`) a message leaves the chain
     a few milliseconds early and the forwarder holds it until due; ``None``
     rounds delays up in the chain instead. Every forwarder of ``X`` must hold
@@ -162,7 +158,7 @@ class FrontDoor:
         self.topology = topology
         self.delay_exchange = delay_exchange_name(exchange)
         self.inbox_queue = self.delay_exchange
-        self.forward_queue = forward_queue_name(topology, exchange)
+        self.forward_queue = topology.forward_queue(exchange)
         self._prefetch = prefetch
         self._publish_timeout = publish_timeout
         self.forwarder = Forwarder(
@@ -174,7 +170,9 @@ class FrontDoor:
             hold=hold,
         )
         self._channel: AbstractChannel | None = None
+        self._trouble = Trouble()
         self.accepted = 0
+        self.given_back = 0
 
     async def __aenter__(self) -> FrontDoor:
         await self.start()
@@ -187,22 +185,31 @@ class FrontDoor:
         """Declare ``X`` (unless it exists, of whatever type), ``X.delay``, its queue and parking.
 
         An existing ``X`` is left as it is, so that during a migration the
-        plugin exchange itself receives what the front door delivers.
+        plugin exchange itself receives what the front door delivers. The
+        inbox queue ``X.delay`` gets the delivery limit of every queue the
+        library consumes (:data:`~delayed_retry.topology.DELIVERY_LIMIT`); one
+        declared by an older version without it is used as it is, with a warning.
         """
-        channel = await self._connection.channel(publisher_confirms=False)
-        underlay = await channel.get_underlay_channel()
+        connection = await underlay_connection(self._connection)
+        declarer = declarer_for(connection)
         try:
-            await check_exchange_exists(underlay.connection, self.exchange)
+            await declarer.exchange_exists(connection, self.exchange)
         except ConfigurationError:
-            await channel.declare_exchange(self.exchange, self.exchange_type, durable=True)
-        delay = await channel.declare_exchange(self.delay_exchange, "fanout", durable=True)
-        queue = await channel.declare_queue(
-            self.inbox_queue, durable=True, arguments={"x-queue-type": self.topology.queue_type}
+            await on_scratch_channel(
+                connection,
+                lambda ch: ch.exchange_declare(
+                    self.exchange, exchange_type=self.exchange_type, durable=True
+                ),
+            )
+        await on_scratch_channel(
+            connection,
+            lambda ch: ch.exchange_declare(
+                self.delay_exchange, exchange_type="fanout", durable=True
+            ),
         )
-        await queue.bind(delay)
-        await declarer_for(underlay.connection).topology(underlay.connection, self.topology)
-        await declare_parking_queue(underlay.connection, self.topology, self.inbox_queue)
-        await channel.close()
+        await declarer.topology(connection, self.topology)
+        await declarer.queue(connection, self.topology.inbox_queue_spec(self.delay_exchange))
+        await declarer.parking(connection, self.topology, self.inbox_queue)
 
     async def start(self) -> None:
         """Declare what the contract needs, then consume ``X.delay`` and the forward queue."""
@@ -216,12 +223,26 @@ class FrontDoor:
 
     async def close(self) -> None:
         """Stop consuming; unacked messages go back to their queues."""
-        if self._channel is not None and not self._channel.is_closed:
-            await self._channel.close()
+        await close_quietly(self._channel)
         await self.forwarder.close()
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
-        """Hand one ``x-delay`` message on: into the chain, to ``X`` now, or to parking."""
+        """Hand one ``x-delay`` message on: into the chain, to ``X`` now, or to parking.
+
+        Every way on goes through the one hand-over: the message is acked only
+        once its next home confirmed it, and stays unacked (tried again with a
+        growing pause) while that fails. A failure of the front door itself
+        gives it back after a pause: never lost, never spinning.
+        """
+        try:
+            await self._on_message(message)
+        except Exception as exc:
+            log.exception("front door failed on message %s", message.message_id)
+            await give_back_later(message, self.inbox_queue, exc, self._trouble)
+        else:
+            self._trouble.clear()
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
         key = message.routing_key or ""
         headers = message.headers or {}
         start = utcnow()
@@ -236,7 +257,7 @@ class FrontDoor:
         except BadDelay as exc:
             await self.forwarder.settle_by_parking(
                 message,
-                park_queue=self.inbox_queue,
+                queue=self.inbox_queue,
                 exchange=self.exchange,
                 routing_key=key,
                 error=ForwardingFailed(exc.reason, str(exc)),
@@ -250,29 +271,30 @@ class FrontDoor:
                 exchange=self.exchange,
                 routing_key=key,
                 headers=out,
-                park_queue=self.forward_queue,
+                queue=self.forward_queue,
             )
             return
         due_at = start + timedelta(milliseconds=delay_ms)
-        # Out of the chain a lead early when forwarders hold messages until due.
-        units = chain_units(self.topology, due_at, now=start, hold=self.forwarder.hold)
-        route = self.topology.route(units, self.forward_queue)
         out[X_DUE_AT] = to_epoch_ms(due_at)
         out[X_FORWARD_ROUTING_KEY] = key
         out.setdefault(X_ORIGINAL_EXCHANGE, self.exchange)
         out.setdefault(X_ORIGINAL_ROUTING_KEY, key)
-        try:
-            await publish_copy(
+
+        async def into_chain() -> bool:
+            # Out of the chain a lead early when forwarders hold messages until due;
+            # computed at each try, so a later try waits less in the chain.
+            units = chain_units(self.topology, due_at, now=utcnow(), hold=self.forwarder.hold)
+            await publish_into_chain(
                 await self.forwarder.publish_channel(),
                 message,
-                exchange=route.exchange,
-                routing_key=route.routing_key,
+                topology=self.topology,
+                route=self.topology.route(units, self.forward_queue),
                 headers=out,
                 timeout=self._publish_timeout,
             )
-        except PublishError as exc:
-            log.warning("front door could not hand a message to the chain, handing back: %s", exc)
-            await message.nack(requeue=True)
-            return
-        await message.ack()
-        self.accepted += 1
+            return True
+
+        if await hand_over(message, into_chain, queue=self.inbox_queue) is not None:
+            self.accepted += 1
+        else:
+            self.given_back += 1

@@ -1,85 +1,51 @@
-"""Hand a failed message over to its next home, then ack the original.
+"""What happens to a message whose handler failed: a retry through the chain, or parking.
 
-Order of operations, which is what makes it at-least-once: the copy is
-published (into the delay chain, or to parking) on the consumer's channel with
-publisher confirms; only after the confirm is the original acked. If the
-process dies in between, the original is redelivered and the copy also
-arrives: a duplicate, never a loss. If the hand-over is not confirmed (a nack,
-a timeout, a channel error), the original stays unacked while the publish is
-tried again with backoff for up to :data:`HANDOVER_RETRY_WINDOW` seconds, and
-only then is it returned to its queue (``nack`` with requeue); the consumer
-goes on with other messages meanwhile. See ``docs/reliability.md``.
+:class:`FailureHandling` carries out the retry policy's
+:class:`~delayed_retry.policy.Decision` for one queue: it builds the retry
+copy (or the parking record) and moves it through the one hand-over
+(:func:`~delayed_retry.consumer.handover.hand_over`), so the original is acked
+only once its copy is confirmed. The decorator and the router use it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import struct
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-import aiormq
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry import publishing
-from delayed_retry.declare import declarer_for
+from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.publish import publish_copy
+from delayed_retry.consumer.handover import Trouble, ack, give_back_later, hand_over
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import DelayOutOfRangeError, PublishError
-from delayed_retry.forwarding import (
-    X_FORWARD_ROUTING_KEY,
-    declare_forward_queue,
-    forward_queue_name,
-)
 from delayed_retry.headers import (
     X_DUE_AT,
+    X_FORWARD_ROUTING_KEY,
+    X_PARKED_NOTE,
     RetryState,
     failure_headers,
     parking_headers,
     sanitize_headers,
 )
 from delayed_retry.hold import Hold, chain_units
-from delayed_retry.observability.instrumentation import AttemptScope
+from delayed_retry.observability.instrumentation import AttemptScope, NoInstrumentation
 from delayed_retry.policy import Decision
 from delayed_retry.topology import DelayTopology
 
-__all__ = ["HANDOVER_RETRY_WINDOW", "HandOver", "Trouble", "ack", "channel_open", "give_back"]
+__all__ = ["FailureHandling"]
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
-
-HANDOVER_RETRY_WINDOW = 30.0
-"""Seconds a failed hand-over is tried again, original unacked, before it is requeued."""
-HANDOVER_FIRST_PAUSE = 0.5
-HANDOVER_MAX_PAUSE = 8.0
-REQUEUE_FIRST_PAUSE = 0.5
-"""Seconds a message is held before it is given back after the first internal failure."""
-REQUEUE_MAX_PAUSE = 30.0
-"""The longest such pause; it doubles with each message given back in a row."""
-
-
-@dataclass(eq=False)
-class Trouble:
-    """Messages given back in a row without a handling in between: sets the next pause."""
-
-    given_back: int = 0
-
-    def clear(self) -> None:
-        self.given_back = 0
-
-    def next_pause(self) -> float:
-        pause = min(REQUEUE_FIRST_PAUSE * 2.0 ** min(self.given_back, 30), REQUEUE_MAX_PAUSE)
-        self.given_back += 1
-        return pause
-
 
 @dataclass(frozen=True, kw_only=True)
-class HandOver:
-    """Where and how the failed messages of one queue are handed over."""
+class FailureHandling:
+    """Where and how the failed messages of one queue go: back through the chain, or parked."""
 
     queue: str
     topology: DelayTopology
@@ -98,7 +64,7 @@ class HandOver:
     exchange keeps it in the unroutable queue if ``queue`` was deleted.
     """
 
-    async def forward(
+    async def _publish(
         self,
         message: AbstractIncomingMessage,
         *,
@@ -106,8 +72,8 @@ class HandOver:
         routing_key: str,
         headers: Mapping[str, Any],
     ) -> None:
-        """Publish a copy of ``message`` with ``headers``; return once the broker confirmed it."""
-        await publishing.publish_copy(
+        """Publish a copy of ``message`` on its own channel; return once confirmed."""
+        await publish_copy(
             message.channel,
             message,
             exchange=exchange,
@@ -119,80 +85,30 @@ class HandOver:
     async def redelay(self, message: AbstractIncomingMessage, due_at: datetime) -> None:
         """Send a message that arrived before its due time back for the rest of its wait."""
 
-        async def publish() -> bool:
-            now = utcnow()
-            units = chain_units(self.topology, due_at, now=now, hold=self.hold)
-            route = self.topology.route(units, self.queue)
-            await self.forward(
+        async def publish() -> None:
+            units = chain_units(self.topology, due_at, now=utcnow(), hold=self.hold)
+            await publish_into_chain(
+                message.channel,
                 message,
-                exchange=route.exchange,
-                routing_key=route.routing_key,
+                topology=self.topology,
+                route=self.topology.route(units, self.queue),
                 headers=sanitize_headers(message.headers),
+                timeout=self.publish_timeout,
             )
-            return True
 
-        # Requeueing at once after a failed re-publish would spin the early message.
-        if await self._keep_trying(message, publish) is not None:
-            await ack(message, self.queue)
-
-    async def _keep_trying(
-        self, message: AbstractIncomingMessage, publish: Callable[[], Awaitable[_T]]
-    ) -> _T | None:
-        """Run ``publish`` until it is confirmed, with pauses; give the message back if never.
-
-        Requeueing an unconfirmed hand-over at once would spin, and every requeue counts
-        toward a quorum queue's delivery limit: try again while the channel is open.
-        Returns ``None`` after giving the message back.
-        """
-        started = time.monotonic()
-        pause = HANDOVER_FIRST_PAUSE
-        while True:
-            try:
-                return await publish()
-            except (PublishError, aiormq.exceptions.AMQPError, ConnectionError) as err:
-                elapsed = time.monotonic() - started
-                if not channel_open(message) or elapsed + pause > HANDOVER_RETRY_WINDOW:
-                    await give_back(message, self.queue, err)
-                    return None
-                log.warning(
-                    "hand-over of message %s from queue %r was not confirmed (%s); "
-                    "keeping it unacked and trying again in %.1f s",
-                    message.message_id,
-                    self.queue,
-                    err,
-                    pause,
-                )
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, HANDOVER_MAX_PAUSE)
+        await hand_over(message, publish, queue=self.queue)
 
     async def park_now(
         self, message: AbstractIncomingMessage, state: RetryState, exc: BaseException, reason: str
     ) -> None:
         """Park ``message`` for ``reason`` (one attempt, raising if not confirmed), then ack it."""
-        from delayed_retry.observability.instrumentation import NoInstrumentation
-
         with NoInstrumentation().attempt(message, state, queue=self.queue) as scope:
             await self._park(message, state, exc, reason, scope, utcnow())
         await ack(message, self.queue)
 
     async def give_back_later(self, message: AbstractIncomingMessage, err: BaseException) -> None:
-        """Hold ``message`` for a backoff pause, then return it to its queue (nack, requeue).
-
-        For failures the message cannot fix (a broker refusing declarations, a
-        channel without confirms): the consumer keeps going, and the pause keeps
-        a queue of such messages from spinning.
-        """
-        pause = self.trouble.next_pause()
-        log.error(
-            "message %s from queue %r could not be handled or parked (%r); returning it "
-            "to the queue in %.1f s",
-            message.message_id,
-            self.queue,
-            err,
-            pause,
-        )
-        await asyncio.sleep(pause)
-        await give_back(message, self.queue, err)
+        """Keep ``message`` for a backoff pause, then return it to its queue (nack, requeue)."""
+        await give_back_later(message, self.queue, err, self.trouble)
 
     async def failed(
         self,
@@ -203,18 +119,17 @@ class HandOver:
         scope: AttemptScope,
     ) -> None:
         """Carry out ``decision`` for a message whose handler raised ``exc``, then ack it."""
-        carried_out = await self._keep_trying(
-            message, lambda: self._publish_copy(message, state, exc, decision, scope)
+        carried_out = await hand_over(
+            message,
+            lambda: self._publish_copy(message, state, exc, decision, scope),
+            queue=self.queue,
         )
         if carried_out is None:
             scope.finish("error", exc=exc)
-            return
-        decision = carried_out
-        await ack(message, self.queue)
-        if decision.action == "retry":
-            scope.finish("retry", delay=decision.delay, exc=exc)
+        elif carried_out.action == "retry":
+            scope.finish("retry", delay=carried_out.delay, exc=exc)
         else:
-            scope.finish("parked", exc=exc, reason=decision.reason)
+            scope.finish("parked", exc=exc, reason=carried_out.reason)
 
     async def _publish_copy(
         self,
@@ -267,9 +182,19 @@ class HandOver:
             with scope.publishing(
                 headers, kind="retry", exchange=exchange, routing_key=routing_key
             ):
-                await self.forward(
-                    message, exchange=exchange, routing_key=routing_key, headers=headers
-                )
+                if exchange:
+                    await publish_into_chain(
+                        message.channel,
+                        message,
+                        topology=self.topology,
+                        route=(exchange, routing_key),
+                        headers=headers,
+                        timeout=self.publish_timeout,
+                    )
+                else:
+                    await self._publish(
+                        message, exchange=exchange, routing_key=routing_key, headers=headers
+                    )
         except PublishError as err:
             if not _unencodable(err):
                 raise
@@ -307,8 +232,8 @@ class HandOver:
         ):
             return self.queue, None
         connection = message.channel.connection
-        await declare_forward_queue(connection, self.topology, exchange)
-        return forward_queue_name(self.topology, exchange), message.routing_key or ""
+        queue = await declarer_for(connection).forward_queue(connection, self.topology, exchange)
+        return queue, message.routing_key or ""
 
     async def _park(
         self,
@@ -320,7 +245,7 @@ class HandOver:
         now: datetime,
     ) -> None:
         # Re-declared so that one deleted by hand comes back; one declaration (one channel)
-        # at a time per connection serves a whole storm of parks (declare.py).
+        # at a time per connection serves a whole storm of parks (amqp/declare.py).
         connection = message.channel.connection
         await declarer_for(connection).parking(
             connection, self.topology, self.queue, self.parking_queue
@@ -329,7 +254,7 @@ class HandOver:
         exchange = self.topology.parking_exchange
         try:
             with scope.publishing(headers, kind="park", exchange=exchange, routing_key=self.queue):
-                await self.forward(
+                await self._publish(
                     message, exchange=exchange, routing_key=self.queue, headers=headers
                 )
         except PublishError as err:
@@ -337,8 +262,8 @@ class HandOver:
                 raise
             # The original headers cannot be encoded: park with the record alone.
             record = parking_headers({}, state, exc, now=now, reason=reason)
-            record["x-parked-note"] = f"original headers dropped: {err}"
-            await self.forward(message, exchange=exchange, routing_key=self.queue, headers=record)
+            record[X_PARKED_NOTE] = f"original headers dropped: {err}"
+            await self._publish(message, exchange=exchange, routing_key=self.queue, headers=record)
         log.warning(
             "message %s on queue %r parked (%s) after %d attempt(s): %s",
             message.message_id,
@@ -352,43 +277,3 @@ class HandOver:
 def _unencodable(err: PublishError) -> bool:
     """Whether a publish failed because the message cannot be encoded (not the broker)."""
     return isinstance(err.__cause__, TypeError | ValueError | OverflowError | struct.error)
-
-
-def channel_open(message: AbstractIncomingMessage) -> bool:
-    try:
-        channel = message.channel  # aio-pika raises once the channel is closed
-    except Exception:
-        return False
-    return not getattr(channel, "is_closed", True)
-
-
-async def ack(message: AbstractIncomingMessage, queue: str) -> None:
-    """Ack a handled or handed-over message; a failure only means a duplicate later."""
-    try:
-        await message.ack()
-    except Exception as err:  # done or handed over; the original will be redelivered
-        log.warning(
-            "message %s on queue %r was handled or handed over but could not be acked (%r); "
-            "it will be delivered again (a duplicate, not a loss)",
-            message.message_id,
-            queue,
-            err,
-        )
-
-
-async def give_back(message: AbstractIncomingMessage, queue: str, err: BaseException) -> None:
-    """Return a message that could not be handed over to its queue."""
-    log.error(
-        "could not hand over message %s from queue %r (%s); returning it to the queue",
-        message.message_id,
-        queue,
-        err,
-    )
-    try:
-        await message.nack(requeue=True)
-    except Exception as nack_err:  # channel gone: the broker redelivers it anyway
-        log.warning(
-            "could not nack message %s (%r); the broker will redeliver it",
-            message.message_id,
-            nack_err,
-        )

@@ -30,16 +30,16 @@ from typing import Any, Literal
 import aiormq
 import aiormq.abc
 
+from delayed_retry.amqp.declare import declarer_for, underlay_of
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
 from delayed_retry.checks import broker_major_version, kept_queue_risk
-from delayed_retry.declare import declarer_for, underlay_of
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.parked import (
-    ALL_PARKED,
+from delayed_retry.headers import (
     X_REPLAY_CANARY,
-    X_REPLAYED,
-    X_REPLAYED_AT,
-    X_REPLAYED_BY,
+)
+from delayed_retry.parking.records import (
+    ALL_PARKED,
     ParkedFilter,
     ParkedMessage,
     ParkedRecord,
@@ -47,15 +47,10 @@ from delayed_retry.parked import (
     read_record,
     replay_headers,
 )
-from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, amqp_arguments
 
 __all__ = [
     "ALL_PARKED",
-    "X_REPLAYED",
-    "X_REPLAYED_AT",
-    "X_REPLAYED_BY",
-    "X_REPLAY_CANARY",
     "FailureGroup",
     "MoveProgress",
     "MoveReport",

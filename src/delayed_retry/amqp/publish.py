@@ -144,7 +144,7 @@ async def publish_confirmed(
 
     ``wait_for_write=False`` releases the channel as soon as the frames are
     queued rather than once they reach the socket, so concurrent publishes
-    can share a write (see :mod:`delayed_retry.batching`); the confirm is
+    can share a write (see :mod:`delayed_retry.amqp.batching`); the confirm is
     awaited either way.
 
     Raises :class:`PublishNotConfirmedError` on a nack or a return,
@@ -208,7 +208,7 @@ async def publish_confirmed(
     )
 
 
-class _Copyable(Protocol):
+class Copyable(Protocol):
     """A message whose body and properties can be copied: incoming or outgoing."""
 
     @property
@@ -220,7 +220,7 @@ class _Copyable(Protocol):
 
 async def publish_copy(
     channel: aiormq.abc.AbstractChannel,
-    message: _Copyable,
+    message: Copyable,
     *,
     exchange: str,
     routing_key: str,

@@ -1,7 +1,7 @@
 """``@with_delayed_retry``: retries for aio-pika consumers, through the delay chain.
 
 The decorator and the handler it makes: read the retry state, run the
-handler, ack on success, and on failure let :mod:`delayed_retry.handover`
+handler, ack on success, and on failure let :mod:`delayed_retry.consumer.failures`
 carry out the policy's decision (publish the copy with confirms, then ack).
 """
 
@@ -26,19 +26,22 @@ from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
+from delayed_retry.amqp.declare import declarer_for, underlay_of
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.checks import warn_about_delivery_limit
-from delayed_retry.declare import declarer_for, underlay_of
+from delayed_retry.consumer.failures import FailureHandling
+from delayed_retry.consumer.handover import Trouble, ack, channel_open
+from delayed_retry.consumer.settlement import GuardedMessage
+from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import (
     ConfigurationError,
 )
-from delayed_retry.handover import HandOver, Trouble, ack, channel_open
 from delayed_retry.headers import (
     RetryState,
     parse_retry_state,
 )
 from delayed_retry.hold import DEFAULT_HOLD, Hold, check_hold
-from delayed_retry.holding import HeldMessages, hold_until_due
 from delayed_retry.observability.instrumentation import (
     QUIET_SCOPE,
     AttemptScope,
@@ -46,8 +49,6 @@ from delayed_retry.observability.instrumentation import (
 )
 from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
-from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
-from delayed_retry.settlement import HeldMessage
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
@@ -146,7 +147,7 @@ class RetryOptions:
     """Consecutive messages given back unhandled, for the backoff before each requeue."""
     return_to: ReturnTo = "queue"
     hold: Hold | None = DEFAULT_HOLD
-    held: HeldMessages = field(default_factory=HeldMessages, compare=False, repr=False)
+    held: HeldUntilDue = field(default_factory=HeldUntilDue, compare=False, repr=False)
     """The messages this handler holds until due right now (shared by its per-queue copies)."""
 
 
@@ -192,9 +193,9 @@ class RetryingHandler(Generic[P]):
             underlay.connection, self.options.topology, queue, self.options.parking_queue
         )
 
-    def _hand_over(self, queue: str) -> HandOver:
+    def _failures(self, queue: str) -> FailureHandling:
         opts = self.options
-        return HandOver(
+        return FailureHandling(
             queue=queue,
             topology=opts.topology,
             parking_queue=opts.parking_queue,
@@ -215,7 +216,7 @@ class RetryingHandler(Generic[P]):
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> None:
         message = args[-1] if args else None
-        if isinstance(message, HeldMessage):  # stacked decorators: settle the real message
+        if isinstance(message, GuardedMessage):  # stacked decorators: settle the real message
             message = message.message
         if not isinstance(message, AbstractIncomingMessage):
             raise TypeError(
@@ -228,12 +229,12 @@ class RetryingHandler(Generic[P]):
                 "no_ack=False (aio-pika's default)"
             )
         queue = self._queue()
-        held = HeldMessage(message)
-        call_args = (*args[:-1], held)
+        guarded = GuardedMessage(message)
+        call_args = (*args[:-1], guarded)
         # Read from the headers only when something needs it: the success path parses nothing.
         cell = _StateCell(message, queue)
         try:
-            await self._handle(message, held, cell, queue, call_args, kwargs)
+            await self._handle(message, guarded, cell, queue, call_args, kwargs)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -245,7 +246,7 @@ class RetryingHandler(Generic[P]):
     async def _handle(
         self,
         message: AbstractIncomingMessage,
-        held: HeldMessage,
+        guarded: GuardedMessage,
         cell: _StateCell,
         queue: str,
         call_args: tuple[Any, ...],
@@ -288,9 +289,9 @@ class RetryingHandler(Generic[P]):
                 _current_state.reset(token)
             if failure is None:
                 opts.trouble.clear()
-                if held.held is not None:
+                if guarded.deferred is not None:
                     # The handler rejected or nacked without raising: its explicit choice.
-                    await held.send_held()
+                    await guarded.send_deferred()
                     scope.finish("error", reason="settled-by-handler")
                     return
                 if not message.processed:
@@ -298,7 +299,7 @@ class RetryingHandler(Generic[P]):
                     await ack(message, queue)
                 scope.finish("success")
                 return
-            if held.acked or message.processed:
+            if guarded.acked or message.processed:
                 log.error(
                     "handler %r acked message %s itself and then raised %r; the ack stands, "
                     "so it is neither retried nor parked",
@@ -321,7 +322,7 @@ class RetryingHandler(Generic[P]):
                 )
                 policy_exc.__context__ = failure  # the record shows both tracebacks
                 decision, failure = Decision.park("internal-error"), policy_exc
-            await self._hand_over(queue).failed(message, state, failure, decision, scope)
+            await self._failures(queue).failed(message, state, failure, decision, scope)
 
     async def release_held(self) -> int:
         """Give back every message this handler holds until due (``nack``, requeue) at once.
@@ -354,7 +355,7 @@ class RetryingHandler(Generic[P]):
             )
             if outcome != "early":
                 return outcome == "due"
-        await self._hand_over(queue).redelay(message, due_at)
+        await self._failures(queue).redelay(message, due_at)
         return False
 
     async def _rescue(
@@ -380,7 +381,7 @@ class RetryingHandler(Generic[P]):
             )
             return
         opts = self.options
-        hand_over = self._hand_over(queue)
+        failures = self._failures(queue)
         channel = message.channel
         declared = declarer_for(channel.connection).has_destination(
             opts.topology, queue, opts.parking_queue
@@ -393,7 +394,7 @@ class RetryingHandler(Generic[P]):
                     None, exchange=message.exchange, routing_key=message.routing_key, queue=queue
                 )
             try:
-                await hand_over.park_now(message, state, exc, "internal-error")
+                await failures.park_now(message, state, exc, "internal-error")
                 return
             except Exception as park_err:
                 log.error(
@@ -401,7 +402,7 @@ class RetryingHandler(Generic[P]):
                     message.message_id,
                     park_err,
                 )
-        await hand_over.give_back_later(message, exc)
+        await failures.give_back_later(message, exc)
 
 
 def _always() -> bool:
@@ -470,7 +471,7 @@ def with_delayed_retry(
         was delivered with, through a forward queue: every queue bound there
         for that key gets it again, so choose it only where that key reaches
         the failing queue alone, and run a
-        :class:`~delayed_retry.forwarding.Forwarder` for that exchange.
+        :class:`~delayed_retry.delivery.forwarder.Forwarder` for that exchange.
       hold: how a retry leaves the chain just before its due time and waits
         here for the rest, for a lateness of about a millisecond and fewer
         broker hops (:class:`~delayed_retry.hold.Hold`; default

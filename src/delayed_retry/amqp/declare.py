@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import time
 import weakref
@@ -21,6 +22,7 @@ from typing import Any
 import aiormq
 import aiormq.abc
 
+from delayed_retry.amqp.channels import close_quietly, on_scratch_channel
 from delayed_retry.checks import (
     bodies_in_memory_hint,
     broker_major_version,
@@ -37,6 +39,7 @@ from delayed_retry.topology import (
 )
 
 __all__ = [
+    "EXISTS_CACHE_SECONDS",
     "TopologyDeclarer",
     "declare_topology",
     "declare_parking_queue",
@@ -45,18 +48,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-async def _on_fresh_channel(
-    connection: aiormq.abc.AbstractConnection,
-    action: Callable[[aiormq.abc.AbstractChannel], Awaitable[object]],
-) -> None:
-    channel = await connection.channel(publisher_confirms=False)
-    try:
-        await action(channel)
-    finally:
-        if not channel.is_closed:
-            await channel.close()
 
 
 def _explain(exc: aiormq.exceptions.ChannelClosed, what: str, wanted: Any) -> Exception:
@@ -166,7 +157,7 @@ async def _declare_kept_queue(
 ) -> None:
     """Declare a parking or unroutable queue; keep using one that predates its delivery limit."""
     try:
-        await _on_fresh_channel(
+        await on_scratch_channel(
             connection, lambda ch: ch.queue_declare(name, durable=True, arguments=args)
         )
         return
@@ -177,7 +168,7 @@ async def _declare_kept_queue(
         raise _explain(exc, f"queue {name!r}", args) from exc
     major = broker_major_version(getattr(connection, "server_properties", None))
     log.warning("%s", kept_queue_risk(queue=name, broker_major=major))
-    await _on_fresh_channel(connection, lambda ch: ch.queue_declare(name, passive=True))
+    await on_scratch_channel(connection, lambda ch: ch.queue_declare(name, passive=True))
 
 
 async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: DelayTopology) -> None:
@@ -203,7 +194,7 @@ async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: Delay
             replacement = await _declare_level_queue(channel, spec, kept)
             if replacement is not None:
                 # The broker closed the channel refusing the first try; go on with the new one.
-                replaced.push_async_callback(_close_open, replacement)
+                replaced.push_async_callback(close_quietly, replacement)
                 channel = replacement
                 tolerated[spec.name] = kept
             await _bind_queue(channel, spec)
@@ -216,11 +207,6 @@ async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: Delay
         )
         if hint is not None and not tolerated:
             log.info("%s", hint)
-
-
-async def _close_open(channel: aiormq.abc.AbstractChannel) -> None:
-    if not channel.is_closed:
-        await channel.close()
 
 
 def _tolerated_message(topology: DelayTopology, tolerated: dict[str, dict[str, int]]) -> str:
@@ -248,21 +234,93 @@ async def declare_parking_queue(
 ) -> None:
     """Declare ``queue``'s parking queue and its binding (idempotent, not cached)."""
     spec = topology.parking_queue_spec(queue, parking_queue)
-    await _on_fresh_channel(connection, lambda ch: _declare_queue(ch, spec))
+    await on_scratch_channel(connection, lambda ch: _declare_queue(ch, spec))
 
+
+EXISTS_CACHE_SECONDS = 1.0
+"""How long ``publish_delayed`` trusts that an exchange it checked still exists."""
 
 PARKING_REDECLARE_INTERVAL = 1.0
 """Seconds a parking queue's re-declaration counts as fresh for the parks that follow."""
 
 
 class TopologyDeclarer:
-    """Declarations already made on one connection, and the lock that serialises them."""
+    """What one connection has declared and checked: the per-connection state of the library.
+
+    Declarations are made once per connection (under one lock), parking queues
+    re-declared at most once per :data:`PARKING_REDECLARE_INTERVAL`, and
+    exchange checks trusted for a moment. :meth:`forget` drops what a
+    publish found missing, so the next use declares it again.
+    """
 
     def __init__(self) -> None:
         self._done: set[tuple[object, ...]] = set()
         self._lock = asyncio.Lock()
         self._parking_at: dict[tuple[object, ...], float] = {}
         self._parking_now: dict[tuple[object, ...], asyncio.Future[None]] = {}
+        self._exchange_seen: dict[str, float] = {}
+        self._exchange_checks: dict[str, asyncio.Lock] = {}
+
+    def forget(self, topology: DelayTopology) -> None:
+        """Declare ``topology`` (and every destination of it) again on next use.
+
+        Call it when a publish into the chain found an exchange missing (deleted
+        by hand, or by a mistaken teardown): the next hand-over puts it back.
+        """
+        self._done = {key for key in self._done if topology not in key}
+
+    async def exchange_exists(
+        self, connection: aiormq.abc.AbstractConnection, exchange: str, *, cache: float = 0.0
+    ) -> None:
+        """Raise :class:`ConfigurationError` naming ``exchange`` when it does not exist.
+
+        ``cache`` seconds: trust a check this recent on this connection (an
+        exchange deleted in between is caught by the forwarder, which parks).
+        One check per exchange is in flight at a time: a burst of calls shares it.
+        """
+        if cache and time.monotonic() - self._exchange_seen.get(exchange, -math.inf) < cache:
+            return
+        lock = self._exchange_checks.setdefault(exchange, asyncio.Lock())
+        async with lock:
+            if cache and time.monotonic() - self._exchange_seen.get(exchange, -math.inf) < cache:
+                return
+            try:
+                await on_scratch_channel(
+                    connection, lambda ch: ch.exchange_declare(exchange, passive=True)
+                )
+            except aiormq.exceptions.ChannelNotFoundEntity as exc:
+                raise ConfigurationError(
+                    f"exchange {exchange!r} does not exist, so nothing could be delivered to "
+                    "it; declare it (with its bindings) before scheduling messages for it"
+                ) from exc
+            self._exchange_seen[exchange] = time.monotonic()
+
+    async def queue(self, connection: aiormq.abc.AbstractConnection, spec: QueueSpec) -> None:
+        """Declare the queue of ``spec`` with its bindings, once on this connection.
+
+        A queue with a delivery limit that exists without one (declared by an
+        older version) is used as it is, with a warning naming the fix.
+        """
+        key = ("queue", spec.name, tuple(sorted(spec.arguments.items())), spec.bindings)
+        await self._once(key, connection, lambda ch: _declare_queue(ch, spec))
+
+    async def forward_queue(
+        self, connection: aiormq.abc.AbstractConnection, topology: DelayTopology, exchange: str
+    ) -> str:
+        """Declare ``exchange``'s forward queue, bound to the chain's end, and its parking.
+
+        Once per connection: a retry returning to an exchange comes through here
+        each time. Returns the queue's name.
+        """
+        spec = topology.forward_queue_spec(exchange)
+        await self.topology(connection, topology)
+        await self._once(
+            ("forward-queue", topology, spec.name),
+            connection,
+            lambda ch: _declare_queue(ch, spec),
+        )
+        await self.destination(connection, topology, spec.name)
+        return spec.name
 
     def has_destination(
         self, topology: DelayTopology, queue: str, parking_queue: str | None = None
@@ -298,7 +356,7 @@ class TopologyDeclarer:
         self._parking_now[key] = done
         try:
             spec = topology.parking_queue_spec(queue, parking_queue)
-            await _on_fresh_channel(connection, lambda ch: _declare_queue(ch, spec))
+            await on_scratch_channel(connection, lambda ch: _declare_queue(ch, spec))
         except BaseException as exc:
             done.set_exception(exc)
             done.exception()  # retrieved: waiters, if any, raise it themselves
@@ -320,7 +378,7 @@ class TopologyDeclarer:
         async with self._lock:
             if key in self._done:
                 return
-            await _on_fresh_channel(connection, action)
+            await on_scratch_channel(connection, action)
             self._done.add(key)
 
     async def topology(

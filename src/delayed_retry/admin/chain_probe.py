@@ -3,7 +3,7 @@
 AMQP answers whether an exchange or queue exists (a passive declare) and
 whether it was declared with the same arguments (an equivalent declare, a
 no-op when they match and a refusal naming the argument when not); it cannot
-list bindings or policies, which :mod:`delayed_retry.management` reads.
+list bindings or policies, which :mod:`delayed_retry.admin.management` reads.
 Each probe runs on a channel of its own, since a refusal closes the channel.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import aiormq
 from aio_pika.abc import AbstractConnection
 
-from delayed_retry.chain_diff import Difference, collapse_absent_chain, topology_options
+from delayed_retry.admin.chain_diff import Difference, collapse_absent_chain, topology_options
 from delayed_retry.topology import DelayTopology, QueueSpec, amqp_arguments
 
 __all__ = ["QueueDepth", "level_depths", "probe_over_amqp", "queue_depth"]

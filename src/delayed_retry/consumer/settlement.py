@@ -1,11 +1,11 @@
 """What a handler may do to its own message inside ``@with_delayed_retry``.
 
-A wrapped handler gets a :class:`HeldMessage`: the message itself, except
-that a ``reject`` or ``nack`` is held back until the handler finishes. So
+A wrapped handler gets a :class:`GuardedMessage`: the message itself, except
+that a ``reject`` or ``nack`` is deferred until the handler finishes. So
 aio-pika's ``async with message.process():``, which rejects on an exception
 before the decorator sees it, no longer drops the message: if the handler
-then raises, the failure is retried or parked like any other and the held
-reject is dropped; if the handler returns normally, the held reject or nack
+then raises, the failure is retried or parked like any other and the deferred
+reject is dropped; if the handler returns normally, the deferred reject or nack
 is sent as asked. An ``ack`` is sent at once: it says the work is done.
 """
 
@@ -18,12 +18,12 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractProcessContext
 from aio_pika.exceptions import MessageProcessError
 from aio_pika.message import ProcessContext
 
-__all__ = ["HeldMessage", "HeldSettlement"]
+__all__ = ["GuardedMessage", "DeferredSettlement"]
 
 log = logging.getLogger(__name__)
 
 
-class HeldSettlement:
+class DeferredSettlement:
     """A reject or nack a handler asked for, not yet sent."""
 
     __slots__ = ("kind", "requeue")
@@ -36,19 +36,19 @@ class HeldSettlement:
         return f"{self.kind}(requeue={self.requeue})"
 
 
-class HeldMessage:
-    """The incoming message as a wrapped handler sees it; rejects and nacks are held.
+class GuardedMessage:
+    """The incoming message as a wrapped handler sees it; rejects and nacks are deferred.
 
     Everything else (body, headers, channel, ``ack``, ``info()``...) is the
     original message's. ``processed`` is true once the handler acked or asked
     for a reject or nack.
     """
 
-    __slots__ = ("_acked", "held", "message")
+    __slots__ = ("_acked", "deferred", "message")
 
     def __init__(self, message: AbstractIncomingMessage) -> None:
         self.message = message
-        self.held: HeldSettlement | None = None
+        self.deferred: DeferredSettlement | None = None
         self._acked = False
 
     @property
@@ -58,7 +58,7 @@ class HeldMessage:
 
     @property
     def processed(self) -> bool:
-        return self.held is not None or self.message.processed
+        return self.deferred is not None or self.message.processed
 
     def _check_unsettled(self) -> None:
         if self.processed:
@@ -71,7 +71,7 @@ class HeldMessage:
 
     async def reject(self, requeue: bool = False) -> None:
         self._check_unsettled()
-        self.held = HeldSettlement("reject", requeue)
+        self.deferred = DeferredSettlement("reject", requeue)
 
     async def nack(self, multiple: bool = False, requeue: bool = True) -> None:
         self._check_unsettled()
@@ -80,7 +80,7 @@ class HeldMessage:
                 "nack(multiple=True) inside @with_delayed_retry would settle other handlers' "
                 "messages; nack only this one"
             )
-        self.held = HeldSettlement("nack", requeue)
+        self.deferred = DeferredSettlement("nack", requeue)
 
     def process(
         self,
@@ -95,21 +95,22 @@ class HeldMessage:
             ignore_processed=ignore_processed,
         )
 
-    async def send_held(self) -> None:
+    async def send_deferred(self) -> None:
         """Send the reject or nack the handler asked for (after it returned normally)."""
-        held = self.held
-        if held is None or self.message.processed:
+        deferred = self.deferred
+        deferred = self.deferred
+        if deferred is None or self.message.processed:
             return
-        if held.kind == "reject":
-            await self.message.reject(requeue=held.requeue)
+        if deferred.kind == "reject":
+            await self.message.reject(requeue=deferred.requeue)
         else:
-            await self.message.nack(requeue=held.requeue)
+            await self.message.nack(requeue=deferred.requeue)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.message, name)
 
     def __repr__(self) -> str:
-        return f"<HeldMessage {self.message!r} held={self.held!r}>"
+        return f"<GuardedMessage {self.message!r} deferred={self.deferred!r}>"
 
 
-AbstractIncomingMessage.register(HeldMessage)
+AbstractIncomingMessage.register(GuardedMessage)

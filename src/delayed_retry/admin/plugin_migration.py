@@ -29,8 +29,8 @@ from typing import Any
 import aiormq
 from aio_pika.abc import AbstractConnection
 
+from delayed_retry.delivery.front_door import FrontDoor, delay_exchange_name
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
-from delayed_retry.frontdoor import FrontDoor, delay_exchange_name
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [

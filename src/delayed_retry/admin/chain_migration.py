@@ -7,7 +7,7 @@ destination, an unreadable key) is returned to its source queue with
 ``nack(requeue=True)`` and keeps waiting there as before; a crash in between
 gives a duplicate, never a loss. Levels are drained highest first, in passes,
 until a pass moves nothing, since the source keeps dead-lettering messages
-downward meanwhile. See :mod:`delayed_retry.chain_sources` for due times.
+downward meanwhile. See :mod:`delayed_retry.admin.other_chains` for due times.
 """
 
 from __future__ import annotations
@@ -20,13 +20,17 @@ from dataclasses import dataclass, field
 import aiormq
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
-from delayed_retry import publishing
-from delayed_retry.chain_probe import queue_depth
-from delayed_retry.chain_sources import SourceChain, plan_move
-from delayed_retry.declare import declarer_for, underlay_of
+from delayed_retry.admin.chain_probe import queue_depth
+from delayed_retry.admin.other_chains import SourceChain, plan_move
+from delayed_retry.amqp import publish as publishing
+from delayed_retry.amqp.declare import declarer_for, underlay_of
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError, PublishError
-from delayed_retry.headers import X_DUE_AT, sanitize_headers
+from delayed_retry.headers import (
+    X_DUE_AT,
+    X_MIGRATED_FROM,
+    sanitize_headers,
+)
 from delayed_retry.topology import DelayTopology
 
 __all__ = ["LevelReport", "MigrationReport", "migrate_chain", "source_depths"]
@@ -202,7 +206,7 @@ async def _move(
     route = target.route(units, queue)
     headers = sanitize_headers(message.headers)
     headers[X_DUE_AT] = to_epoch_ms(plan.due_at)
-    headers["x-retry-migrated-from"] = source.level_name(level)
+    headers[X_MIGRATED_FROM] = source.level_name(level)
     try:
         await publishing.publish_copy(
             message.channel,

@@ -8,21 +8,20 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel
 
-from delayed_retry.declare import declarer_for
+from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.declare import EXISTS_CACHE_SECONDS, declarer_for
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration, resolve_due_at, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.forwarding import (
-    EXISTS_CACHE_SECONDS,
+from delayed_retry.headers import (
     X_FORWARD_ROUTING_KEY,
-    check_exchange_exists,
-    declare_forward_queue,
-    forward_queue_name,
+    X_ORIGINAL_EXCHANGE,
+    X_ORIGINAL_ROUTING_KEY,
+    scheduled_headers,
 )
-from delayed_retry.headers import X_ORIGINAL_EXCHANGE, X_ORIGINAL_ROUTING_KEY, scheduled_headers
 from delayed_retry.hold import Hold, chain_units, check_hold
 from delayed_retry.observability.instrumentation import Instrumentation, NoInstrumentation
 from delayed_retry.observability.otel import default_instrumentation
-from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT, publish_copy
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = ["publish_delayed"]
@@ -63,14 +62,14 @@ async def publish_delayed(
     the message at its due time, as if it were published then (the
     delayed-message plugin's semantics). It waits in the chain and then in
     the exchange's forward queue, from which a
-    :class:`~delayed_retry.forwarding.Forwarder` (``delayed-retry forwarder``,
+    :class:`~delayed_retry.delivery.forwarder.Forwarder` (``delayed-retry forwarder``,
     or the front door) publishes it: run one. Should ``exchange`` be deleted
     while the message waits, the forwarder parks it with a record.
 
     ``hold`` (a :class:`~delayed_retry.hold.Hold`, e.g. ``DEFAULT_HOLD``) lets
     the message leave the chain a few milliseconds before its due time, for a
     ``queue`` consumed by a ``@with_delayed_retry`` handler, or an ``exchange``
-    whose :class:`~delayed_retry.forwarding.Forwarder` holds (the default),
+    whose :class:`~delayed_retry.delivery.forwarder.Forwarder` holds (the default),
     which hold it until due: about a millisecond late instead of a few per
     hop, and fewer hops. Give it only then; any other consumer would get the
     message early.
@@ -92,9 +91,9 @@ async def publish_delayed(
     underlay = await channel.get_underlay_channel()
     headers: dict[str, Any] = scheduled_headers(message.headers, due_at=due_at)
     if exchange is not None:
-        target = forward_queue_name(topology, exchange)
-        await check_exchange_exists(underlay.connection, exchange, cache=EXISTS_CACHE_SECONDS)
-        await declare_forward_queue(underlay.connection, topology, exchange)
+        declarer = declarer_for(underlay.connection)
+        await declarer.exchange_exists(underlay.connection, exchange, cache=EXISTS_CACHE_SECONDS)
+        target = await declarer.forward_queue(underlay.connection, topology, exchange)
         headers[X_FORWARD_ROUTING_KEY] = routing_key
         headers.setdefault(X_ORIGINAL_EXCHANGE, exchange)
         headers.setdefault(X_ORIGINAL_ROUTING_KEY, routing_key)
@@ -120,11 +119,11 @@ async def publish_delayed(
         routing_key=route.routing_key,
         delay=(to_epoch_ms(due_at) - to_epoch_ms(start)) / 1000,
     ):
-        await publish_copy(
+        await publish_into_chain(
             underlay,
             message,
-            exchange=route.exchange,
-            routing_key=route.routing_key,
+            topology=topology,
+            route=route,
             headers=headers,
             timeout=publish_timeout,
         )

@@ -14,22 +14,20 @@ from dataclasses import dataclass
 import aiormq
 from aio_pika.abc import AbstractChannel
 
-from delayed_retry.declare import underlay_of
+from delayed_retry.amqp.declare import underlay_of
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.parking_lot import (
-    X_REPLAYED,
+from delayed_retry.parking.lot import (
     ParkedMessage,
     parse_parked,
     refuse_counted_peeks,
     replay_headers,
     replay_matching,
 )
-from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
-    "X_REPLAYED",
     "ParkedMessage",
     "ReplayResult",
     "parse_parked",
@@ -58,7 +56,7 @@ async def peek_parked(
     The messages are fetched unacked on a channel of their own, which is then
     closed, so the broker puts every one of them back. Each such return counts
     as a delivery (RabbitMQ 3.10 and 4.0 alike); the parking queue's delivery
-    limit (:data:`~delayed_retry.topology.PARKED_DELIVERY_LIMIT`) is out of
+    limit (:data:`~delayed_retry.topology.DELIVERY_LIMIT`) is out of
     reach of any number of peeks. On RabbitMQ 4.x a parking queue declared
     without it (by an older delayed-retry) has the broker's limit of 20, which
     peeks would exhaust: peeking it is refused with a :class:`ConfigurationError`
@@ -125,7 +123,7 @@ async def replay_parked(
     due after the same delay. The caller's channel is only used to reach its
     connection: the work happens on channels of the replay's own. For
     filters, a rate, a canary or a dry run use
-    :func:`delayed_retry.parking_lot.replay_matching`.
+    :func:`delayed_retry.parking.lot.replay_matching`.
     """
     report = await replay_matching(
         channel,

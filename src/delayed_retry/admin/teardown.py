@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import aiormq
 from aio_pika.abc import AbstractConnection
 
-from delayed_retry.chain_probe import queue_depth
+from delayed_retry.admin.chain_probe import queue_depth
 from delayed_retry.topology import DelayTopology
 
 __all__ = ["TeardownPlan", "plan_teardown", "tear_down"]

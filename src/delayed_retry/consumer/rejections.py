@@ -6,7 +6,7 @@ is the chain's :attr:`~delayed_retry.topology.DelayTopology.rejected_exchange`
 makes the broker dead-letter it there, with an ``x-death`` entry naming the
 queue, the reason, the exchange and routing keys it was published with, and a
 count. :func:`read_rejection` turns those headers (and our own ``x-retry``)
-into a :class:`Rejection`; :mod:`delayed_retry.router` acts on it.
+into a :class:`Rejection`; :mod:`delayed_retry.consumer.router` acts on it.
 
 Counting: the router strips ``x-death`` before re-publishing, so on every
 version the broker's count for the queue starts again at 1 on each pass, and
@@ -23,7 +23,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from delayed_retry.headers import MAX_RETRY_COUNT, RetryState, parse_retry_state
+from delayed_retry.headers import (
+    MAX_RETRY_COUNT,
+    X_DEATH,
+    RetryState,
+    parse_retry_state,
+)
 
 __all__ = ["RETRIED_REASONS", "DeathRecord", "Rejection", "read_rejection", "newest_death"]
 
@@ -84,7 +89,7 @@ def newest_death(headers: Mapping[str, Any] | None) -> DeathRecord | None:
     """The newest (first) well-formed ``x-death`` entry, or ``None`` when there is none."""
     if not isinstance(headers, Mapping):
         return None
-    deaths = headers.get("x-death")
+    deaths = headers.get(X_DEATH)
     if not isinstance(deaths, list | tuple) or not deaths:
         return None
     entry = deaths[0]
@@ -129,7 +134,7 @@ def read_rejection(headers: Mapping[str, Any] | None, *, queues: frozenset[str])
         )
     # Our own headers first (they survive re-publishing); the death's exchange and key
     # are the original ones only on the first pass, which is when the headers lack them.
-    without_deaths = {k: v for k, v in (headers or {}).items() if k != "x-death"}
+    without_deaths = {k: v for k, v in (headers or {}).items() if k != X_DEATH}
     state = parse_retry_state(
         without_deaths, exchange=death.exchange, routing_key=death.routing_key, queue=death.queue
     )

@@ -6,7 +6,7 @@ adds one argument to its queue, ``x-dead-letter-exchange`` =
 :class:`RetryRouter` consumes ``<prefix>.rejected``, reads ``x-death`` (and our
 ``x-retry``) to learn the queue and how often it failed, applies the same
 backoff policy as :func:`~delayed_retry.with_delayed_retry`, and hands the
-message over exactly as the decorator does (:mod:`delayed_retry.handover`):
+message over exactly as the decorator does (:mod:`delayed_retry.consumer.handover`):
 into the delay chain back to the queue, or to ``<queue>.parking`` past the
 limit, confirmed before the rejected copy is acked (at-least-once).
 
@@ -23,30 +23,26 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
-from delayed_retry import publishing
-from delayed_retry.declare import declarer_for, underlay_of
+from delayed_retry.amqp.declare import declarer_for, underlay_of
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, publish_copy
+from delayed_retry.consumer.failures import FailureHandling
+from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
+from delayed_retry.consumer.rejections import RETRIED_REASONS, Rejection, read_rejection
 from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
-from delayed_retry.errors import ConfigurationError, PublishError
-from delayed_retry.handover import HandOver, ack, give_back
-from delayed_retry.headers import X_PARKED_AT, X_PARKED_REASON, sanitize_headers
+from delayed_retry.errors import ConfigurationError
+from delayed_retry.headers import X_CLAIMED_QUEUE, X_PARKED_AT, X_PARKED_REASON, sanitize_headers
 from delayed_retry.observability.instrumentation import Instrumentation
 from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
-from delayed_retry.publishing import DEFAULT_PUBLISH_TIMEOUT
-from delayed_retry.rejections import RETRIED_REASONS, Rejection, read_rejection
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
-__all__ = ["X_CLAIMED_QUEUE", "ConsumerRejected", "RetryRouter"]
+__all__ = ["ConsumerRejected", "RetryRouter"]
 
 log = logging.getLogger(__name__)
-
-X_CLAIMED_QUEUE = "x-retry-claimed-queue"
-"""On a message the router could not route: the queue its ``x-death`` named (never trusted)."""
 
 
 class ConsumerRejected(Exception):
@@ -119,6 +115,7 @@ class RetryRouter:
         self.prefetch = prefetch
         self.instrumentation = instrumentation or default_instrumentation()
         self._known = frozenset(names)
+        self._trouble = Trouble()
 
     def __repr__(self) -> str:
         return f"<RetryRouter prefix={self.topology.prefix!r} queues={list(self.queues)!r}>"
@@ -152,7 +149,21 @@ class RetryRouter:
         return tag
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
-        """Retry, park or keep one message from ``<prefix>.rejected``; ack only once handed over."""
+        """Retry, park or keep one message from ``<prefix>.rejected``; ack only once handed over.
+
+        A failure of the router itself (a refused declaration, a wait strategy
+        that raised) gives the message back after a growing pause: never lost,
+        never spinning.
+        """
+        try:
+            await self._handle(message)
+        except Exception as exc:
+            log.exception("router failed on message %s", message.message_id)
+            await give_back_later(message, self.topology.rejected_queue, exc, self._trouble)
+        else:
+            self._trouble.clear()
+
+    async def _handle(self, message: AbstractIncomingMessage) -> None:
         rejection = read_rejection(message.headers, queues=self._known)
         if rejection.queue is None or rejection.state is None:
             await self._keep(message, rejection)
@@ -166,7 +177,7 @@ class RetryRouter:
             decision = self.policy.decide(state, exc, now=utcnow())
         else:
             decision = Decision.park("not-retryable")
-        hand_over = HandOver(
+        failures = FailureHandling(
             queue=queue,
             topology=self.topology,
             parking_queue=None,
@@ -174,7 +185,7 @@ class RetryRouter:
             consumed_from_queue=False,  # from <prefix>.rejected: keep the chain's safety net
         )
         with self.instrumentation.attempt(message, state, queue=queue) as scope:
-            await hand_over.failed(message, state, exc, decision, scope)
+            await failures.failed(message, state, exc, decision, scope)
 
     async def _keep(self, message: AbstractIncomingMessage, rejection: Rejection) -> None:
         """Keep a message the router must not route in ``<prefix>.unroutable``, with a record."""
@@ -185,8 +196,9 @@ class RetryRouter:
         if rejection.claimed_queue is not None:
             headers[X_CLAIMED_QUEUE] = rejection.claimed_queue
         exchange = self.topology.unroutable_exchange
-        try:
-            await publishing.publish_copy(
+
+        async def publish() -> bool:
+            await publish_copy(
                 message.channel,
                 message,
                 exchange=exchange,
@@ -194,10 +206,10 @@ class RetryRouter:
                 headers=headers,
                 timeout=self.publish_timeout,
             )
-        except (PublishError, aiormq.exceptions.AMQPError, ConnectionError) as err:
-            await give_back(message, self.topology.rejected_queue, err)
+            return True
+
+        if await hand_over(message, publish, queue=self.topology.rejected_queue) is None:
             return
-        await ack(message, self.topology.rejected_queue)
         if rejection.problem == "unknown-queue":
             log.warning(
                 "message %s was rejected from queue %r, which this router was not started with "

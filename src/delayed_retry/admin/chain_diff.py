@@ -1,7 +1,7 @@
 """Compare a live delay chain with the configuration it should match. Pure.
 
 :func:`compare` takes a :class:`DelayTopology` and a :class:`LiveChain` (what
-the broker reports, read by :mod:`delayed_retry.management`) and returns one
+the broker reports, read by :mod:`delayed_retry.admin.management`) and returns one
 :class:`Difference` per problem, each with the fix an operator can run. Used by
 ``delayed-retry topology verify``.
 """

@@ -4,7 +4,7 @@ Use :func:`read_record` to turn a parked message's headers and body into a
 :class:`ParkedRecord`, :class:`ParkedFilter` to say which records an operation
 means, and :func:`replay_headers` for the headers a replayed copy carries. The
 operations themselves (browse, replay, purge) are in
-:mod:`delayed_retry.parking_lot`, which re-exports these names.
+:mod:`delayed_retry.parking.lot`, which re-exports these names.
 """
 
 from __future__ import annotations
@@ -24,11 +24,17 @@ from delayed_retry.headers import (
     X_EXCEPTION_TRACEBACK,
     X_EXCEPTION_TYPE,
     X_FIRST_FAILURE_AT,
+    X_HEADER_PROBLEMS,
     X_LAST_ERROR,
     X_LAST_FAILURE_AT,
     X_PARKED_AT,
+    X_PARKED_NOTE,
     X_PARKED_REASON,
     X_QUEUE,
+    X_REPLAY_CANARY,
+    X_REPLAYED,
+    X_REPLAYED_AT,
+    X_REPLAYED_BY,
     X_RETRY,
     encode_body_preview,
     parse_retry_state,
@@ -38,10 +44,6 @@ from delayed_retry.headers import (
 
 __all__ = [
     "ALL_PARKED",
-    "X_REPLAYED",
-    "X_REPLAYED_AT",
-    "X_REPLAYED_BY",
-    "X_REPLAY_CANARY",
     "ParkedFilter",
     "ParkedMessage",
     "ParkedRecord",
@@ -50,14 +52,6 @@ __all__ = [
     "replay_headers",
 ]
 
-X_REPLAYED = "x-retry-replayed"
-"""How many times a message has been replayed from parking (an int)."""
-X_REPLAYED_AT = "x-retry-replayed-at"
-"""When it was last replayed, milliseconds since the Unix epoch."""
-X_REPLAYED_BY = "x-retry-replayed-by"
-"""Who replayed it last, when known (the command line writes ``user@host``)."""
-X_REPLAY_CANARY = "x-retry-replay-canary"
-"""Token on a canary copy, so the replay can tell when it parks again."""
 
 _RECORD_HEADERS = (
     X_PARKED_REASON,
@@ -65,8 +59,8 @@ _RECORD_HEADERS = (
     X_EXCEPTION_TYPE,
     X_EXCEPTION_MESSAGE,
     X_EXCEPTION_TRACEBACK,
-    "x-retry-header-problems",
-    "x-parked-note",
+    X_HEADER_PROBLEMS,
+    X_PARKED_NOTE,
 )
 # A replay starts a fresh retry budget in every respect: the count and every time the
 # decorator's stop/wait policies read are dropped (the decorator writes them again).

@@ -1,0 +1,58 @@
+"""Publish a copy into the delay chain, its declarations ensured and healed.
+
+The one way the library puts a message into the chain (a retry, a redelay of
+an early message, a front-door delay, ``publish_delayed``): the chain is
+declared first (cached per connection), and when the broker answers that an
+exchange is missing (the chain was deleted by hand, or by a mistaken
+teardown), the connection forgets its declarations so the next try declares
+the chain again. The caller's hand-over does that next try.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import aiormq
+import aiormq.abc
+
+from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, Copyable, publish_copy
+from delayed_retry.errors import PublishError
+from delayed_retry.topology import DelayTopology, Route
+
+__all__ = ["publish_into_chain"]
+
+
+async def publish_into_chain(
+    channel: aiormq.abc.AbstractChannel,
+    message: Copyable,
+    *,
+    topology: DelayTopology,
+    route: Route | tuple[str, str],
+    headers: Mapping[str, Any],
+    timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+) -> None:
+    """Publish a persistent copy of ``message`` to ``route`` (exchange, key); wait for the confirm.
+
+    Raises :class:`~delayed_retry.errors.PublishError` like
+    :func:`~delayed_retry.amqp.publish.publish_copy`; after a missing-exchange
+    refusal the next call re-declares ``topology`` before publishing.
+    """
+    exchange, routing_key = route[0], route[1]
+    connection = channel.connection
+    declarer = declarer_for(connection)
+    await declarer.topology(connection, topology)
+    try:
+        await publish_copy(
+            channel,
+            message,
+            exchange=exchange,
+            routing_key=routing_key,
+            headers=headers,
+            timeout=timeout,
+        )
+    except PublishError as err:
+        if isinstance(err.__cause__, aiormq.exceptions.ChannelNotFoundEntity):
+            declarer.forget(topology)
+        raise

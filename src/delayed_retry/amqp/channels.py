@@ -1,0 +1,72 @@
+"""Short-lived channels: the one way the library opens a channel for a few operations.
+
+A broker refusal (a passive declare of something missing, an inequivalent
+argument) closes the channel it came on. Operations that may be refused, and
+operations that must not disturb a caller's channel, run on a channel of
+their own that is closed afterwards unless the broker closed it already.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import aiormq.abc
+
+__all__ = ["close_quietly", "on_scratch_channel", "scratch_channel", "underlay_connection"]
+
+_T = TypeVar("_T")
+
+
+async def close_quietly(channel: object | None) -> None:
+    """Close ``channel`` (aio-pika or aiormq) unless it is missing or closed already."""
+    if channel is None or getattr(channel, "is_closed", True):
+        return
+    close = getattr(channel, "close")  # noqa: B009 - both kinds have it; typed loosely here
+    await close()
+
+
+@contextlib.asynccontextmanager
+async def scratch_channel(
+    connection: aiormq.abc.AbstractConnection, *, confirms: bool = False
+) -> AsyncIterator[aiormq.abc.AbstractChannel]:
+    """A new channel on ``connection`` for the block, closed after it (if still open).
+
+    Use it for declarations, passive checks and ``basic.get`` peeks: a refusal
+    closes only this channel. ``confirms=True`` opens it in confirm mode.
+    """
+    channel = await connection.channel(publisher_confirms=confirms)
+    try:
+        yield channel
+    finally:
+        await close_quietly(channel)
+
+
+async def on_scratch_channel(
+    connection: aiormq.abc.AbstractConnection,
+    action: Callable[[aiormq.abc.AbstractChannel], Awaitable[_T]],
+) -> _T:
+    """Run ``action`` on a :func:`scratch_channel` of ``connection`` and return its result."""
+    async with scratch_channel(connection) as channel:
+        return await action(channel)
+
+
+async def underlay_connection(connection: object) -> aiormq.abc.AbstractConnection:
+    """The aiormq connection under an aio-pika connection (or the aiormq connection itself).
+
+    Declarations are cached per aiormq connection: a robust connection's
+    reconnect brings a new one, and with it a fresh cache.
+    """
+    if isinstance(connection, aiormq.abc.AbstractConnection):
+        return connection
+    transport = getattr(connection, "transport", None)  # aio-pika's UnderlayConnection
+    if transport is not None and not transport.connection.is_closed:
+        found: aiormq.abc.AbstractConnection = transport.connection
+        return found
+    channel = await connection.channel(publisher_confirms=False)  # type: ignore[attr-defined]
+    try:
+        underlay: aiormq.abc.AbstractChannel = await channel.get_underlay_channel()
+        return underlay.connection
+    finally:
+        await close_quietly(channel)

@@ -1,0 +1,1 @@
+"""Delivering later: ``publish_delayed``, the forwarder and the front door."""

@@ -1,0 +1,356 @@
+"""Delay to an exchange and routing key: the forward queue and the forwarder.
+
+Dead-lettering cannot rewrite a routing key, so a delay whose destination is
+an exchange ``X`` with key ``K`` (the delayed-message plugin's model) takes one
+process step at the end of the chain::
+
+    publish_delayed(exchange=X, routing_key=K) ──► chain ──► queue <prefix>.forward.X
+        ──► Forwarder ──(confirm, then ack)──► X with key K ──► every bound queue
+
+The exchange is fixed by the forward queue (configuration), only the routing
+key comes from the message (header
+:data:`~delayed_retry.headers.X_FORWARD_ROUTING_KEY`). A message the forwarder
+cannot deliver (``X`` deleted while it waited, or nothing bound to ``K``) is
+parked with a record in ``<prefix>.forward.X.parking``, never dropped. A
+delivery that fails for a reason that may pass (a full queue refusing
+publishes, a lost channel) goes through the one hand-over
+(:func:`~delayed_retry.consumer.handover.hand_over`): the message stays
+unacked and the delivery is tried again with a growing pause. Several
+forwarders may consume one forward queue: each message is forwarded at least
+once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiormq
+import aiormq.abc
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+
+from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.channels import close_quietly, underlay_connection
+from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, publish_copy
+from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
+from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
+from delayed_retry.durations import utcnow
+from delayed_retry.errors import ConfigurationError, DelayedRetryError, PublishError
+from delayed_retry.headers import (
+    X_FORWARD_ROUTING_KEY,
+    X_ORIGINAL_EXCHANGE,
+    X_ORIGINAL_ROUTING_KEY,
+    forwarded_headers,
+    parking_headers,
+    parse_retry_state,
+    sanitize_headers,
+)
+from delayed_retry.hold import DEFAULT_HOLD, Hold, chain_units, check_hold
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+
+__all__ = ["Forwarder", "ForwardingFailed"]
+
+log = logging.getLogger(__name__)
+
+
+class ForwardingFailed(DelayedRetryError):
+    """A forward the broker will not take; ``reason`` says why (``exchange-missing``, …).
+
+    Recorded as the exception of the parking record of a message that could
+    not be delivered.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class Forwarder:
+    """Consume forward queues and deliver each message to its exchange: confirm, then ack.
+
+    Run at least one wherever :func:`~delayed_retry.publish_delayed` sends to
+    an exchange (the ``delayed-retry forwarder`` command runs one; the front
+    door embeds one). Several may run on one queue to share the load; a crash
+    between the confirm and the ack delivers that message twice, never zero
+    times. Use :meth:`start` and :meth:`close`, or ``async with``.
+
+    ``hold`` (default :data:`~delayed_retry.hold.DEFAULT_HOLD`): a message that
+    left the chain a little before its due time (``publish_delayed(...,
+    hold=...)``, the front door) is held until due, then forwarded; one more
+    than ``hold.limit`` early goes back into the chain. ``None`` forwards
+    what arrives at once.
+
+    Counters, for logs and metrics: ``forwarded``, ``parked`` and
+    ``given_back`` (messages returned to their queue after a hand-over that
+    stayed unconfirmed for its whole window).
+    """
+
+    def __init__(
+        self,
+        connection: AbstractConnection,
+        *,
+        exchanges: Sequence[str],
+        topology: DelayTopology = DEFAULT_TOPOLOGY,
+        prefetch: int = 100,
+        publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+        hold: Hold | None = DEFAULT_HOLD,
+    ) -> None:
+        check_hold(hold, topology, name="Forwarder hold")
+        if isinstance(exchanges, str) or not exchanges:
+            raise ConfigurationError(
+                f"Forwarder exchanges={exchanges!r} must be a non-empty list of exchange names"
+            )
+        if prefetch < 1:
+            raise ConfigurationError(f"Forwarder prefetch={prefetch} must be at least 1")
+        self._connection = connection
+        self.exchanges = tuple(exchanges)
+        self.topology = topology
+        self._prefetch = prefetch
+        self._publish_timeout = publish_timeout
+        self.hold = hold
+        self._held = HeldUntilDue()
+        self._trouble = Trouble()
+        self._consume: AbstractChannel | None = None
+        self._publish: AbstractChannel | None = None
+        self._publish_lock = asyncio.Lock()
+        self.forwarded = 0
+        self.parked = 0
+        self.given_back = 0
+
+    async def __aenter__(self) -> Forwarder:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Declare the forward queues (and their parking) and start consuming them."""
+        connection = await underlay_connection(self._connection)
+        declarer = declarer_for(connection)
+        queues = [
+            await declarer.forward_queue(connection, self.topology, exchange)
+            for exchange in self.exchanges
+        ]
+        self._consume = await self._connection.channel(publisher_confirms=False)
+        await self._consume.set_qos(prefetch_count=self._prefetch)
+        for exchange, name in zip(self.exchanges, queues, strict=True):
+            queue = await self._consume.get_queue(name, ensure=False)
+            await queue.consume(self._handler(exchange, name))
+        log.info(
+            "forwarding %s",
+            ", ".join(f"{q} -> {x!r}" for q, x in zip(queues, self.exchanges, strict=True)),
+        )
+
+    async def close(self) -> None:
+        """Stop consuming; messages waiting until due and other unacked ones go back."""
+        self._held.release()
+        await close_quietly(self._consume)
+        await close_quietly(self._publish)
+
+    def _handler(self, exchange: str, queue: str) -> Any:
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            await self.forward(message, exchange=exchange, queue=queue)
+
+        return on_message
+
+    async def publish_channel(self) -> aiormq.abc.AbstractChannel:
+        """A confirm-mode channel for forwarding, reopened after the broker closed it."""
+        async with self._publish_lock:
+            if self._publish is None or self._publish.is_closed:
+                self._publish = await self._connection.channel(publisher_confirms=True)
+            underlay: aiormq.abc.AbstractChannel = await self._publish.get_underlay_channel()
+            return underlay
+
+    async def forward(self, message: AbstractIncomingMessage, *, exchange: str, queue: str) -> None:
+        """Deliver one message of forward queue ``queue`` to ``exchange``, or park it; then ack.
+
+        A failure of the forwarder itself (not of a publish) gives the message
+        back after a growing pause: never lost, never spinning.
+        """
+        try:
+            await self._forward(message, exchange=exchange, queue=queue)
+        except Exception as exc:
+            log.exception("forwarder failed on message %s of %r", message.message_id, queue)
+            self.given_back += 1
+            await give_back_later(message, queue, exc, self._trouble)
+        else:
+            self._trouble.clear()
+
+    async def _forward(
+        self, message: AbstractIncomingMessage, *, exchange: str, queue: str
+    ) -> None:
+        if self.hold is not None and not await self._until_due(message, queue):
+            return
+        key = message.headers.get(X_FORWARD_ROUTING_KEY) if message.headers else None
+        if isinstance(key, bytes):
+            key = key.decode("utf-8", "replace")
+        if not isinstance(key, str):
+            await self.settle_by_parking(
+                message,
+                queue=queue,
+                exchange=exchange,
+                routing_key="",
+                error=ForwardingFailed(
+                    "no-routing-key", f"message in {queue!r} has no {X_FORWARD_ROUTING_KEY} header"
+                ),
+            )
+            return
+        await self.deliver(
+            message,
+            exchange=exchange,
+            routing_key=key,
+            headers=forwarded_headers(message.headers),
+            queue=queue,
+        )
+
+    async def _until_due(self, message: AbstractIncomingMessage, queue: str) -> bool:
+        """Hold an early message until due; ``False`` when it went back (chain or queue)."""
+        assert self.hold is not None
+        due_at = parse_retry_state(
+            message.headers, exchange=message.exchange, routing_key=message.routing_key, queue=queue
+        ).due_at
+        if due_at is None:
+            return True
+        outcome = await hold_until_due(
+            self._held, self.hold, message, due_at, max_delay=self.topology.max_delay
+        )
+        if outcome != "early":
+            return outcome == "due"
+
+        # More than the hold's limit early: back into the chain for the rest of the wait.
+        async def redelay() -> bool:
+            units = chain_units(self.topology, due_at, now=utcnow(), hold=self.hold)
+            await publish_into_chain(
+                await self.publish_channel(),
+                message,
+                topology=self.topology,
+                route=self.topology.route(units, queue),
+                headers=sanitize_headers(message.headers),
+                timeout=self._publish_timeout,
+            )
+            return True
+
+        await self._hand_over(message, redelay, queue=queue)
+        return False
+
+    async def deliver(
+        self,
+        message: AbstractIncomingMessage,
+        *,
+        exchange: str,
+        routing_key: str,
+        headers: Mapping[str, Any],
+        queue: str,
+    ) -> None:
+        """Publish a copy to ``exchange`` (confirmed), else park it if it can never go; then ack.
+
+        ``queue`` is the queue ``message`` was consumed from: its parking queue
+        gets what cannot be delivered. A failure that may pass (a queue refusing
+        publishes, a timeout, a lost channel) is tried again by the hand-over.
+        """
+
+        async def attempt() -> bool:
+            try:
+                await publish_copy(
+                    await self.publish_channel(),
+                    message,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    headers=headers,
+                    timeout=self._publish_timeout,
+                )
+                return True
+            except PublishError as exc:
+                reason = await self._why_not(exchange, exc)
+                if reason is None:
+                    raise
+                failure = ForwardingFailed(reason, str(exc))
+            await self._park(
+                message, queue=queue, exchange=exchange, routing_key=routing_key, error=failure
+            )
+            return False
+
+        forwarded = await self._hand_over(message, attempt, queue=queue)
+        if forwarded is True:
+            self.forwarded += 1
+        elif forwarded is False:
+            self.parked += 1
+
+    async def _why_not(self, exchange: str, exc: PublishError) -> str | None:
+        """The parking reason of a failed forward that no retry can fix, else ``None``."""
+        try:
+            connection = await underlay_connection(self._connection)
+            await declarer_for(connection).exchange_exists(connection, exchange)
+        except ConfigurationError:
+            return "exchange-missing"
+        except (aiormq.exceptions.AMQPError, ConnectionError):
+            return None
+        if "unroutable" in str(exc):
+            return "unroutable"
+        return None
+
+    async def settle_by_parking(
+        self,
+        message: AbstractIncomingMessage,
+        *,
+        queue: str,
+        exchange: str,
+        routing_key: str,
+        error: Exception,
+    ) -> None:
+        """Park ``message`` with a record in ``queue``'s parking queue (confirmed), then ack it."""
+
+        async def park() -> bool:
+            await self._park(
+                message, queue=queue, exchange=exchange, routing_key=routing_key, error=error
+            )
+            return True
+
+        if await self._hand_over(message, park, queue=queue) is not None:
+            self.parked += 1
+
+    async def _hand_over(
+        self, message: AbstractIncomingMessage, publish: Any, *, queue: str
+    ) -> Any | None:
+        result = await hand_over(message, publish, queue=queue)
+        if result is None:
+            self.given_back += 1
+        return result
+
+    async def _park(
+        self,
+        message: AbstractIncomingMessage,
+        *,
+        queue: str,
+        exchange: str,
+        routing_key: str,
+        error: Exception,
+    ) -> None:
+        reason = error.reason if isinstance(error, ForwardingFailed) else "not-deliverable"
+        state = dataclasses.replace(
+            parse_retry_state(
+                message.headers, exchange=exchange, routing_key=routing_key, queue=queue
+            ),
+            original_exchange=exchange,
+            original_routing_key=routing_key,
+        )
+        headers = parking_headers(message.headers, state, error, now=utcnow(), reason=reason)
+        headers[X_ORIGINAL_EXCHANGE] = exchange
+        headers[X_ORIGINAL_ROUTING_KEY] = routing_key
+        channel = await self.publish_channel()
+        connection = channel.connection
+        await declarer_for(connection).parking(connection, self.topology, queue)
+        await publish_copy(
+            channel,
+            message,
+            exchange=self.topology.parking_exchange,
+            routing_key=queue,
+            headers=headers,
+            timeout=self._publish_timeout,
+        )
+        log.warning("parked a message of %r (%s): %s", queue, reason, error)
