@@ -1,7 +1,8 @@
-"""Publish a copy into the delay chain, its declarations ensured and healed.
+"""Publish a copy into the delay topology, its declarations ensured and healed.
 
 The one way the library puts a message into the chain (a retry, a redelay of
-an early message, a front-door delay, ``publish_delayed``): the chain is
+an early message, a front-door delay, ``publish_delayed``) or one of the
+topology's other exchanges (the unroutable exchange): the topology is
 declared first (cached per connection), and when the broker answers that an
 exchange is missing (the chain was deleted by hand, or by a mistaken
 teardown), the connection forgets its declarations so the next try declares

@@ -34,9 +34,7 @@ from delayed_retry.consumer.handover import Trouble, ack, channel_open
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
 from delayed_retry.durations import Duration, to_seconds, utcnow
-from delayed_retry.errors import (
-    ConfigurationError,
-)
+from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import (
     RetryState,
     parse_retry_state,
@@ -116,7 +114,7 @@ def early_tolerance(topology: DelayTopology) -> timedelta:
     return max(EARLY_TOLERANCE, timedelta(milliseconds=topology.unit_ms))
 
 
-class HandlerCancelledError(Exception):
+class HandlerCancelledError(DelayedRetryError):
     """A handler raised ``CancelledError`` although its task was not being cancelled."""
 
 

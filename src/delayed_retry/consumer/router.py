@@ -27,13 +27,14 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
+from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.declare import declarer_for, underlay_of
-from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, publish_copy
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
 from delayed_retry.consumer.rejections import RETRIED_REASONS, Rejection, read_rejection
 from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
-from delayed_retry.errors import ConfigurationError
+from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import X_CLAIMED_QUEUE, X_PARKED_AT, X_PARKED_REASON, sanitize_headers
 from delayed_retry.observability.instrumentation import Instrumentation
 from delayed_retry.observability.otel import default_instrumentation
@@ -45,7 +46,7 @@ __all__ = ["ConsumerRejected", "RetryRouter"]
 log = logging.getLogger(__name__)
 
 
-class ConsumerRejected(Exception):
+class ConsumerRejected(DelayedRetryError):
     """The failure the router records for a message a consumer rejected.
 
     It stands where the decorator records the handler's exception: its type
@@ -198,11 +199,11 @@ class RetryRouter:
         exchange = self.topology.unroutable_exchange
 
         async def publish() -> bool:
-            await publish_copy(
+            await publish_into_chain(
                 message.channel,
                 message,
-                exchange=exchange,
-                routing_key=message.routing_key or "",
+                topology=self.topology,
+                route=(exchange, message.routing_key or ""),
                 headers=headers,
                 timeout=self.publish_timeout,
             )
