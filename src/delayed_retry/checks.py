@@ -43,6 +43,7 @@ __all__ = [
     "bodies_in_memory_hint",
     "broker_version",
     "keeps_bodies_in_memory",
+    "kept_classic_queue_risk",
     "kept_queue_risk",
     "DeliveryLimitRisk",
     "broker_major_version",
@@ -192,7 +193,8 @@ def check_delivery_limit(
 
 
 def kept_queue_risk(*, queue: str, broker_major: int | None) -> str:
-    """Why a parking or unroutable queue declared without a delivery limit may lose messages.
+    """Why a queue delayed-retry keeps or consumes, declared without a delivery limit, may lose
+    messages.
 
     Used when such a queue exists from before delayed-retry set
     ``x-delivery-limit`` on it (the broker refuses to change a queue's
@@ -216,6 +218,22 @@ def kept_queue_risk(*, queue: str, broker_major: int | None) -> str:
         f"declares ({DELIVERY_LIMIT}); {danger}. Fix: move its messages elsewhere "
         f"(shovel or replay), delete {queue!r} and let the next consumer declare it again, "
         f"or set a policy with delivery-limit {DELIVERY_LIMIT} on it"
+    )
+
+
+def kept_classic_queue_risk(*, queue: str) -> str:
+    """Why a classic queue where delayed-retry declares a quorum one is a risk, and the fix.
+
+    Used when a parking, unroutable, rejected, forward or inbox queue exists as
+    a classic queue (made by hand, by another tool or by an older setup).
+    RabbitMQ 3.x accepts the quorum declaration and keeps the classic queue;
+    4.3 refuses it. Either way the queue is used as it is.
+    """
+    return (
+        f"queue {queue!r} exists as a classic queue, where delayed-retry declares a quorum "
+        "queue (replicated, and with a delivery limit no return can reach); it is used as it "
+        "is, but its messages live on one node only. Fix: move its messages elsewhere "
+        f"(replay or shovel), delete {queue!r} and let the next consumer declare it again"
     )
 
 

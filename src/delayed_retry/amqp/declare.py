@@ -27,6 +27,7 @@ from delayed_retry.checks import (
     bodies_in_memory_hint,
     broker_major_version,
     broker_version,
+    kept_classic_queue_risk,
     kept_queue_risk,
 )
 from delayed_retry.errors import ConfigurationError, TopologyMismatchError
@@ -155,20 +156,34 @@ async def _bind_queue(channel: aiormq.abc.AbstractChannel, spec: QueueSpec) -> N
 async def _declare_kept_queue(
     connection: aiormq.abc.AbstractConnection, name: str, args: dict[str, Any]
 ) -> None:
-    """Declare a parking or unroutable queue; keep using one that predates its delivery limit."""
+    """Declare a queue the library consumes or keeps messages in; keep using an older one.
+
+    The broker refuses to change a queue's arguments, so a queue that exists
+    without the delivery limit (declared by an older version) or as a classic
+    queue (made by hand or by another tool; RabbitMQ 4.3 refuses the quorum
+    declaration where 3.x let it through) is used as it is, with a warning
+    naming the risk and the fix, once per connection and queue.
+    """
     try:
         await on_scratch_channel(
             connection, lambda ch: ch.queue_declare(name, durable=True, arguments=args)
         )
         return
     except aiormq.exceptions.ChannelPreconditionFailed as exc:
-        if "x-delivery-limit" not in str(exc):
+        refusal = str(exc)
+        if "x-delivery-limit" not in refusal and "x-queue-type" not in refusal:
             raise _explain(exc, f"queue {name!r}", args) from exc
     except aiormq.exceptions.ChannelClosed as exc:
         raise _explain(exc, f"queue {name!r}", args) from exc
-    major = broker_major_version(getattr(connection, "server_properties", None))
-    log.warning("%s", kept_queue_risk(queue=name, broker_major=major))
     await on_scratch_channel(connection, lambda ch: ch.queue_declare(name, passive=True))
+    warned = declarer_for(connection).warned
+    if name not in warned:
+        warned.add(name)
+        major = broker_major_version(getattr(connection, "server_properties", None))
+        if "x-queue-type" in refusal:
+            log.warning("%s", kept_classic_queue_risk(queue=name))
+        else:
+            log.warning("%s", kept_queue_risk(queue=name, broker_major=major))
 
 
 async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: DelayTopology) -> None:
@@ -259,6 +274,8 @@ class TopologyDeclarer:
         self._parking_at: dict[tuple[object, ...], float] = {}
         self._parking_now: dict[tuple[object, ...], asyncio.Future[None]] = {}
         self._exchange_seen: dict[str, float] = {}
+        self.warned: set[str] = set()
+        """Queues used as they are despite other arguments, already warned about."""
         self._exchange_checks: dict[str, asyncio.Lock] = {}
 
     def forget(self, topology: DelayTopology) -> None:
