@@ -17,8 +17,9 @@ from typing import Any
 import aiormq
 import aiormq.abc
 
+from delayed_retry.amqp import publish
 from delayed_retry.amqp.declare import declarer_for
-from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, Copyable, publish_copy
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, Copyable
 from delayed_retry.errors import PublishError
 from delayed_retry.topology import DelayTopology, Route
 
@@ -45,7 +46,7 @@ async def publish_into_chain(
     declarer = declarer_for(connection)
     await declarer.topology(connection, topology)
     try:
-        await publish_copy(
+        await publish.publish_copy(  # looked up at each call: crash tests wrap it
             channel,
             message,
             exchange=exchange,

@@ -16,6 +16,7 @@ import asyncio
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -83,6 +84,27 @@ def _error(message: str) -> None:
     print(f"delayed-retry: error: {message}", file=sys.stderr)
 
 
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+"""The exit code when the reader of standard output went away, as a Unix tool killed by SIGPIPE."""
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader is gone; if so, silence it for good.
+
+    Later writes (and the interpreter's last flush) go to /dev/null, so the command ends
+    without a traceback or an error line, as ``head`` expects of the tools it reads.
+    """
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code (0 ok, 1 failure, 2 usage)."""
     parser = build_parser()
@@ -108,6 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DelayedRetryError as exc:
         _error(for_command_line(str(exc)))
         return EXIT_FAILURE
+    except BrokenPipeError:
+        if _stdout_closed():  # `delayed-retry parking list | head -1`: the reader is done
+            return EXIT_BROKEN_PIPE
+        raise
     except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
         line = explain_connection_error(exc, args.url)
         if line is None:

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 from aio_pika.abc import AbstractIncomingMessage
 
+from delayed_retry.amqp import publish
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.declare import declarer_for
-from delayed_retry.amqp.publish import publish_copy
 from delayed_retry.consumer.handover import Trouble, ack, give_back_later, hand_over
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import DelayOutOfRangeError, PublishError
@@ -73,7 +73,7 @@ class FailureHandling:
         headers: Mapping[str, Any],
     ) -> None:
         """Publish a copy of ``message`` on its own channel; return once confirmed."""
-        await publish_copy(
+        await publish.publish_copy(  # looked up at each call: crash tests wrap it
             message.channel,
             message,
             exchange=exchange,
