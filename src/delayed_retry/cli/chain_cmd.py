@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from typing import Any
 
@@ -12,14 +11,13 @@ import aio_pika
 
 from delayed_retry.admin.chain_diff import Difference, compare
 from delayed_retry.admin.chain_probe import level_depths, probe_over_amqp, queue_depth
-from delayed_retry.admin.management import (
-    ManagementClient,
-    ManagementUnavailable,
-    management_url_for,
-    read_live_chain,
-    vhost_of,
+from delayed_retry.admin.management import ManagementError
+from delayed_retry.cli.common import (
+    add_management_option,
+    add_topology_args,
+    management_client,
+    topology_from_args,
 )
-from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import add_json_option, emit_json, print_table
 from delayed_retry.durations import format_duration
@@ -63,12 +61,7 @@ def register(sub: Any) -> None:
         default=[],
         help="also check QUEUE's binding to the chain and its parking queue (repeatable)",
     )
-    verify.add_argument(
-        "--management-url",
-        default=None,
-        help="management API base URL (default: $RABBITMQ_MANAGEMENT_URL, else "
-        "http://USER:PASS@HOST:15672/ from --url)",
-    )
+    add_management_option(verify, purpose="reading bindings and policies")
     verify.add_argument(
         "--no-management", action="store_true", help="check over AMQP only, without the HTTP API"
     )
@@ -98,13 +91,8 @@ async def _verify(args: argparse.Namespace) -> int:
     differences: list[Difference]
     if not args.no_management:
         try:
-            client = ManagementClient(
-                args.management_url
-                or os.environ.get("RABBITMQ_MANAGEMENT_URL")
-                or management_url_for(args.url)
-            )
-            live = await read_live_chain(client, vhost_of(args.url))
-        except ManagementUnavailable as exc:
+            live = await management_client(args).live_chain()
+        except ManagementError as exc:
             note = f"{exc}. Checked existence and arguments over AMQP only"
         else:
             differences = compare(topology, live, queues=queues)

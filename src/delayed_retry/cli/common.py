@@ -6,9 +6,25 @@ import argparse
 import os
 from datetime import timedelta
 
+from delayed_retry.admin.management import (
+    DEFAULT_HTTP_PORT,
+    DEFAULT_HTTPS_PORT,
+    DEFAULT_TIMEOUT,
+    ManagementClient,
+)
 from delayed_retry.topology import DelayTopology
 
-__all__ = ["add_topology_args", "topology_from_args"]
+__all__ = [
+    "MANAGEMENT_URL_ENV",
+    "add_management_option",
+    "add_topology_args",
+    "management_client",
+    "management_url_from",
+    "topology_from_args",
+]
+
+MANAGEMENT_URL_ENV = "RABBITMQ_MANAGEMENT_URL"
+"""The environment variable that gives the management API's address when no option does."""
 
 
 def add_topology_args(parser: argparse.ArgumentParser) -> None:
@@ -48,4 +64,30 @@ def topology_from_args(args: argparse.Namespace) -> DelayTopology:
         levels=args.levels,
         unit=timedelta(milliseconds=args.unit_ms),
         queue_type=args.queue_type,
+    )
+
+
+def add_management_option(parser: argparse.ArgumentParser, *, purpose: str) -> None:
+    """Add ``--management-url`` to a command that reads the management API for ``purpose``."""
+    parser.add_argument(
+        "--management-url",
+        metavar="URL",
+        default=None,
+        help=f"management HTTP API, for {purpose} (default: ${MANAGEMENT_URL_ENV}, else "
+        f"--url's host and credentials: http on {DEFAULT_HTTP_PORT} for amqp://, https on "
+        f"{DEFAULT_HTTPS_PORT} for amqps://)",
+    )
+
+
+def management_url_from(args: argparse.Namespace) -> str | None:
+    """``--management-url`` when the command has it and it was given, else the environment's."""
+    return getattr(args, "management_url", None) or os.environ.get(MANAGEMENT_URL_ENV) or None
+
+
+def management_client(
+    args: argparse.Namespace, *, timeout: float = DEFAULT_TIMEOUT
+) -> ManagementClient:
+    """The management API client of the broker at ``--url``, by the rules every command shares."""
+    return ManagementClient.for_broker(
+        args.url, management_url=management_url_from(args), timeout=timeout
     )
