@@ -14,7 +14,7 @@ from delayed_retry.admin.chain_diff import (
     compare,
     expected_bindings,
 )
-from delayed_retry.cli.chain_cmd import format_at_most
+from delayed_retry.cli.output import format_at_most
 from delayed_retry.topology import amqp_arguments
 
 T = DelayTopology(prefix="p", levels=4)

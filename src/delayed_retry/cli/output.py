@@ -19,6 +19,7 @@ import argparse
 import base64
 import dataclasses
 import json
+import math
 import re
 import shutil
 import sys
@@ -27,7 +28,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TextIO
 
-from delayed_retry.durations import parse_duration
+from delayed_retry.durations import format_duration, parse_duration
 from delayed_retry.errors import ConfigurationError
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "duration_type",
     "for_command_line",
     "emit_json",
+    "format_at_most",
     "header_type",
     "print_table",
     "progress_bar",
@@ -165,6 +167,18 @@ def to_jsonable(value: Any) -> Any:
 def emit_json(value: Any, *, stream: TextIO | None = None) -> None:
     """Print ``value`` as one JSON document on stdout."""
     print(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False), file=stream or sys.stdout)
+
+
+# -- durations ------------------------------------------------------------------
+def format_at_most(seconds: float) -> str:
+    """An upper bound for people, rounded *up* to the precision shown: 4194 s is ``1 h 10 m``.
+
+    Use it for "due within" and similar limits, where rounding down would promise too early.
+    """
+    for size, step in ((86400, 3600), (3600, 60), (60, 1)):
+        if seconds >= size:
+            return format_duration(math.ceil(seconds / step) * step)
+    return format_duration(seconds)
 
 
 # -- tables -----------------------------------------------------------------------
