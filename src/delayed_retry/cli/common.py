@@ -42,7 +42,10 @@ def add_topology_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--levels", type=int, default=defaults.levels, help="levels (%(default)s)")
     group.add_argument(
-        "--unit-ms", type=int, default=defaults.unit_ms, help="delay unit in ms (%(default)s)"
+        "--unit-ms",
+        type=_milliseconds,
+        default=defaults.unit_ms,
+        help="delay unit in ms (%(default)s)",
     )
     group.add_argument(
         "--queue-type",
@@ -56,6 +59,18 @@ def add_topology_args(parser: argparse.ArgumentParser) -> None:
         help="use NServiceBus's v2 chain (nsb.v2.delay-level-NN, 28 levels of 1 s, quorum); "
         "--levels, --unit-ms and --queue-type are then ignored",
     )
+
+
+def _milliseconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number of milliseconds of at least 1, e.g. 1 or 1000"
+        )
+    return value
 
 
 def topology_from_args(args: argparse.Namespace) -> DelayTopology:

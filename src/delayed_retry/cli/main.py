@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import aiormq
 
 from delayed_retry.cli.connection import check_url, explain_connection_error
-from delayed_retry.cli.output import EXIT_FAILURE, EXIT_USAGE, CommandError, for_command_line
+from delayed_retry.cli.output import EXIT_FAILURE, EXIT_USAGE, CommandError
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.urls import redact_url
 
@@ -108,10 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(exc))
         return exc.exit_code
     except ConfigurationError as exc:  # a value the user gave is wrong: a usage error
-        _error(for_command_line(str(exc)))
+        _error(str(exc))
         return EXIT_USAGE
-    except DelayedRetryError as exc:
-        _error(for_command_line(str(exc)))
+    except DelayedRetryError as exc:  # its message names the object and the fix already
+        _error(str(exc))
         return EXIT_FAILURE
     except (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError) as exc:
         line = explain_connection_error(exc, args.url)
