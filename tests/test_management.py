@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+import trustme
 
 from delayed_retry.admin import management
 from delayed_retry.admin.management import (
@@ -64,7 +68,8 @@ def test_credentials_come_from_the_management_url_else_the_broker_url() -> None:
 
 
 def test_a_broker_urls_cafile_is_trusted_for_https() -> None:
-    with pytest.raises(FileNotFoundError):  # it is loaded, so a missing file shows at once
+    # It is loaded at once, so a wrong path shows before any request.
+    with pytest.raises(ConfigurationError, match=r"cafile '/nonexistent/ca\.pem' cannot be read"):
         ManagementClient.for_broker("amqps://u:p@mq:5671/?cafile=/nonexistent/ca.pem")
     ManagementClient.for_broker("amqp://u:p@mq:5672/?cafile=/nonexistent/ca.pem")  # http
 
@@ -95,8 +100,8 @@ class Api:
     delay: float = 0.0
 
 
-@pytest.fixture
-def api() -> Iterator[Api]:
+@contextmanager
+def _serving(tls: ssl.SSLContext | None = None) -> Iterator[Api]:
     state = Api(url="")
 
     class Handler(BaseHTTPRequestHandler):
@@ -118,15 +123,24 @@ def api() -> Iterator[Api]:
             return None
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
-    state.url = f"http://admin:s3cret@127.0.0.1:{server.server_address[1]}/"
+    scheme = "http" if tls is None else "https"
+    state.url = f"{scheme}://admin:s3cret@127.0.0.1:{server.server_address[1]}/"
     try:
         yield state
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@pytest.fixture
+def api() -> Iterator[Api]:
+    with _serving() as state:
+        yield state
 
 
 def _closed_port() -> int:
@@ -174,7 +188,7 @@ async def test_names_are_quoted_whole_and_the_broker_credentials_sent(api: Api) 
     [
         (401, ["answered 401", "refused user 'admin'", "check the user and password"]),
         (403, ["answered 403", "'monitoring' tag", "set_user_tags admin monitoring"]),
-        (404, ["answered 404", "there is no exchange 'orders' in vhost '/'", "check the name"]),
+        (404, ["answered 404", "no exchange 'orders' found in vhost '/'", "check the name"]),
         (500, ["answered 500", "see the broker's log"]),
     ],
 )
@@ -237,3 +251,20 @@ async def test_callers_that_can_do_without_the_api_catch_its_error(api: Api) -> 
     broker = "amqp://admin:s3cret@127.0.0.1:5672/"
     with pytest.raises(ConfigurationError, match=r"answered 401.*work queues with --queue"):
         await discover_queues(broker, topology=DelayTopology(), management_url=api.url)
+
+
+async def test_https_trusts_the_ca_the_broker_url_names(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    with _serving(tls=server) as api:
+        api.answers["/api/queues/%2F?columns=name"] = _json([{"name": "orders.parking"}])
+        broker = f"amqps://admin:s3cret@127.0.0.1:5671/?cafile={tmp_path / 'ca.pem'}"
+        trusting = ManagementClient.for_broker(broker, management_url=api.url)
+        assert await trusting.queue_names() == ["orders.parking"]
+
+        system_cas_only = ManagementClient(api.url)
+        with pytest.raises(ManagementError, match="CERTIFICATE_VERIFY_FAILED") as caught:
+            await system_cas_only.queue_names()
+        assert caught.value.url.startswith("https://admin:***@127.0.0.1:")

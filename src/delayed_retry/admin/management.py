@@ -163,7 +163,13 @@ class ManagementClient:
         if parts.scheme == "https":
             self._ssl = ssl.create_default_context()
             if cafile:
-                self._ssl.load_verify_locations(cafile=cafile)
+                try:
+                    self._ssl.load_verify_locations(cafile=cafile)
+                except (OSError, ssl.SSLError) as exc:
+                    raise ConfigurationError(
+                        f"cafile {cafile!r} cannot be read as CA certificates for the management "
+                        f"API at {shown} ({exc}); fix the cafile= path of the broker URL"
+                    ) from None
         self._guessed = False
 
     @classmethod
@@ -341,8 +347,8 @@ class ManagementClient:
             )
         elif status == 404:
             fix = (
-                f"there is no {what} in vhost {self.vhost!r}; check the name and the vhost "
-                "at the end of the broker URL ('/' is %2F)"
+                f"no {what} found in vhost {self.vhost!r} (it or the vhost does not exist); "
+                "check the name and the vhost at the end of the broker URL ('/' is %2F)"
             )
         else:
             fix = "see the broker's log, and try again once the node is healthy"
