@@ -14,7 +14,7 @@ from delayed_retry.admin.chain_diff import (
     compare,
     expected_bindings,
 )
-from delayed_retry.cli.chain_cmd import format_at_most
+from delayed_retry.cli.output import format_at_most
 from delayed_retry.topology import amqp_arguments
 
 T = DelayTopology(prefix="p", levels=4)
@@ -146,11 +146,23 @@ def test_stray_bindings_on_the_chain_are_reported() -> None:
     live = live_as_declared()
     stray = {
         # What a parking replay with the wrong prefix used to add.
-        Binding("p.level.02", "queue", "orders", "#"),
+        Binding(
+            source="p.level.02", destination_type="queue", destination="orders", routing_key="#"
+        ),
         # A delivery binding made for another level count.
-        Binding("p.delivery-4", "queue", "orders", "*.*.orders"),
+        Binding(
+            source="p.delivery-4",
+            destination_type="queue",
+            destination="orders",
+            routing_key="*.*.orders",
+        ),
         # Fine: another consumer's delivery binding.
-        Binding("p.delivery-4", "queue", "billing", "*.*.*.*.billing"),
+        Binding(
+            source="p.delivery-4",
+            destination_type="queue",
+            destination="billing",
+            routing_key="*.*.*.*.billing",
+        ),
     }
     diffs = compare(T, replace(live, bindings=live.bindings | stray))
     objects = sorted(d.object for d in diffs)

@@ -60,7 +60,7 @@ def test_declare_status_and_mismatch(
     err = capsys.readouterr().err
     assert code == 1
     assert f"queue '{unique}.level.00' exists with other arguments" in err
-    assert "use another --prefix" in err and "DelayTopology" not in err
+    assert "use another prefix for the chain" in err and "DelayTopology" not in err
 
 
 def test_status_and_replay_refuse_a_chain_that_is_not_there(
@@ -139,7 +139,8 @@ def test_publish_to_a_missing_queue_gives_command_line_advice(
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
-    assert f"{unique}-x" in err[0] and "delayed-retry declare --bind QUEUE" in err[0]
+    assert f"queue '{unique}-x' does not exist" in err[0]
+    assert f"delayed-retry declare --create --bind {unique}-x" in err[0]
 
 
 def test_demo_runs_on_the_given_broker(

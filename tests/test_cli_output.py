@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from delayed_retry.cli.connection import check_url
+from delayed_retry.cli.main import main
 from delayed_retry.cli.output import (
     UsageError,
     confirm,
-    for_command_line,
     header_type,
     progress_bar,
     rate_type,
@@ -80,16 +80,30 @@ def test_urls_are_checked_before_dialling(url: str, text: str) -> None:
     check_url("amqps://user:pw@host:5671/vh")
 
 
-def test_api_advice_becomes_command_line_advice() -> None:
-    assert for_command_line("... or use another DelayTopology prefix") == (
-        "... or use another --prefix"
-    )
-    assert "(delayed-retry declare --prefix 'p')" in for_command_line(
-        "declare it (DelayTopology(prefix='p').declare(channel)) first"
-    )
-    assert "(delayed-retry declare --prefix 'p')" in for_command_line(
-        "declare it (declare_topology(channel, DelayTopology(prefix='p'))) first"
-    )
+@pytest.mark.parametrize(
+    ("options", "text"),
+    [
+        (["--levels", "0"], "levels 0 of the delay chain is outside 1..48"),
+        (["--levels", "40"], "40 levels of 1 ms give the delay chain's level 39 a TTL"),
+        (["--prefix", "amq.x"], "prefix 'amq.x' of the delay chain is not usable"),
+    ],
+)
+def test_library_errors_are_printed_as_they_are(
+    options: list[str], text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The topology is built from the options before any connection: no broker needed.
+    argv = ["--url", "amqp://guest:guest@127.0.0.1:1/", "topology", "show", *options]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"delayed-retry: error: {text}")
+    assert "DelayTopology" not in line  # the same words serve code and command line
+
+
+def test_a_unit_below_one_millisecond_is_refused_by_the_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["topology", "show", "--unit-ms", "-5"]) == 2
+    assert "'-5' is not a whole number of milliseconds of at least 1" in capsys.readouterr().err
 
 
 def test_progress_is_silent_off_a_terminal_and_draws_on_one(

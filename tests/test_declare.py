@@ -140,7 +140,7 @@ async def test_existing_queue_with_other_arguments_is_a_clear_mismatch(quorum: S
         level, durable=True, arguments={"x-queue-type": "quorum", "x-message-ttl": 5}
     )
     with pytest.raises(
-        TopologyMismatchError, match=rf"(?s)queue '{level}'.*another DelayTopology prefix"
+        TopologyMismatchError, match=rf"(?s)queue '{level}'.*another prefix for the chain"
     ) as info:
         await declare_topology(quorum.ch, quorum.topology)
     assert "x-message-ttl" in str(info.value)

@@ -17,6 +17,7 @@ from typing import Any
 import aio_pika
 import pytest
 
+from delayed_retry.admin.management import ManagementClient
 from delayed_retry.admin.plugin_migration import MigrationError, read_exchange
 from delayed_retry.cli.main import main
 from delayed_retry.delivery.front_door import (
@@ -144,11 +145,12 @@ async def test_migrate_plugin_copies_bindings_in_two_stages(
             await got.ack()
 
 
-def test_missing_or_ordinary_exchange_is_refused_with_its_name(
+async def test_missing_or_ordinary_exchange_is_refused_with_its_name(
     node: tuple[RabbitMQNode, str],
 ) -> None:
     _, management = node
-    with pytest.raises(MigrationError, match="exchange 'nowhere' does not exist"):
-        read_exchange(management, vhost="/", exchange="nowhere")
+    client = ManagementClient(management, vhost="/")
+    with pytest.raises(MigrationError, match="exchange 'nowhere' does not exist in vhost '/'"):
+        await read_exchange(client, exchange="nowhere")
     with pytest.raises(MigrationError, match="not a delayed-message plugin exchange"):
-        read_exchange(management, vhost="/", exchange="amq.topic")
+        await read_exchange(client, exchange="amq.topic")

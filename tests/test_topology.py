@@ -162,7 +162,7 @@ def test_units_until_rounds_up_and_refuses_too_long_delays() -> None:
     assert t.units_until(NOW + timedelta(milliseconds=11), now=NOW) == 2
     assert t.units_until(NOW - timedelta(seconds=5), now=NOW) == 0
     assert t.units_until(NOW + timedelta(milliseconds=150), now=NOW) == 15
-    with pytest.raises(DelayOutOfRangeError, match=r"levels=4.*add levels"):
+    with pytest.raises(DelayOutOfRangeError, match=r"chain .p. \(4 levels of 10 ms\); add levels"):
         t.units_until(NOW + timedelta(milliseconds=151), now=NOW)
 
 

@@ -198,7 +198,7 @@ def test_job_requests_follow_the_api_contract() -> None:
 
 def test_discovery_keeps_work_queues_with_a_parking_queue() -> None:
     from delayed_retry.topology import DelayTopology
-    from delayed_retry.web.discovery import management_url_for, work_queues_of
+    from delayed_retry.web.discovery import work_queues_of
 
     names = [
         "orders",
@@ -209,4 +209,3 @@ def test_discovery_keeps_work_queues_with_a_parking_queue() -> None:
         "parking",
     ]
     assert work_queues_of(names, DelayTopology()) == ["invoices", "orders"]
-    assert management_url_for("amqps://u:p@mq.internal:5671/vh") == "https://mq.internal:15672"

@@ -108,8 +108,8 @@ class Hold:
         if longest > self.limit_us:
             raise ConfigurationError(
                 f"Hold(limit={self.limit!r}) is shorter than the {longest / 1000:.0f} ms a "
-                f"message can come out of DelayTopology(prefix={topology.prefix!r}, "
-                f"levels={topology.levels}) before its due time with lead={self.lead!r}, "
+                f"message can come out of the delay chain {topology.prefix!r} "
+                f"({topology.levels} levels) before its due time with lead={self.lead!r}, "
                 f"lead_per_hop={self.lead_per_hop!r} and granularity={self.granularity!r}; "
                 "raise limit or lower the others"
             )

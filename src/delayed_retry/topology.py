@@ -219,22 +219,24 @@ class DelayTopology:
     def __post_init__(self) -> None:
         if not self.prefix or self.prefix.startswith("amq.") or " " in self.prefix:
             raise ConfigurationError(
-                f"DelayTopology prefix={self.prefix!r} is not usable; pick a name such as "
+                f"prefix {self.prefix!r} of the delay chain is not usable; pick a name such as "
                 "'delayed-retry' (not empty, no spaces, not starting with 'amq.')"
             )
         if isinstance(self.levels, bool) or not isinstance(self.levels, int):
-            raise ConfigurationError(f"DelayTopology levels={self.levels!r} must be an int")
+            raise ConfigurationError(
+                f"levels {self.levels!r} of the delay chain must be a whole number, 1 to 48"
+            )
         if not 1 <= self.levels <= 48:
             raise ConfigurationError(
-                f"DelayTopology levels={self.levels} is outside 1..48; 36 levels of 1 ms hold "
-                "delays up to about 795 days"
+                f"levels {self.levels} of the delay chain is outside 1..48; 36 levels of 1 ms "
+                "hold delays up to about 795 days"
             )
         unit_seconds = to_seconds(self.unit, name="DelayTopology unit")
         unit_ms = unit_seconds * 1000
         if unit_ms < 1 or not math.isclose(unit_ms, round(unit_ms), abs_tol=1e-9):
             raise ConfigurationError(
-                f"DelayTopology unit={self.unit!r} must be a whole number of milliseconds, at "
-                "least 1 ms, because queue TTLs are whole milliseconds"
+                f"unit {unit_ms:g} ms of the delay chain must be a whole number of "
+                "milliseconds, at least 1, because queue TTLs are whole milliseconds"
             )
         if self.queue_type not in ("quorum", "classic"):
             raise ConfigurationError(
@@ -254,15 +256,15 @@ class DelayTopology:
             )
         if len(self.prefix.encode()) + len(_LONGEST_SUFFIX) > MAX_NAME_BYTES:
             raise ConfigurationError(
-                f"DelayTopology prefix={self.prefix[:40]!r}… is {len(self.prefix.encode())} "
-                f"bytes; names are at most {MAX_NAME_BYTES} bytes, so the prefix may have at "
-                f"most {MAX_NAME_BYTES - len(_LONGEST_SUFFIX)}"
+                f"prefix {self.prefix[:40]!r}… of the delay chain is "
+                f"{len(self.prefix.encode())} bytes; names are at most {MAX_NAME_BYTES} bytes, "
+                f"so the prefix may have at most {MAX_NAME_BYTES - len(_LONGEST_SUFFIX)}"
             )
         top_ttl = (1 << (self.levels - 1)) * round(unit_ms)
         if top_ttl > MAX_QUEUE_TTL_MS:
             # The broker refuses the queue, and only when the chain is first declared.
             raise ConfigurationError(
-                f"DelayTopology levels={self.levels} with unit={self.unit!r} gives level "
+                f"{self.levels} levels of {round(unit_ms)} ms give the delay chain's level "
                 f"{self.levels - 1} a TTL of {top_ttl} ms, but RabbitMQ accepts at most "
                 f"{MAX_QUEUE_TTL_MS} ms (ten years); use at most "
                 f"{(MAX_QUEUE_TTL_MS // round(unit_ms)).bit_length()} levels with this unit"
@@ -399,9 +401,9 @@ class DelayTopology:
         units = -(-(delay // timedelta(microseconds=1)) // (self.unit_ms * 1000))
         if units > self.max_units:
             raise DelayOutOfRangeError(
-                f"a delay of {delay} is longer than the maximum "
-                f"{self.max_delay} of DelayTopology(prefix={self.prefix!r}, "
-                f"levels={self.levels}); add levels or use a coarser unit"
+                f"a delay of {delay} is longer than the maximum {self.max_delay} of the delay "
+                f"chain {self.prefix!r} ({self.levels} levels of {self.unit_ms} ms); add levels "
+                "or use a coarser unit"
             )
         return units
 

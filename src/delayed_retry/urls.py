@@ -1,10 +1,10 @@
-"""Broker URLs in messages: the one place a password is masked. Pure."""
+"""Broker URLs: the one place a password is masked, and the vhost a URL names. Pure."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-__all__ = ["redact_url"]
+__all__ = ["redact_url", "vhost_of"]
 
 
 def redact_url(url: str) -> str:
@@ -28,3 +28,14 @@ def redact_url(url: str) -> str:
     userinfo, _, host = parts.netloc.rpartition("@")
     user = userinfo.split(":", 1)[0]
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def vhost_of(url: str) -> str:
+    """The virtual host an ``amqp://`` or ``amqps://`` URL names, decoded; ``/`` when it names none.
+
+    Use it wherever a vhost is needed from the broker URL (the management API,
+    messages), so ``amqp://host``, ``amqp://host/`` and ``amqp://host/%2F``
+    all mean the default vhost ``/``, as they do for aio-pika.
+    """
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"

@@ -41,21 +41,31 @@ to the queue's own arguments.
 """
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Binding:
-    """One binding: ``source`` exchange to a queue or exchange ``destination`` with ``key``."""
+    """One binding: the ``source`` exchange routes to a queue or exchange ``destination``.
+
+    The one binding record of the package: what the chain needs
+    (:func:`expected_bindings`), what the management API reports
+    (:mod:`delayed_retry.admin.management`) and what a plugin migration copies.
+    Equal bindings have the same source, destination and routing key; their
+    ``arguments`` and ``properties_key`` do not take part (the chain binds
+    without arguments).
+    """
 
     source: str
     destination_type: str  # "queue" or "exchange"
     destination: str
-    key: str
-    # How the management API names the binding (to delete it); not part of its identity.
+    routing_key: str
+    arguments: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    # How the management API names the binding (to delete it).
     properties_key: str = field(default="", compare=False)
 
     def describe(self) -> str:
+        """``binding 'src' → queue 'dst' (key 'k')``, the object named in a difference."""
         return (
             f"binding {self.source!r} → {self.destination_type} {self.destination!r} "
-            f"(key {self.key!r})"
+            f"(key {self.routing_key!r})"
         )
 
 
@@ -170,19 +180,26 @@ def _declare_hint(topology: DelayTopology, queues: Iterable[str] = ()) -> str:
 def expected_bindings(topology: DelayTopology, queues: Iterable[str] = ()) -> set[Binding]:
     """Every binding the chain needs, and those of ``queues`` (delivery and parking)."""
     out = {
-        Binding(exchange, "queue", spec.name, key)
+        Binding(source=exchange, destination_type="queue", destination=spec.name, routing_key=key)
         for spec in topology.queues()
         for exchange, key in spec.bindings
     }
     out |= {
-        Binding(source, "exchange", destination, key)
+        Binding(
+            source=source, destination_type="exchange", destination=destination, routing_key=key
+        )
         for destination, source, key in topology.exchange_bindings()
     }
     for queue in queues:
         exchange, key = topology.delivery_binding(queue)
-        out.add(Binding(exchange, "queue", queue, key))
+        out.add(
+            Binding(source=exchange, destination_type="queue", destination=queue, routing_key=key)
+        )
         spec = topology.parking_queue_spec(queue)
-        out |= {Binding(ex, "queue", spec.name, k) for ex, k in spec.bindings}
+        out |= {
+            Binding(source=ex, destination_type="queue", destination=spec.name, routing_key=k)
+            for ex, k in spec.bindings
+        }
     return out
 
 
@@ -343,7 +360,7 @@ def compare(
 
 
 def _order(binding: Binding) -> tuple[str, str, str]:
-    return binding.source, binding.destination, binding.key
+    return binding.source, binding.destination, binding.routing_key
 
 
 def _stray_bindings(topology: DelayTopology, extra: Iterable[Binding]) -> list[Difference]:
@@ -354,7 +371,7 @@ def _stray_bindings(topology: DelayTopology, extra: Iterable[Binding]) -> list[D
         remove = (
             f"remove it (rabbitmqadmin delete binding source={binding.source} "
             f"destination={binding.destination} destination_type={binding.destination_type} "
-            f"properties_key={binding.properties_key or binding.key or '~'})"
+            f"properties_key={binding.properties_key or binding.routing_key or '~'})"
         )
         if binding.source in levels:
             out.append(
@@ -365,7 +382,7 @@ def _stray_bindings(topology: DelayTopology, extra: Iterable[Binding]) -> list[D
                 )
             )
         elif binding.source == topology.delivery_exchange:
-            words = binding.key.split(".")
+            words = binding.routing_key.split(".")
             if (
                 words[: topology.levels] != ["*"] * topology.levels
                 or ".".join(words[topology.levels :]) != binding.destination

@@ -13,29 +13,27 @@ holds its delayed messages inside the exchange:
    carried ``x-delay`` messages) move to ``X.delay``.
 
 The plugin exchange's definition and bindings are read through the
-management HTTP API (:func:`read_exchange`); planning is pure (:func:`plan`).
+management HTTP API (:func:`read_exchange`, through
+:class:`~delayed_retry.admin.management.ManagementClient`); planning is pure
+(:func:`plan`).
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
 import aiormq
 from aio_pika.abc import AbstractConnection
 
+from delayed_retry.admin.chain_diff import Binding
+from delayed_retry.admin.management import ManagementClient, ManagementError
 from delayed_retry.delivery.front_door import FrontDoor, delay_exchange_name
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
     "PLUGIN_TYPE",
-    "Binding",
     "ExchangeDefinition",
     "MigrationError",
     "manual_steps",
@@ -51,17 +49,6 @@ PLUGIN_TYPE = "x-delayed-message"
 
 class MigrationError(DelayedRetryError):
     """The plugin exchange cannot be migrated as asked; the message says what to do."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Binding:
-    """One binding: ``source`` routes to ``destination`` (a queue or an exchange)."""
-
-    source: str
-    destination: str
-    destination_type: str
-    routing_key: str
-    arguments: dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,47 +70,23 @@ class ExchangeDefinition:
         return self.type == PLUGIN_TYPE
 
 
-def _get(url: str, path: str) -> Any:
-    parts = urllib.parse.urlsplit(url)
-    base = urllib.parse.urlunsplit((parts.scheme, parts.hostname or "", "", "", ""))
-    if parts.port:
-        base = f"{base}:{parts.port}"
-    request = urllib.request.Request(base + parts.path.rstrip("/") + path)
-    user = urllib.parse.unquote(parts.username or "guest")
-    password = urllib.parse.unquote(parts.password or "guest")
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    request.add_header("Authorization", f"Basic {token}")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)
-
-
-def read_exchange(management_url: str, *, vhost: str, exchange: str) -> ExchangeDefinition:
-    """Read ``exchange`` and its bindings through the management HTTP API (blocking).
+async def read_exchange(client: ManagementClient, *, exchange: str) -> ExchangeDefinition:
+    """Read ``exchange`` and its bindings through the management HTTP API.
 
     Raises :class:`MigrationError` naming the exchange when it is missing or
-    is neither the plugin's type nor carries ``x-delayed-type``.
+    is neither the plugin's type nor carries ``x-delayed-type``, and
+    :class:`~delayed_retry.admin.management.ManagementError` when the API
+    cannot be read.
     """
-    v = urllib.parse.quote(vhost, safe="")
-    x = urllib.parse.quote(exchange, safe="")
     try:
-        info = _get(management_url, f"/api/exchanges/{v}/{x}")
-        out = _get(management_url, f"/api/exchanges/{v}/{x}/bindings/source")
-        into = _get(management_url, f"/api/exchanges/{v}/{x}/bindings/destination")
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
+        info = await client.exchange(exchange)
+    except ManagementError as exc:
+        if exc.status == 404:
             raise MigrationError(
-                f"exchange {exchange!r} does not exist in vhost {vhost!r}; check --exchange and "
-                "the vhost of --url"
+                f"exchange {exchange!r} does not exist in vhost {client.vhost!r}; check "
+                "--exchange and the vhost at the end of --url ('/' is %2F)"
             ) from exc
-        raise MigrationError(
-            f"the management API at {management_url!r} answered {exc.code} for exchange "
-            f"{exchange!r}; check --management-url and that the user has the monitoring tag"
-        ) from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise MigrationError(
-            f"cannot reach the management API at {management_url!r}: {exc}; enable "
-            "rabbitmq_management or pass --management-url"
-        ) from exc
+        raise
     arguments = dict(info.get("arguments") or {})
     delayed_type = arguments.get("x-delayed-type")
     if not isinstance(delayed_type, str):
@@ -131,16 +94,8 @@ def read_exchange(management_url: str, *, vhost: str, exchange: str) -> Exchange
             f"exchange {exchange!r} is of type {info.get('type')!r} without an x-delayed-type "
             "argument: it is not a delayed-message plugin exchange, nothing to migrate"
         )
-
-    def binding(raw: dict[str, Any]) -> Binding:
-        return Binding(
-            source=raw["source"],
-            destination=raw["destination"],
-            destination_type=raw["destination_type"],
-            routing_key=raw["routing_key"],
-            arguments=dict(raw.get("arguments") or {}),
-        )
-
+    outgoing = await client.exchange_bindings(exchange, direction="source")
+    incoming = await client.exchange_bindings(exchange, direction="destination")
     delayed = info.get("messages_delayed")
     return ExchangeDefinition(
         name=exchange,
@@ -148,8 +103,8 @@ def read_exchange(management_url: str, *, vhost: str, exchange: str) -> Exchange
         delayed_type=delayed_type,
         durable=bool(info.get("durable", True)),
         arguments={k: v for k, v in arguments.items() if k != "x-delayed-type"},
-        outgoing=tuple(binding(b) for b in out),
-        incoming=tuple(binding(b) for b in into if b["source"] != ""),
+        outgoing=tuple(outgoing),
+        incoming=tuple(incoming),  # the default exchange's implicit bindings are left out
         messages_delayed=delayed if isinstance(delayed, int) else None,
     )
 
@@ -244,15 +199,15 @@ async def swap(connection: AbstractConnection, definition: ExchangeDefinition) -
         for b in definition.outgoing:
             if b.destination_type == "queue":
                 await underlay.queue_bind(
-                    b.destination, x.name, routing_key=b.routing_key, arguments=b.arguments
+                    b.destination, x.name, routing_key=b.routing_key, arguments=dict(b.arguments)
                 )
             else:
                 await underlay.exchange_bind(
-                    b.destination, x.name, routing_key=b.routing_key, arguments=b.arguments
+                    b.destination, x.name, routing_key=b.routing_key, arguments=dict(b.arguments)
                 )
         for b in definition.incoming:
             await underlay.exchange_bind(
-                delay, b.source, routing_key=b.routing_key, arguments=b.arguments
+                delay, b.source, routing_key=b.routing_key, arguments=dict(b.arguments)
             )
     except aiormq.exceptions.ChannelClosed as exc:
         raise ConfigurationError(

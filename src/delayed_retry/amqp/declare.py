@@ -57,7 +57,7 @@ def _explain(exc: aiormq.exceptions.ChannelClosed, what: str, wanted: Any) -> Ex
         return TopologyMismatchError(
             f"{what} exists with other arguments than this topology wants ({wanted}); the broker "
             f"said: {text}. delayed-retry never deletes anything by itself: delete {what} "
-            "(after moving its messages) or use another DelayTopology prefix"
+            "(after moving its messages) or use another prefix for the chain"
         )
     if isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
         return ConfigurationError(
@@ -127,7 +127,7 @@ async def _declare_level_queue(
             raise _explain(exc, f"queue {spec.name!r}", args) from exc
     raise TopologyMismatchError(  # pragma: no cover - the broker refuses one argument at a time
         f"queue {spec.name!r} keeps refusing the chain's arguments {args}; delete it (after "
-        "moving its messages) or use another DelayTopology prefix"
+        "moving its messages) or use another prefix for the chain"
     )
 
 

@@ -1,4 +1,4 @@
-"""The ``delayed-retry`` command line: one module per subcommand group."""
+"""The ``delayed-retry`` command line: one ``<command>_cmd.py`` module per command."""
 
 from delayed_retry.cli.main import main
 

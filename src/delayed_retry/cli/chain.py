@@ -12,26 +12,20 @@ bound to exactly one chain, that chain is used.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import base64
-import json
 import os
 import re
-import urllib.error
-import urllib.request
 from dataclasses import replace
-from typing import Any
-from urllib.parse import quote, unquote, urlsplit
 
 import aiormq
 from aio_pika.abc import AbstractConnection
 
+from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementClient, ManagementError
 from delayed_retry.amqp.declare import underlay_of
-from delayed_retry.cli.common import topology_from_args
+from delayed_retry.cli.common import management_client, topology_from_args
 from delayed_retry.cli.output import CommandError
 from delayed_retry.topology import DelayTopology, amqp_arguments
 
-__all__ = ["bound_chains", "checked_topology", "management_base"]
+__all__ = ["bound_chains", "checked_topology"]
 
 _DELIVERY = re.compile(r"^(?P<prefix>.+)\.delivery-(?P<levels>\d+)$")
 
@@ -51,50 +45,20 @@ async def _exists(connection: AbstractConnection, kind: str, name: str) -> bool:
             await channel.close()
 
 
-def management_base(url: str) -> str:
-    """The management API's address: ``$RABBITMQ_MANAGEMENT_URL``, else the AMQP host's 15672."""
-    given = os.environ.get("RABBITMQ_MANAGEMENT_URL")
-    if given:
-        return given.rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme == "amqps":
-        return f"https://{parts.hostname}:15671"
-    return f"http://{parts.hostname}:15672"
-
-
-def _management_bindings(url: str, queue: str) -> list[dict[str, Any]] | None:
-    """The queue's bindings from the management API, or ``None`` when it does not answer."""
-    parts = urlsplit(url)
-    vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
-    api = (
-        f"{management_base(url)}/api/queues/{quote(vhost, safe='')}/"
-        f"{quote(queue, safe='')}/bindings"
-    )
-    request = urllib.request.Request(api)
-    user, password = unquote(parts.username or "guest"), unquote(parts.password or "guest")
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    request.add_header("Authorization", f"Basic {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=2) as response:
-            data = json.load(response)
-    except (OSError, urllib.error.URLError, ValueError):
-        return None
-    return data if isinstance(data, list) else None
-
-
-async def bound_chains(url: str, queue: str) -> list[tuple[str, int]] | None:
+async def bound_chains(client: ManagementClient, queue: str) -> list[tuple[str, int]] | None:
     """``(prefix, levels)`` of every chain ``queue`` is bound to; ``None`` if unknowable.
 
-    Bindings cannot be read over AMQP: this asks the management API (see
-    :func:`management_base`; the URL's credentials) and gives ``None`` when
-    it does not answer.
+    Bindings cannot be read over AMQP: this asks the management API and gives
+    ``None`` when it cannot be read (not enabled, not reachable, the queue
+    missing): the check it serves is skipped then, not failed.
     """
-    bindings = await asyncio.to_thread(_management_bindings, url, queue)
-    if bindings is None:
+    try:
+        bindings = await client.queue_bindings(queue)
+    except ManagementError:
         return None
     found = set()
     for binding in bindings:
-        match = _DELIVERY.match(str(binding.get("source", "")))
+        match = _DELIVERY.match(binding.source)
         if match:
             found.add((match["prefix"], int(match["levels"])))
     return sorted(found)
@@ -121,7 +85,8 @@ async def checked_topology(
     topology = topology_from_args(args)
     given = bool(args.prefix or os.environ.get("DELAYED_RETRY_PREFIX"))
     if queue is not None:
-        chains = await bound_chains(args.url, queue)
+        client = management_client(args, timeout=BEST_EFFORT_TIMEOUT)
+        chains = await bound_chains(client, queue)
         if chains is not None and (topology.prefix, topology.levels) not in chains:
             if len(chains) == 1 and not given:
                 prefix, levels = chains[0]

@@ -3,12 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
+import signal
 from datetime import timedelta
 
+from delayed_retry.admin.management import (
+    DEFAULT_HTTP_PORT,
+    DEFAULT_HTTPS_PORT,
+    DEFAULT_TIMEOUT,
+    ManagementClient,
+)
 from delayed_retry.topology import DelayTopology
 
-__all__ = ["add_topology_args", "topology_from_args"]
+__all__ = [
+    "MANAGEMENT_URL_ENV",
+    "add_management_option",
+    "add_topology_args",
+    "management_client",
+    "management_url_from",
+    "topology_from_args",
+    "until_stopped",
+]
+
+MANAGEMENT_URL_ENV = "RABBITMQ_MANAGEMENT_URL"
+"""The environment variable that gives the management API's address when no option does."""
 
 
 def add_topology_args(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +42,10 @@ def add_topology_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--levels", type=int, default=defaults.levels, help="levels (%(default)s)")
     group.add_argument(
-        "--unit-ms", type=int, default=defaults.unit_ms, help="delay unit in ms (%(default)s)"
+        "--unit-ms",
+        type=_milliseconds,
+        default=defaults.unit_ms,
+        help="delay unit in ms (%(default)s)",
     )
     group.add_argument(
         "--queue-type",
@@ -38,6 +61,18 @@ def add_topology_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _milliseconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number of milliseconds of at least 1, e.g. 1 or 1000"
+        )
+    return value
+
+
 def topology_from_args(args: argparse.Namespace) -> DelayTopology:
     """The :class:`DelayTopology` the options describe."""
     prefix = args.prefix or os.environ.get("DELAYED_RETRY_PREFIX") or DelayTopology().prefix
@@ -49,3 +84,40 @@ def topology_from_args(args: argparse.Namespace) -> DelayTopology:
         unit=timedelta(milliseconds=args.unit_ms),
         queue_type=args.queue_type,
     )
+
+
+def add_management_option(parser: argparse.ArgumentParser, *, purpose: str) -> None:
+    """Add ``--management-url`` to a command that reads the management API for ``purpose``."""
+    parser.add_argument(
+        "--management-url",
+        metavar="URL",
+        default=None,
+        help=f"management HTTP API, for {purpose} (default: ${MANAGEMENT_URL_ENV}, else "
+        f"--url's host and credentials: http on {DEFAULT_HTTP_PORT} for amqp://, https on "
+        f"{DEFAULT_HTTPS_PORT} for amqps://)",
+    )
+
+
+def management_url_from(args: argparse.Namespace) -> str | None:
+    """``--management-url`` when the command has it and it was given, else the environment's."""
+    return getattr(args, "management_url", None) or os.environ.get(MANAGEMENT_URL_ENV) or None
+
+
+def management_client(
+    args: argparse.Namespace, *, timeout: float = DEFAULT_TIMEOUT
+) -> ManagementClient:
+    """The management API client of the broker at ``--url``, by the rules every command shares."""
+    return ManagementClient.for_broker(
+        args.url, management_url=management_url_from(args), timeout=timeout
+    )
+
+
+async def until_stopped() -> None:
+    """Wait for SIGINT or SIGTERM: the body of a long-running command such as ``forwarder``."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    print("running; stop with Ctrl-C or SIGTERM", flush=True)
+    await stop.wait()

@@ -6,7 +6,7 @@ any connection failure into one line with :func:`explain_connection_error`.
 
 from __future__ import annotations
 
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import aio_pika
 import aiormq
@@ -14,6 +14,7 @@ from aio_pika.abc import AbstractConnection
 
 from delayed_retry.cli.output import CommandError, UsageError
 from delayed_retry.urls import redact_url as redact
+from delayed_retry.urls import vhost_of
 
 __all__ = ["check_url", "connect", "explain_connection_error"]
 
@@ -42,11 +43,6 @@ def check_url(url: str) -> None:
         raise UsageError(f"--url {redact(url)!r} has port 0; the AMQP port is usually 5672")
 
 
-def _vhost(url: str) -> str:
-    path = urlsplit(url).path
-    return unquote(path[1:]) if len(path) > 1 else "/"
-
-
 def explain_connection_error(exc: BaseException, url: str) -> str | None:
     """One line for a failure to connect to ``url``, or ``None`` if ``exc`` is something else."""
     shown = redact(url)
@@ -57,7 +53,7 @@ def explain_connection_error(exc: BaseException, url: str) -> str | None:
         )
     if isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc):
         return (
-            f"the broker at {shown!r} refused to open virtual host {_vhost(url)!r} (it does not "
+            f"the broker at {shown!r} refused to open virtual host {vhost_of(url)!r} (it does not "
             "exist or the user may not use it); check the path of --url, e.g. '/' is %2F"
         )
     if isinstance(exc, aiormq.exceptions.AMQPConnectionError | ConnectionError | OSError):

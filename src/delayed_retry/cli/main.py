@@ -1,8 +1,9 @@
 """Entry point: builds the parser from the subcommand modules and runs the chosen one.
 
-Each module in :data:`SUBCOMMAND_MODULES` has ``register(subparsers)``, which
-adds its commands and sets ``func`` (``(args) -> int``) on each. Add a command
-group with one line there. Shared output, errors and option types live in
+Each module in :data:`SUBCOMMAND_MODULES` is named after the command it adds
+(``<command>_cmd.py``) and has ``register(subparsers)``, which adds it and sets
+``func`` (``(args) -> int``) on it and on each of its verbs. Add a command with
+one module and one line there. Shared output, errors and option types live in
 :mod:`delayed_retry.cli.output`, connecting in :mod:`delayed_retry.cli.connection`.
 
 Exit codes: 0 ok, 1 failure, 2 usage (bad options or values, including a
@@ -23,27 +24,31 @@ from collections.abc import Sequence
 import aiormq
 
 from delayed_retry.cli.connection import check_url, explain_connection_error
-from delayed_retry.cli.output import EXIT_FAILURE, EXIT_USAGE, CommandError, for_command_line
+from delayed_retry.cli.output import EXIT_FAILURE, EXIT_USAGE, CommandError
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.urls import redact_url
 
 __all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "run"]
 
 SUBCOMMAND_MODULES = (
-    "delayed_retry.cli.topology_cmd",
+    "delayed_retry.cli.declare_cmd",
     "delayed_retry.cli.status_cmd",
     "delayed_retry.cli.publish_cmd",
     "delayed_retry.cli.parking_cmd",
     "delayed_retry.cli.demo_cmd",
+    "delayed_retry.cli.archive_cmd",
     "delayed_retry.cli.spark_cmd",
     "delayed_retry.cli.alerts_cmd",
-    "delayed_retry.cli.chain_cmd",
+    "delayed_retry.cli.topology_cmd",
     "delayed_retry.cli.router_cmd",
     "delayed_retry.cli.teardown_cmd",
-    "delayed_retry.cli.delivery_cmd",
-    "delayed_retry.cli.migrate_cmd",
+    "delayed_retry.cli.forwarder_cmd",
+    "delayed_retry.cli.front_door_cmd",
+    "delayed_retry.cli.migrate_plugin_cmd",
     "delayed_retry.cli.web_cmd",
 )
+"""One module per top-level command, named after it (``front-door`` is ``front_door_cmd``);
+a command's verbs may live in a module of their own (``topology_migrate_cmd``)."""
 
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -125,10 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(exc))
         return exc.exit_code
     except ConfigurationError as exc:  # a value the user gave is wrong: a usage error
-        _error(for_command_line(str(exc)))
+        _error(str(exc))
         return EXIT_USAGE
-    except DelayedRetryError as exc:
-        _error(for_command_line(str(exc)))
+    except DelayedRetryError as exc:  # its message names the object and the fix already
+        _error(str(exc))
         return EXIT_FAILURE
     except BrokenPipeError:
         if _stdout_closed():  # `delayed-retry parking list | head -1`: the reader is done

@@ -4,7 +4,9 @@ Use these in every subcommand so the command line behaves one way:
 
 * raise :class:`CommandError` (exit 1) for a failure and :class:`UsageError`
   (exit 2) for bad input, with one line naming the object, the problem and
-  the command that fixes it; ``main`` prints it as ``delayed-retry: error: ...``;
+  the command that fixes it; ``main`` prints it as ``delayed-retry: error: ...``,
+  and prints the library's own errors the same way, word for word (so their
+  messages name the fix for both code and command line);
 * :func:`add_json_option` on every read command, then :func:`emit_json`;
 * :func:`print_table` for human output (it fits the terminal);
 * :func:`progress_bar` around long operations (a bar only on a terminal);
@@ -19,7 +21,7 @@ import argparse
 import base64
 import dataclasses
 import json
-import re
+import math
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,7 +29,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TextIO
 
-from delayed_retry.durations import parse_duration
+from delayed_retry.durations import format_duration, parse_duration
 from delayed_retry.errors import ConfigurationError
 
 __all__ = [
@@ -39,8 +41,8 @@ __all__ = [
     "add_json_option",
     "confirm",
     "duration_type",
-    "for_command_line",
     "emit_json",
+    "format_at_most",
     "header_type",
     "print_table",
     "progress_bar",
@@ -66,38 +68,6 @@ class UsageError(CommandError):
     """Bad input on the command line: reported as one line, exit 2."""
 
     exit_code = EXIT_USAGE
-
-
-# The library's errors advise Python callers; on the command line the same fix is an option.
-_API_ADVICE = (
-    (
-        re.compile(r"\(declare_topology\(channel, DelayTopology\(prefix=('[^']*')\)\)\)"),
-        r"(delayed-retry declare --prefix \1)",
-    ),
-    (
-        re.compile(r"\(DelayTopology\(prefix=('[^']*')\)\.declare\(channel\)\)"),
-        r"(delayed-retry declare --prefix \1)",
-    ),
-    (
-        re.compile(r"DelayTopology\(prefix=('[^']*'), levels=(\d+)\)"),
-        r"the chain --prefix \1 --levels \2",
-    ),
-    (re.compile(r"use another DelayTopology prefix"), "use another --prefix"),
-    (re.compile(r"DelayTopology prefix="), "--prefix "),
-    (re.compile(r"DelayTopology levels="), "--levels "),
-    (re.compile(r"DelayTopology unit="), "--unit-ms "),
-    (
-        re.compile(r"Declare the queue before consuming from it or scheduling messages for it"),
-        "Create the queue first (delayed-retry declare --bind QUEUE, or your application)",
-    ),
-)
-
-
-def for_command_line(message: str) -> str:
-    """``message`` with advice for Python callers turned into the options that do the same."""
-    for pattern, replacement in _API_ADVICE:
-        message = pattern.sub(replacement, message)
-    return message
 
 
 # -- option types ---------------------------------------------------------------
@@ -165,6 +135,18 @@ def to_jsonable(value: Any) -> Any:
 def emit_json(value: Any, *, stream: TextIO | None = None) -> None:
     """Print ``value`` as one JSON document on stdout."""
     print(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False), file=stream or sys.stdout)
+
+
+# -- durations ------------------------------------------------------------------
+def format_at_most(seconds: float) -> str:
+    """An upper bound for people, rounded *up* to the precision shown: 4194 s is ``1 h 10 m``.
+
+    Use it for "due within" and similar limits, where rounding down would promise too early.
+    """
+    for size, step in ((86400, 3600), (3600, 60), (60, 1)):
+        if seconds >= size:
+            return format_duration(math.ceil(seconds / step) * step)
+    return format_duration(seconds)
 
 
 # -- tables -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ import sys
 from datetime import datetime, timedelta
 from typing import Any
 
+from delayed_retry.admin.chain_probe import queue_depth
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.common import add_topology_args
 from delayed_retry.cli.connection import connect
@@ -75,6 +76,12 @@ async def _publish(args: argparse.Namespace) -> int:
     due_at = args.at if args.at is not None else now + timedelta(seconds=args.delay)
     connection = await connect(args.url)
     async with connection:
+        if await queue_depth(connection, args.queue) is None:
+            raise UsageError(
+                f"queue {args.queue!r} does not exist, so nothing can be scheduled for it; "
+                "create it first (start its consumer, or run 'delayed-retry declare --create "
+                f"--bind {args.queue}' with the chain's options)"
+            )
         topology = await checked_topology(connection, args, queue=args.queue)
         if due_at - now > topology.max_delay:
             raise UsageError(

@@ -1,65 +1,215 @@
-"""``delayed-retry declare``."""
+"""``delayed-retry topology verify|show|migrate``: check the live chain, see what waits in it.
+
+``migrate`` lives in :mod:`delayed_retry.cli.topology_migrate_cmd`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 import aio_pika
 
-from delayed_retry.admin.chain_probe import queue_depth
-from delayed_retry.amqp.declare import declare_topology
-from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.admin.chain_diff import Difference, compare
+from delayed_retry.admin.chain_probe import level_depths, probe_over_amqp, queue_depth
+from delayed_retry.admin.management import ManagementError
+from delayed_retry.cli.common import (
+    add_management_option,
+    add_topology_args,
+    management_client,
+    topology_from_args,
+)
 from delayed_retry.cli.main import run
-from delayed_retry.cli.output import UsageError
+from delayed_retry.cli.output import add_json_option, emit_json, format_at_most, print_table
+from delayed_retry.cli.topology_migrate_cmd import register_migrate
+from delayed_retry.durations import format_duration
+from delayed_retry.topology import DelayTopology
+from delayed_retry.urls import redact_url
 
 __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
-    """Add the topology commands."""
-    declare = sub.add_parser(
-        "declare",
-        help="declare the delay chain (and bind queues to it)",
-        description="Declare the delay chain, delivery, unroutable and parking exchanges and "
-        "queues. Idempotent; fails naming any object that exists with other arguments.",
+    """Add ``topology verify``, ``topology show`` and ``topology migrate``."""
+    group = sub.add_parser(
+        "topology",
+        help="verify the live chain against the configuration, show what waits, migrate",
+        description="Operate on the delay chain as a whole.",
     )
-    add_topology_args(declare)
-    declare.add_argument(
-        "--bind", metavar="QUEUE", action="append", default=[], help="queue to bind (repeatable)"
+    verbs = group.add_subparsers(dest="topology_command", required=True, metavar="VERB")
+
+    verify = verbs.add_parser(
+        "verify",
+        help="compare the live chain with the configuration; exit 1 on any difference",
+        description="Compare the live chain (exchanges, queues, arguments, bindings, alternate "
+        "exchanges, policies that apply) with the configuration and print each difference "
+        "with its fix. Bindings and policies are read through the management HTTP API when it "
+        "is reachable; otherwise only what AMQP can check is checked, and the output says so. "
+        "Read-only. Exit status: 0 no difference, 1 differences, 2 usage or connection error.",
     )
-    declare.add_argument(
-        "--create",
-        action="store_true",
-        help="create each --bind queue that does not exist (durable, of --queue-type)",
+    add_topology_args(verify)
+    verify.add_argument(
+        "--queue",
+        metavar="QUEUE",
+        action="append",
+        default=[],
+        help="also check QUEUE's binding to the chain and its parking queue (repeatable)",
     )
-    declare.set_defaults(func=lambda args: run(_declare(args)))
+    add_management_option(verify, purpose="reading bindings and policies")
+    verify.add_argument(
+        "--no-management", action="store_true", help="check over AMQP only, without the HTTP API"
+    )
+    add_json_option(verify)
+    verify.set_defaults(func=lambda args: run(_verify(args)))
+
+    show = verbs.add_parser(
+        "show",
+        help="levels with their delay range, messages per level, and when they are due",
+        description="Show each level of the chain: how long it holds a message, which delays "
+        "enter there, how many messages wait in it and the latest they are due. Read-only.",
+    )
+    add_topology_args(show)
+    show.add_argument("--all", action="store_true", help="also list empty levels")
+    add_json_option(show)
+    show.set_defaults(func=lambda args: run(_show(args)))
+    register_migrate(verbs)
 
 
-async def _declare(args: argparse.Namespace) -> int:
+async def _verify(args: argparse.Namespace) -> int:
+    topology = topology_from_args(args)
+    queues = tuple(args.queue)
+    note: str | None = None
+    differences: list[Difference]
+    if not args.no_management:
+        try:
+            live = await management_client(args).live_chain()
+        except ManagementError as exc:
+            note = f"{exc}. Checked existence and arguments over AMQP only"
+        else:
+            differences = compare(topology, live, queues=queues)
+            return _report(args, topology, differences, checked="management API", note=None)
+    else:
+        note = "--no-management: checked existence and arguments over AMQP only"
+    connection = await aio_pika.connect(args.url)
+    async with connection:
+        differences = await probe_over_amqp(connection, topology, queues=queues)
+    note = f"{note}; bindings, alternate exchanges in use and policies were NOT checked"
+    return _report(args, topology, differences, checked="AMQP", note=note)
+
+
+def _report(
+    args: argparse.Namespace,
+    topology: DelayTopology,
+    differences: list[Difference],
+    *,
+    checked: str,
+    note: str | None,
+) -> int:
+    if args.json:
+        emit_json(
+            {
+                "prefix": topology.prefix,
+                "checked_through": checked,
+                "complete": note is None,
+                "note": note,
+                "differences": differences,
+            }
+        )
+    else:
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+        for difference in differences:
+            print(f"✗ {difference.line()}")
+        if differences:
+            print(
+                f"{len(differences)} difference(s) between the live chain {topology.prefix!r} "
+                f"at {redact_url(args.url)} and the configuration"
+            )
+        else:
+            print(
+                f"✓ the live chain {topology.prefix!r} matches the configuration "
+                f"({topology.levels} levels of {topology.unit_ms} ms, {topology.queue_type})"
+                + ("" if note is None else ", as far as AMQP can tell")
+            )
+    return 1 if differences else 0
+
+
+async def _show(args: argparse.Namespace) -> int:
     topology = topology_from_args(args)
     connection = await aio_pika.connect(args.url)
     async with connection:
-        for queue in args.bind:
-            if await queue_depth(connection, queue) is not None:
-                continue
-            if not args.create:
-                raise UsageError(
-                    f"queue {queue!r} does not exist, so it cannot be bound to the chain; "
-                    "create it first, or add --create to create it"
-                )
-            created = await connection.channel()
-            await created.declare_queue(
-                queue, durable=True, arguments={"x-queue-type": topology.queue_type}
-            )
-            await created.close()
-            print(f"created queue {queue!r} ({topology.queue_type})")
-        channel = await connection.channel()
-        await declare_topology(channel, topology, queues=args.bind)
-    print(
-        f"declared topology {topology.prefix!r}: {topology.levels} levels of "
-        f"{topology.unit_ms} ms ({topology.queue_type}), max delay {topology.max_delay}"
-    )
-    for queue in args.bind:
-        print(f"bound {queue!r} to {topology.delivery_exchange!r}")
+        depths = await level_depths(connection, topology)
+        others = {
+            "unroutable": await queue_depth(connection, topology.unroutable_queue),
+            "rejected": await queue_depth(connection, topology.rejected_queue),
+            "alert copies": await queue_depth(connection, topology.alerts_queue),
+        }
+    unit = topology.unit_ms / 1000
+    rows = []
+    for depth in depths:
+        hold = (1 << depth.level) * unit
+        rows.append(
+            {
+                "level": depth.level,
+                "queue": depth.name,
+                "holds_s": hold,
+                # Delays entering at this level: its bit is the highest 1.
+                "entering_delays_s": [hold, ((2 << depth.level) - 1) * unit],
+                "messages": depth.messages,
+                # Up to a full hold here, then up to every lower bit.
+                "due_within_s": ((2 << depth.level) - 1) * unit,
+            }
+        )
+    if args.json:
+        emit_json({"prefix": topology.prefix, "levels": rows, "queues": others})
+    else:
+        _print_show(args, topology, rows, others)
+    missing = [r["queue"] for r in rows if r["messages"] is None]
+    missing += [k for k, v in others.items() if v is None]
+    if missing:
+        print(
+            f"{len(missing)} queue(s) of the chain are missing; check --prefix/--levels, or run "
+            "'delayed-retry topology verify' with the same options",
+            file=sys.stderr,
+        )
+        return 1
     return 0
+
+
+def _print_show(
+    args: argparse.Namespace,
+    topology: DelayTopology,
+    rows: list[dict[str, Any]],
+    others: dict[str, int | None],
+) -> None:
+    print(
+        f"chain {topology.prefix!r}: {topology.levels} levels of "
+        f"{format_duration(topology.unit_ms / 1000)} ({topology.queue_type}), longest delay "
+        f"{format_duration(topology.max_delay.total_seconds())}"
+    )
+    shown = [r for r in rows if args.all or r["messages"] != 0]
+    if shown:
+        table = []
+        for r in shown:
+            low, high = r["entering_delays_s"]
+            table.append(
+                (
+                    r["level"],
+                    format_duration(r["holds_s"]),
+                    f"{format_duration(low)} – {format_at_most(high)}",
+                    "missing" if r["messages"] is None else r["messages"],
+                    f"within {format_at_most(r['due_within_s'])}" if r["messages"] else "",
+                )
+            )
+        print_table(("level", "holds", "delays entering", "messages", "due"), table, right=(0, 3))
+    hidden = len(rows) - len(shown)
+    if hidden:
+        print(f"({hidden} empty level(s) hidden; --all lists them)")
+    waiting = sum(r["messages"] or 0 for r in rows)
+    if waiting:
+        latest = max(r["due_within_s"] for r in rows if r["messages"])
+        print(f"{waiting} message(s) waiting, all due within {format_at_most(latest)}")
+    else:
+        print("no message waiting in the chain")
+    print("   ".join(f"{k}: {'missing' if v is None else v}" for k, v in others.items()))

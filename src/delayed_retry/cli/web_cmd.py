@@ -10,7 +10,12 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.cli.common import (
+    add_management_option,
+    add_topology_args,
+    management_url_from,
+    topology_from_args,
+)
 from delayed_retry.cli.main import run
 from delayed_retry.errors import ConfigurationError
 
@@ -49,7 +54,7 @@ def register(sub: Any) -> None:
         default=Path("delayed-retry-audit.jsonl"),
         help="append every replay and purge to this JSON-lines file (%(default)s)",
     )
-    parser.add_argument("--management-url", help="management API for finding parking queues")
+    add_management_option(parser, purpose="finding the parking queues when no --queue is given")
     add_topology_args(parser)
     parser.set_defaults(func=lambda args: run(_serve(args)))
 
@@ -77,7 +82,7 @@ async def _serve(args: argparse.Namespace) -> int:
         credentials=credentials,
         read_only=args.read_only,
         audit_log=args.audit_log,
-        management_url=args.management_url,
+        management_url=management_url_from(args),
     )
     runner = web.AppRunner(create_app(settings), access_log=None, shutdown_timeout=5)
     await runner.setup()

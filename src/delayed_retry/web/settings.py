@@ -80,7 +80,9 @@ class WebSettings:
 
     ``queues`` are the work queues whose parking lots it shows (their parking
     queues are ``<queue>.parking``); empty means: find them through the
-    management API. ``read_only`` hides and refuses every action.
+    management API at ``management_url`` (default: the broker's host, by the
+    rule of :func:`~delayed_retry.admin.management.management_url_for`).
+    ``read_only`` hides and refuses every action.
     ``audit_log`` is a JSON-lines file every action is appended to (the
     ``delayed_retry.web.audit`` logger gets each entry too).
     """

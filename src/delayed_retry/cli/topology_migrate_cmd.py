@@ -11,13 +11,13 @@ import aio_pika
 
 from delayed_retry.admin.chain_migration import migrate_chain, source_depths
 from delayed_retry.admin.other_chains import SourceChain
-from delayed_retry.cli.chain_cmd import format_at_most
-from delayed_retry.cli.common import topology_from_args
+from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
     UsageError,
     add_json_option,
     emit_json,
+    format_at_most,
     progress_bar,
 )
 from delayed_retry.topology import DelayTopology
@@ -26,9 +26,7 @@ __all__ = ["register_migrate", "source_from_args"]
 
 
 def register_migrate(verbs: Any) -> None:
-    """Add ``topology migrate`` to the ``topology`` group."""
-    from delayed_retry.cli.common import add_topology_args
-
+    """Add ``topology migrate`` to the ``topology`` group (called by :mod:`.topology_cmd`)."""
     migrate = verbs.add_parser(
         "migrate",
         help="move messages waiting in another delay chain into this one, never early",

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import aio_pika
 
 from delayed_retry.admin.plugin_migration import manual_steps, plan, prepare, read_exchange, swap
-from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.cli.common import (
+    add_management_option,
+    add_topology_args,
+    management_client,
+    topology_from_args,
+)
 from delayed_retry.cli.main import run
 
 __all__ = ["register"]
@@ -27,12 +29,7 @@ def register(sub: Any) -> None:
         "ordinary exchange with the same bindings), and print the steps left to people.",
     )
     cmd.add_argument("--exchange", required=True, help="the plugin exchange (x-delayed-message)")
-    cmd.add_argument(
-        "--management-url",
-        default=os.environ.get("RABBITMQ_MANAGEMENT_URL"),
-        help="management API, e.g. http://guest:guest@127.0.0.1:15672 "
-        "(default: $RABBITMQ_MANAGEMENT_URL, else --url's host and credentials on port 15672)",
-    )
+    add_management_option(cmd, purpose="reading EXCHANGE and its bindings")
     cmd.add_argument(
         "--swap",
         action="store_true",
@@ -43,24 +40,8 @@ def register(sub: Any) -> None:
     cmd.set_defaults(func=lambda args: run(_migrate(args)))
 
 
-def management_url_for(amqp_url: str) -> str:
-    """The management API URL on the AMQP URL's host, with its credentials, port 15672."""
-    parts = urlsplit(amqp_url)
-    auth = f"{parts.username or 'guest'}:{parts.password or 'guest'}@"
-    return f"http://{auth}{parts.hostname or '127.0.0.1'}:15672"
-
-
-def vhost_of(amqp_url: str) -> str:
-    """The vhost an AMQP URL names (``/`` when it names none)."""
-    path = urlsplit(amqp_url).path
-    return unquote(path[1:]) if len(path) > 1 else "/"
-
-
 async def _migrate(args: argparse.Namespace) -> int:
-    management = args.management_url or management_url_for(args.url)
-    definition = await asyncio.to_thread(
-        read_exchange, management, vhost=vhost_of(args.url), exchange=args.exchange
-    )
+    definition = await read_exchange(management_client(args), exchange=args.exchange)
     stage = "swap" if args.swap else "prepare"
     print(
         f"exchange {definition.name!r}: type {definition.type}, x-delayed-type "

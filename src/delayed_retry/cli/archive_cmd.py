@@ -1,0 +1,60 @@
+"""``delayed-retry archive``: drain a parking queue into Parquet files."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.cli.output import UsageError, duration_type
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    """Add the ``archive`` command."""
+    p = sub.add_parser(
+        "archive",
+        help="drain a parking queue into Parquet files (acked only once written)",
+        description="Drain a parking queue into Parquet files partitioned by date and queue.",
+    )
+    p.add_argument("--queue", required=True, help="the parking queue, e.g. orders.parking")
+    p.add_argument("--to", required=True, help="folder or URI (s3://…) of the archive")
+    p.add_argument("--batch-size", type=int, default=1000, help="messages per part file")
+    p.add_argument(
+        "--idle-timeout",
+        type=duration_type,
+        default=1.0,
+        help="stop after the queue is empty this long, e.g. 1s, 500ms (1s)",
+    )
+    p.add_argument("--max", type=int, default=None, help="archive at most this many messages")
+    p.add_argument(
+        "--force", action="store_true", help="drain a queue whose name does not end in .parking"
+    )
+    add_topology_args(p)
+    p.set_defaults(func=_archive)
+
+
+def _archive(args: argparse.Namespace) -> int:
+    from delayed_retry.spark.archive import archive
+
+    if not args.queue.endswith(".parking") and not args.force:
+        raise UsageError(
+            f"--queue {args.queue!r} is not a parking queue (QUEUE.parking): archive drains it, "
+            f"taking messages away from its consumers. Did you mean --queue {args.queue}.parking? "
+            "Add --force to drain this queue anyway"
+        )
+    result = asyncio.run(
+        archive(
+            args.url,
+            queue=args.queue,
+            to=args.to,
+            batch_size=args.batch_size,
+            idle_timeout=args.idle_timeout,
+            max_messages=args.max,
+            topology=topology_from_args(args),
+        )
+    )
+    print(f"archived {result.messages} messages of {result.queue!r} in {len(result.files)} files")
+    return 0

@@ -1,0 +1,49 @@
+"""``delayed-retry forwarder``: deliver delays addressed to exchanges, until stopped.
+
+It runs until SIGINT or SIGTERM; messages it holds unacked go back to their
+queue when it stops or dies, so a restart (or another instance) picks them up.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import aio_pika
+
+from delayed_retry.cli.common import add_topology_args, topology_from_args, until_stopped
+from delayed_retry.cli.main import run
+from delayed_retry.delivery.forwarder import Forwarder
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    """Add the ``forwarder`` command."""
+    fwd = sub.add_parser(
+        "forwarder",
+        help="deliver delays addressed to exchanges (publish_delayed(exchange=...))",
+        description="Consume the forward queue of each EXCHANGE and publish its messages to "
+        "EXCHANGE with their routing key: confirm, then ack. Several may run at once.",
+    )
+    fwd.add_argument(
+        "--exchange", action="append", required=True, help="an exchange to forward to (repeat)"
+    )
+    fwd.add_argument("--prefetch", type=int, default=100, help="unacked at once (%(default)s)")
+    add_topology_args(fwd)
+    fwd.set_defaults(func=lambda args: run(_forwarder(args)))
+
+
+async def _forwarder(args: argparse.Namespace) -> int:
+    connection = await aio_pika.connect_robust(args.url)
+    async with connection:
+        forwarder = Forwarder(
+            connection,
+            exchanges=args.exchange,
+            topology=topology_from_args(args),
+            prefetch=args.prefetch,
+        )
+        async with forwarder:
+            await until_stopped()
+        print(f"forwarded {forwarder.forwarded}, parked {forwarder.parked}")
+    return 0
