@@ -1,11 +1,14 @@
-"""How the command line words a broker refusal. No broker."""
+"""How the command line words a broker refusal, and what a teardown refusal advises. No broker."""
 
 from __future__ import annotations
 
 import aiormq
 import pytest
 
+from delayed_retry import DelayTopology
+from delayed_retry.admin.teardown import deletion_order
 from delayed_retry.cli.connection import explain_broker_refusal, explain_connection_error
+from delayed_retry.cli.teardown_cmd import how_to_empty
 
 URL = "amqp://guest:s3cret@broker.example:5672/"
 QUORUM_DELETE = (
@@ -57,3 +60,35 @@ def test_connection_failures_keep_their_wording(exc: BaseException) -> None:
     assert explain_broker_refusal(exc, URL) is None
     line = explain_connection_error(exc, URL)
     assert line is not None and line.startswith("cannot reach the broker at")
+
+
+def test_teardown_goes_down_the_levels_then_to_the_queues_the_chain_feeds() -> None:
+    topology = DelayTopology(prefix="P", levels=3)
+    names = [spec.name for spec in deletion_order(topology, ["orders"])]
+    assert names == [
+        "P.level.02",
+        "P.level.01",
+        "P.level.00",
+        "orders.parking",
+        "P.unroutable",
+        "P.rejected",
+        "P.parking.alerts",
+    ]
+
+
+def test_each_blocking_queue_gets_the_command_that_empties_it() -> None:
+    topology = DelayTopology(prefix="P", levels=6)
+    options = "--prefix P --levels 6 --unit-ms 1 --queue-type quorum"
+    level = how_to_empty(topology, "P.level.03")
+    assert f"'delayed-retry topology show {options}'" in level
+    assert "topology migrate --prefix NEW --from delayed-retry --from-prefix P" in level
+    assert "--purge-alerts" in how_to_empty(topology, "P.parking.alerts")
+    assert (
+        f"'delayed-retry parking purge --queue P.unroutable --parking-queue P.unroutable "
+        f"--all {options}'"
+    ) in how_to_empty(topology, "P.unroutable")
+    assert "delayed-retry router --queue QUEUE" in how_to_empty(topology, "P.rejected")
+    parking = how_to_empty(topology, "orders.parking", ["orders"])
+    assert f"'delayed-retry parking purge --queue orders --all {options}'" in parking
+    nsb = how_to_empty(DelayTopology.nservicebus(), DelayTopology.nservicebus().level_name(4))
+    assert "--from nservicebus" in nsb
