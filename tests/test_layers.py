@@ -26,6 +26,7 @@ PACKAGE = "delayed_retry"
 PURE_IN_SUBPACKAGES = (
     "consumer.rejections",
     "parking.records",
+    "parking.moves",
     "admin.chain_diff",
     "admin.other_chains",
 )

@@ -27,7 +27,7 @@ from delayed_retry.headers import (
     X_REPLAYED_BY,
     X_RETRY,
 )
-from delayed_retry.parking import lot as parking_lot
+from delayed_retry.parking import canary as parking_canary
 from delayed_retry.parking.lot import (
     MoveProgress,
     ParkedFilter,
@@ -190,16 +190,16 @@ async def test_a_canary_that_parks_again_stops_the_replay(
     async def no_scanning(*args: object, **kwargs: object) -> bool:
         raise AssertionError("the canary is seen on the parking exchange, not by scanning")
 
-    monkeypatch.setattr(parking_lot, "_canary_parked_again", no_scanning)
-    watches: list[parking_lot._ParkWatch | None] = []
-    open_watch = parking_lot._ParkWatch.open
+    monkeypatch.setattr(parking_canary, "scan_for_canary", no_scanning)
+    watches: list[parking_canary.ParkWatch | None] = []
+    open_watch = parking_canary.ParkWatch.open
 
-    async def recorded(*args: Any, **kwargs: Any) -> parking_lot._ParkWatch | None:
+    async def recorded(*args: Any, **kwargs: Any) -> parking_canary.ParkWatch | None:
         watch = await open_watch(*args, **kwargs)
         watches.append(watch)
         return watch
 
-    monkeypatch.setattr(parking_lot._ParkWatch, "open", recorded)
+    monkeypatch.setattr(parking_canary.ParkWatch, "open", recorded)
 
     @with_delayed_retry(queue=unique, topology=topology)
     async def still_broken(message: AbstractIncomingMessage) -> None:

@@ -1,17 +1,23 @@
-"""``teardown`` and ``declare --bind --create`` against a real broker."""
+"""``teardown`` (classic and quorum chains) and ``declare --bind --create`` on a real broker."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shlex
+from datetime import timedelta
 
 import aio_pika
 import aiormq
 import pytest
+from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry import DelayTopology, publish_delayed
+from delayed_retry.admin.teardown import plan_teardown, tear_down
+from delayed_retry.amqp.declare import declare_topology
 from delayed_retry.cli import main
-from tests.support.queues import delete_all
+from tests.support.queues import cleaned, delete_all, depth, wait_for_depth
 
 pytestmark = pytest.mark.broker
 
@@ -111,3 +117,135 @@ async def _purge(url: str, queue: str) -> int:
         channel = await connection.channel()
         result = await (await channel.get_queue(queue)).purge()
         return int(result.message_count or 0)
+
+
+async def _publish_to_nowhere(url: str, topology: DelayTopology) -> None:
+    """A message into the chain for a queue nothing binds: it ends in the unroutable queue,
+    and the alert queue gets a copy."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        route = topology.route(5, "nowhere")
+        exchange = await channel.get_exchange(route.exchange)
+        await exchange.publish(aio_pika.Message(b"lost"), routing_key=route.routing_key)
+        await wait_for_depth(connection, topology.unroutable_queue, 1)
+        await wait_for_depth(connection, topology.alerts_queue, 1)
+
+
+def test_a_quorum_chain_is_torn_down_once_what_blocks_it_is_emptied_as_the_refusal_says(
+    rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topology = DelayTopology(prefix=unique, levels=6)  # quorum: queue.delete refuses if-empty
+    url = ["--url", rabbitmq_url]
+    topo = ["--prefix", unique, "--levels", "6"]
+    teardown = [*url, "teardown", *topo]
+    try:
+        assert main([*url, "declare", *topo]) == 0
+        assert "(quorum)" in capsys.readouterr().out
+        asyncio.run(_publish_to_nowhere(rabbitmq_url, topology))
+
+        # Each queue in the way is named with its count and what empties it; nothing goes.
+        assert main([*teardown, "--yes"]) == 1
+        captured = capsys.readouterr()
+        unroutable, alerts = topology.unroutable_queue, topology.alerts_queue
+        assert f"✗ queue {unroutable!r} holds 1 message(s)" in captured.out
+        assert f"chain {unique!r} is not empty ({unroutable}, {alerts}); nothing removed" in (
+            captured.err
+        )
+        assert f"queue {alerts!r} holds 1 message(s): add --purge-alerts" in captured.err
+        assert "cannot reach" not in captured.err
+        assert asyncio.run(_exists(rabbitmq_url, topology.level_name(0)))
+
+        # The command the refusal gives for the unroutable queue empties it.
+        purge = re.search(r"'delayed-retry (parking purge [^']*)'", captured.err)
+        assert purge is not None and f"--parking-queue {unroutable}" in purge.group(1)
+        assert main([*url, *shlex.split(purge.group(1)), "--yes"]) == 0
+        assert "purged 1 message(s)" in capsys.readouterr().out
+
+        assert main([*teardown, "--purge-alerts", "--yes"]) == 0
+        out = capsys.readouterr().out
+        assert f"removed chain {unique!r}: 9 queue(s), 10 exchange(s)" in out
+        for name in (topology.level_name(5), topology.level_name(0), unroutable, alerts):
+            assert not asyncio.run(_exists(rabbitmq_url, name)), name
+        assert not asyncio.run(_exchange_exists(rabbitmq_url, topology.level_name(0)))
+    finally:
+        asyncio.run(_delete(rabbitmq_url, topology, []))
+
+
+async def test_a_quorum_queue_that_receives_a_message_after_the_plan_stops_the_teardown(
+    connection: AbstractRobustConnection, unique: str
+) -> None:
+    # Levels of a minute: a message put in level 2 stays there for the test.
+    topology = DelayTopology(prefix=unique, levels=4, unit=timedelta(minutes=1))
+    async with cleaned(connection, topology, []):
+        channel = await connection.channel()
+        await declare_topology(channel, topology)
+        plan = await plan_teardown(connection, topology)
+        assert not plan.blocked and plan.queues[:4] == [
+            topology.level_name(n) for n in (3, 2, 1, 0)
+        ]
+        assert plan.queue_types[topology.level_name(2)] == "quorum"
+        assert plan.queue_types[topology.alerts_queue] == "classic"
+
+        await channel.default_exchange.publish(
+            aio_pika.Message(b"late"), routing_key=topology.level_name(2)
+        )
+        await wait_for_depth(connection, topology.level_name(2), 1)
+        outcome = await tear_down(connection, plan)
+
+        assert outcome.refused == topology.level_name(2)
+        assert outcome.reason == "holds 1 message(s)"
+        assert outcome.queues == [topology.level_name(3)] and outcome.exchanges == []
+        assert await depth(connection, topology.level_name(2)) == 1  # kept, with its message
+        assert await depth(connection, topology.level_name(0)) == 0  # the queues after it too
+        assert not await _queue_missing(connection, topology.alerts_queue)
+        assert await _queue_missing(connection, topology.level_name(3))
+
+
+async def test_a_queue_with_consumers_blocks_the_teardown(
+    connection: AbstractRobustConnection, unique: str
+) -> None:
+    topology = DelayTopology(prefix=unique, levels=2)
+    async with cleaned(connection, topology, []):
+        channel = await connection.channel()
+        await declare_topology(channel, topology)
+        rejected = await channel.get_queue(topology.rejected_queue)
+
+        async def handle(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            await message.ack()
+
+        tag = await rejected.consume(handle)
+        plan = await plan_teardown(connection, topology)
+        assert plan.blocked and plan.consumers == {topology.rejected_queue: 1}
+        assert topology.rejected_queue not in plan.queues
+        await rejected.cancel(tag)
+
+
+async def test_a_broker_refusal_is_reported_as_a_refusal_not_as_an_unreachable_broker(
+    connection: AbstractRobustConnection,
+    rabbitmq_url: str,
+    unique: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Another connection's exclusive queue: a passive declare is refused (RESOURCE_LOCKED).
+    channel = await connection.channel()
+    locked = await channel.declare_queue(f"{unique}.parking", exclusive=True)
+    argv = ["--url", rabbitmq_url, "teardown", "--prefix", unique, "--levels", "2"]
+    code = await asyncio.to_thread(main, [*argv, "--queue", unique, "--dry-run"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert "refused an operation of this command: RESOURCE_LOCKED" in err[0]
+    assert f"locked queue '{locked.name}'" in err[0]
+    assert "cannot reach" not in err[0] and "check the host and port" not in err[0]
+
+
+async def _queue_missing(connection: AbstractRobustConnection, name: str) -> bool:
+    channel = await connection.channel()
+    try:
+        await channel.declare_queue(name, passive=True)
+        return False
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return True
+    finally:
+        if not channel.is_closed:
+            await channel.close()

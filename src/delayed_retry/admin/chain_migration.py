@@ -23,6 +23,7 @@ from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 from delayed_retry.admin.chain_probe import queue_depth
 from delayed_retry.admin.other_chains import SourceChain, plan_move
 from delayed_retry.amqp import publish as publishing
+from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.declare import declarer_for, underlay_of
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError, PublishError
@@ -155,8 +156,7 @@ async def migrate_chain(
         for level_report in report.levels.values():
             level_report.left = await queue_depth(connection, level_report.queue) or 0
     finally:
-        if not channel.is_closed:
-            await channel.close()
+        await close_quietly(channel)
     return report
 
 

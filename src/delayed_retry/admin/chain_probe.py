@@ -9,30 +9,44 @@ Each probe runs on a channel of its own, since a refusal closes the channel.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiormq
+import aiormq.abc
 from aio_pika.abc import AbstractConnection
+from pamqp import commands as amqp_commands
 
 from delayed_retry.admin.chain_diff import Difference, collapse_absent_chain, topology_options
+from delayed_retry.amqp.channels import on_scratch_channel, underlay_connection
 from delayed_retry.topology import DelayTopology, QueueSpec, amqp_arguments
 
-__all__ = ["QueueDepth", "level_depths", "probe_over_amqp", "queue_depth"]
+__all__ = ["QueueDepth", "declared_queue", "level_depths", "probe_over_amqp", "queue_depth"]
 
 
 async def queue_depth(connection: AbstractConnection, name: str) -> int | None:
     """Ready messages in queue ``name``, or ``None`` when it does not exist."""
-    channel = await connection.channel(publisher_confirms=False)
+    declared = await declared_queue(connection, name)
+    return None if declared is None else int(declared.message_count or 0)
+
+
+async def declared_queue(
+    connection: AbstractConnection, name: str
+) -> amqp_commands.Queue.DeclareOk | None:
+    """The broker's answer to a passive declare of ``name``, or ``None`` if there is none.
+
+    Use it for both counts (ready messages and consumers); :func:`queue_depth`
+    for the messages alone. It runs on a scratch channel of its own.
+    """
+
+    async def declare(channel: aiormq.abc.AbstractChannel) -> amqp_commands.Queue.DeclareOk:
+        return await channel.queue_declare(name, passive=True)
+
     try:
-        queue = await channel.declare_queue(name, passive=True)
-        count = queue.declaration_result.message_count
-        return int(count) if count is not None else 0
+        return await on_scratch_channel(await underlay_connection(connection), declare)
     except aiormq.exceptions.ChannelNotFoundEntity:
         return None
-    finally:
-        if not channel.is_closed:
-            await channel.close()
 
 
 @dataclass(frozen=True)
@@ -53,17 +67,37 @@ async def level_depths(connection: AbstractConnection, topology: DelayTopology) 
     ]
 
 
-async def _refusal(connection: AbstractConnection, action: Any) -> str | None:
+_Action = Callable[[aiormq.abc.AbstractChannel], Awaitable[object]]
+
+
+def _exchange_declare(name: str, **options: Any) -> _Action:
+    """``exchange.declare`` of ``name`` with ``options``, to run on a scratch channel."""
+
+    async def action(channel: aiormq.abc.AbstractChannel) -> object:
+        return await channel.exchange_declare(name, **options)
+
+    return action
+
+
+def _queue_declare(name: str, **options: Any) -> _Action:
+    """``queue.declare`` of ``name`` with ``options``, to run on a scratch channel."""
+
+    async def action(channel: aiormq.abc.AbstractChannel) -> object:
+        return await channel.queue_declare(name, **options)
+
+    return action
+
+
+async def _refusal(
+    connection: AbstractConnection,
+    action: _Action,
+) -> str | None:
     """Run ``action(channel)`` on a fresh channel: ``None`` if accepted, else the refusal text."""
-    channel = await connection.channel(publisher_confirms=False)
     try:
-        await action(channel)
+        await on_scratch_channel(await underlay_connection(connection), action)
         return None
     except aiormq.exceptions.ChannelClosed as exc:
         return str(exc)
-    finally:
-        if not channel.is_closed:
-            await channel.close()
 
 
 async def probe_over_amqp(
@@ -81,7 +115,7 @@ async def probe_over_amqp(
         if (
             await _refusal(
                 connection,
-                lambda ch, name=ex.name: ch.declare_exchange(name, passive=True),
+                _exchange_declare(ex.name, passive=True),
             )
             is not None
         ):
@@ -92,9 +126,7 @@ async def probe_over_amqp(
         )
         refused = await _refusal(
             connection,
-            lambda ch, ex=ex, args=args: ch.declare_exchange(
-                ex.name, type=ex.type, durable=True, arguments=args
-            ),
+            _exchange_declare(ex.name, exchange_type=ex.type, durable=True, arguments=args),
         )
         if refused is not None:
             out.append(Difference(what, f"declared differently: {refused}", other_settings))
@@ -109,9 +141,7 @@ async def probe_over_amqp(
             continue
         refused = await _refusal(
             connection,
-            lambda ch, spec=spec: ch.declare_queue(
-                spec.name, durable=True, arguments=dict(amqp_arguments(spec.arguments))
-            ),
+            _queue_declare(spec.name, durable=True, arguments=dict(amqp_arguments(spec.arguments))),
         )
         if refused is not None:
             out.append(Difference(what, f"declared differently: {refused}", other_settings))

@@ -1,24 +1,59 @@
 """Remove a delay chain's queues and exchanges, only when nothing waits in them.
 
 For a chain no longer used (after ``topology migrate`` moved its messages, or
-a test chain). Queues are deleted with ``if-empty``, so the broker itself
-refuses a queue that received a message since it was checked; exchanges go
-after every queue is gone (deleting them removes the consumers' bindings to
-the chain). Nothing is deleted when any queue holds messages.
+a test chain). :func:`plan_teardown` looks at every queue first: one that
+holds messages or has consumers stops the whole teardown, and nothing is
+deleted. :func:`tear_down` then deletes the queues one by one and, only after
+every queue is gone, the exchanges (deleting them removes the consumers'
+bindings to the chain).
+
+Each queue is checked again as it is deleted, and the first one found in use
+stops the teardown, keeping it, the queues after it and every exchange:
+
+- classic queues are deleted with ``if-empty`` and ``if-unused``, so the
+  broker itself refuses one that received a message or a consumer since;
+- quorum queues refuse those flags (RabbitMQ closes the connection with
+  ``NOT_IMPLEMENTED``), so each is checked with a passive declare (no ready
+  message, no consumer) and deleted unconditionally on the same channel
+  right after.
+
+What remains for quorum queues: a message that reaches one between that
+check and its delete (one round trip) is deleted with it, and the broker's
+count may leave out a message it is handing on at that very moment (a
+dead-letter to the next level not yet confirmed, a return from a closed
+channel). The order keeps that to messages coming from outside: messages
+only move down the chain, so the queues go from the highest level down, then
+the parking, unroutable, rejected and alert queues that receive from the
+chain; a message moving meanwhile reaches a queue not yet deleted, whose
+check stops the teardown. Stop whatever publishes into the chain (consumers
+retrying, schedulers, routers) before tearing it down.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import aiormq
+import aiormq.abc
 from aio_pika.abc import AbstractConnection
 
-from delayed_retry.admin.chain_probe import queue_depth
-from delayed_retry.topology import DelayTopology
+from delayed_retry.admin.chain_probe import declared_queue
+from delayed_retry.amqp.channels import on_scratch_channel, scratch_channel, underlay_connection
+from delayed_retry.errors import TopologyMismatchError
+from delayed_retry.topology import DelayTopology, QueueSpec
 
-__all__ = ["TeardownPlan", "plan_teardown", "tear_down"]
+__all__ = [
+    "TeardownOutcome",
+    "TeardownPlan",
+    "deletion_order",
+    "plan_teardown",
+    "tear_down",
+]
+
+QueueType = Literal["classic", "quorum"]
 
 
 @dataclass
@@ -26,77 +61,165 @@ class TeardownPlan:
     """What a teardown would delete, and what stops it."""
 
     queues: list[str] = field(default_factory=list)
+    """The queues to delete, in the order they are deleted."""
     exchanges: list[str] = field(default_factory=list)
     not_empty: dict[str, int] = field(default_factory=dict)
+    """Queues holding messages (ready ones, as the broker counts them): they block."""
+    consumers: dict[str, int] = field(default_factory=dict)
+    """Queues with consumers, whose unacked messages no count shows: they block."""
     missing: list[str] = field(default_factory=list)
+    queue_types: dict[str, QueueType] = field(default_factory=dict)
+    """The type of each queue to delete, as the topology declares it."""
+    discard: dict[str, int] = field(default_factory=dict)
+    """Queues deleted with the messages they hold (the alert copies, when asked)."""
 
     @property
     def blocked(self) -> bool:
-        return bool(self.not_empty)
+        return bool(self.not_empty or self.consumers)
 
 
-async def _exchange_exists(connection: AbstractConnection, name: str) -> bool:
-    channel = await connection.channel(publisher_confirms=False)
+@dataclass
+class TeardownOutcome:
+    """What :func:`tear_down` deleted, and the queue that stopped it (if one did)."""
+
+    queues: list[str] = field(default_factory=list)
+    exchanges: list[str] = field(default_factory=list)
+    refused: str | None = None
+    """The queue found in use as it was deleted; it and everything after it were kept."""
+    reason: str | None = None
+    """Why ``refused`` was kept, e.g. ``holds 2 message(s)``."""
+
+
+def _queue_type(spec: QueueSpec) -> QueueType:
+    return "quorum" if spec.arguments.get("x_queue_type") == "quorum" else "classic"
+
+
+def deletion_order(topology: DelayTopology, queues: Iterable[str] = ()) -> list[QueueSpec]:
+    """The queues of ``topology`` and the parking queues of ``queues``, in deletion order.
+
+    Levels from the highest down, then the queues the chain feeds (parking,
+    unroutable, rejected, alerts): a message moving down the chain during the
+    teardown always reaches a queue that is still to be checked.
+    """
+    by_name = {spec.name: spec for spec in topology.queues()}
+    levels = [by_name.pop(topology.level_name(level)) for level in reversed(range(topology.levels))]
+    parking = [topology.parking_queue_spec(q) for q in queues]
+    return [*levels, *parking, *by_name.values()]
+
+
+async def _exchange_exists(connection: aiormq.abc.AbstractConnection, name: str) -> bool:
     try:
-        await channel.declare_exchange(name, passive=True)
+        await on_scratch_channel(connection, lambda ch: ch.exchange_declare(name, passive=True))
         return True
     except aiormq.exceptions.ChannelNotFoundEntity:
         return False
-    finally:
-        if not channel.is_closed:
-            await channel.close()
 
 
 async def plan_teardown(
-    connection: AbstractConnection, topology: DelayTopology, *, queues: Iterable[str] = ()
+    connection: AbstractConnection,
+    topology: DelayTopology,
+    *,
+    queues: Iterable[str] = (),
+    discard_alerts: bool = False,
 ) -> TeardownPlan:
-    """Look at every queue and exchange of ``topology`` (and ``queues``' parking queues)."""
+    """Look at every queue and exchange of ``topology`` (and ``queues``' parking queues).
+
+    ``discard_alerts=True`` lets the alert queue go with the copies it holds
+    (copies of parked and unroutable messages, which stay where they are).
+    """
     plan = TeardownPlan()
-    names = [spec.name for spec in topology.queues()]
-    names += [topology.default_parking_queue(q) for q in queues]
-    for name in names:
-        depth = await queue_depth(connection, name)
-        if depth is None:
-            plan.missing.append(name)
-        elif depth:
-            plan.not_empty[name] = depth
-        else:
-            plan.queues.append(name)
-    for spec in topology.exchanges():
-        if await _exchange_exists(connection, spec.name):
-            plan.exchanges.append(spec.name)
-        else:
+    for spec in deletion_order(topology, queues):
+        declared = await declared_queue(connection, spec.name)
+        if declared is None:
             plan.missing.append(spec.name)
+            continue
+        messages = int(declared.message_count or 0)
+        consumers = int(declared.consumer_count or 0)
+        if consumers:
+            plan.consumers[spec.name] = consumers
+        if messages and discard_alerts and spec.name == topology.alerts_queue:
+            plan.discard[spec.name] = messages
+        elif messages:
+            plan.not_empty[spec.name] = messages
+        if not consumers and spec.name not in plan.not_empty:
+            plan.queues.append(spec.name)
+            plan.queue_types[spec.name] = _queue_type(spec)
+    underlay = await underlay_connection(connection)
+    for exchange in topology.exchanges():
+        if await _exchange_exists(underlay, exchange.name):
+            plan.exchanges.append(exchange.name)
+        else:
+            plan.missing.append(exchange.name)
     return plan
 
 
-async def tear_down(connection: AbstractConnection, plan: TeardownPlan) -> list[str]:
-    """Delete what ``plan`` lists; returns the queues the broker refused as not empty.
+async def _delete_checked(
+    channel: aiormq.abc.AbstractChannel, name: str, *, with_messages: bool
+) -> str | None:
+    """Delete ``name`` right after a passive declare finds it unused (and empty, unless
+    ``with_messages``); else say why it stays. For queues that refuse ``if-empty``."""
+    declared = await channel.queue_declare(name, passive=True)
+    if declared.message_count and not with_messages:
+        return f"holds {declared.message_count} message(s)"
+    if declared.consumer_count:
+        return f"has {declared.consumer_count} consumer(s)"
+    await channel.queue_delete(name)
+    return None
 
-    When a queue is refused, no exchange is deleted: the chain keeps working
-    for whatever still waits in it.
+
+async def _delete_one(
+    connection: aiormq.abc.AbstractConnection, name: str, *, kind: QueueType, discard: bool
+) -> str | None:
+    """Delete queue ``name`` unless it is in use; ``None`` when deleted (or already gone)."""
+    try:
+        async with scratch_channel(connection) as channel:
+            if kind == "quorum":
+                return await _delete_checked(channel, name, with_messages=discard)
+            await channel.queue_delete(name, if_unused=True, if_empty=not discard)
+            return None
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return None
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        return f"was refused by the broker ({_reply_text(exc)})"
+    except aiormq.exceptions.ConnectionNotImplemented as exc:
+        raise TopologyMismatchError(
+            f"queue {name!r} is a quorum queue, but the topology says classic "
+            "(--queue-type classic): the broker refused a delete with if-empty and closed "
+            f"the connection ({_reply_text(exc)}); run the teardown again with the chain's "
+            "queue type (--queue-type quorum)"
+        ) from exc
+
+
+def _reply_text(exc: BaseException) -> str:
+    return str(exc.args[-1]) if exc.args else str(exc)
+
+
+async def _delete_exchange(connection: aiormq.abc.AbstractConnection, name: str) -> None:
+    with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):  # gone already
+        await on_scratch_channel(connection, lambda ch: ch.exchange_delete(name))
+
+
+async def tear_down(connection: AbstractConnection, plan: TeardownPlan) -> TeardownOutcome:
+    """Delete what ``plan`` lists, in its order, checking each queue again as it goes.
+
+    The first queue found holding messages or consumers stops it: that queue,
+    the ones after it and every exchange are kept, so the chain still delivers
+    what waits in them; :attr:`TeardownOutcome.refused` names it.
     """
-    refused = []
+    underlay = await underlay_connection(connection)
+    outcome = TeardownOutcome()
     for name in plan.queues:
-        channel = await connection.channel(publisher_confirms=False)
-        try:
-            await channel.queue_delete(name, if_empty=True)
-        except aiormq.exceptions.ChannelPreconditionFailed:
-            refused.append(name)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            pass
-        finally:
-            if not channel.is_closed:
-                await channel.close()
-    if refused:
-        return refused
+        reason = await _delete_one(
+            underlay,
+            name,
+            kind=plan.queue_types.get(name, "quorum"),
+            discard=name in plan.discard,
+        )
+        if reason is not None:
+            outcome.refused, outcome.reason = name, reason
+            return outcome
+        outcome.queues.append(name)
     for name in plan.exchanges:
-        channel = await connection.channel(publisher_confirms=False)
-        try:
-            await channel.exchange_delete(name)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            pass
-        finally:
-            if not channel.is_closed:
-                await channel.close()
-    return []
+        await _delete_exchange(underlay, name)
+        outcome.exchanges.append(name)
+    return outcome

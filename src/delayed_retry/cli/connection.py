@@ -1,7 +1,9 @@
 """Reach the broker from the command line: check ``--url``, connect, explain failures in one line.
 
 Commands call :func:`connect` instead of ``aio_pika.connect``; ``main`` turns
-any connection failure into one line with :func:`explain_connection_error`.
+any connection failure into one line with :func:`explain_connection_error`,
+and an operation the broker refused with :func:`explain_broker_refusal` (a
+refusal comes from a broker that was reached, so it never reads "cannot reach").
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from delayed_retry.cli.output import CommandError, UsageError
 from delayed_retry.urls import redact_url as redact
 from delayed_retry.urls import vhost_of
 
-__all__ = ["check_url", "connect", "explain_connection_error"]
+__all__ = ["check_url", "connect", "explain_broker_refusal", "explain_connection_error"]
 
 _SCHEMES = ("amqp", "amqps")
 
@@ -43,8 +45,57 @@ def check_url(url: str) -> None:
         raise UsageError(f"--url {redact(url)!r} has port 0; the AMQP port is usually 5672")
 
 
+_CONNECTION_REFUSALS = (
+    aiormq.exceptions.ConnectionSyntaxError,
+    aiormq.exceptions.ConnectionFrameError,
+    aiormq.exceptions.ConnectionCommandInvalid,
+    aiormq.exceptions.ConnectionChannelError,
+    aiormq.exceptions.ConnectionUnexpectedFrame,
+    aiormq.exceptions.ConnectionResourceError,
+    aiormq.exceptions.ConnectionNotAllowed,
+    aiormq.exceptions.ConnectionNotImplemented,
+    aiormq.exceptions.ConnectionInternalError,
+)
+"""What aiormq raises when the broker answers an operation with ``connection.close``:
+the hard errors, e.g. NOT_IMPLEMENTED for ``queue.delete`` with if-empty on a quorum queue."""
+
+
+def _reply_text(exc: BaseException) -> str:
+    """The broker's reply text (``NOT_FOUND - no queue 'x' in vhost '/'``) of a refusal."""
+    text = exc.args[-1] if exc.args else None
+    return str(text) if text else repr(exc)
+
+
+def explain_broker_refusal(exc: BaseException, url: str) -> str | None:
+    """One line for an operation the broker at ``url`` refused, or ``None`` for anything else.
+
+    A refusal closes the channel (``ChannelClosed`` and its kinds: not found,
+    precondition failed, access refused, locked) or, for a few hard errors,
+    the whole connection; either way the broker was reached and its reply
+    text names the object and the reason.
+    """
+    shown = redact(url)
+    if isinstance(exc, aiormq.exceptions.ChannelClosed):
+        return (
+            f"the broker at {shown!r} refused an operation of this command: {_reply_text(exc)}. "
+            "The broker is reachable; change what its reply names"
+        )
+    if isinstance(exc, _CONNECTION_REFUSALS):
+        return (
+            f"the broker at {shown!r} refused an operation of this command and closed the "
+            f"connection: {_reply_text(exc)}. The broker is reachable; change what its reply names"
+        )
+    return None
+
+
 def explain_connection_error(exc: BaseException, url: str) -> str | None:
-    """One line for a failure to connect to ``url``, or ``None`` if ``exc`` is something else."""
+    """One line for a failure to connect to ``url``, or ``None`` if ``exc`` is something else.
+
+    A broker refusal is worded by :func:`explain_broker_refusal`, never as unreachable.
+    """
+    refusal = explain_broker_refusal(exc, url)
+    if refusal is not None:
+        return refusal
     shown = redact(url)
     if isinstance(exc, aiormq.exceptions.ProbableAuthenticationError):
         return (

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import aiormq
 from aio_pika.abc import AbstractConnection
 
+from delayed_retry.admin.chain_probe import declared_queue
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.common import add_topology_args
 from delayed_retry.cli.connection import connect
@@ -42,16 +42,10 @@ def register(sub: Any) -> None:
 
 async def _declared(connection: AbstractConnection, name: str) -> tuple[int, int] | None:
     """(messages, consumers) of queue ``name``, or ``None`` when it does not exist."""
-    channel = await connection.channel(publisher_confirms=False)
-    try:
-        queue = await channel.declare_queue(name, passive=True)
-        result = queue.declaration_result
-        return int(result.message_count or 0), int(result.consumer_count or 0)
-    except aiormq.exceptions.ChannelNotFoundEntity:
+    result = await declared_queue(connection, name)
+    if result is None:
         return None
-    finally:
-        if not channel.is_closed:
-            await channel.close()
+    return int(result.message_count or 0), int(result.consumer_count or 0)
 
 
 def _at(found: tuple[int, int] | None, index: int) -> int | None:

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 from typing import Any
 
-import aio_pika
-
 from delayed_retry.admin.chain_diff import topology_options
-from delayed_retry.admin.teardown import TeardownPlan, plan_teardown, tear_down
+from delayed_retry.admin.teardown import TeardownOutcome, TeardownPlan, plan_teardown, tear_down
 from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.cli.connection import connect
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import CommandError, add_json_option, confirm, emit_json
+from delayed_retry.topology import DelayTopology
 
-__all__ = ["register"]
+__all__ = ["how_to_empty", "register"]
 
 
 def register(sub: Any) -> None:
@@ -24,9 +25,13 @@ def register(sub: Any) -> None:
         help="remove a chain's queues and exchanges when they are empty",
         description="Delete the level, unroutable, rejected and alerts queues and every "
         "exchange of the chain the topology options describe (and QUEUE.parking for each "
-        "--queue), only when none holds a message: otherwise nothing is deleted and the "
-        "non-empty queues are named. Asks for confirmation unless --yes. Exit status: 0 "
-        "removed (or nothing to remove), 1 refused or not confirmed, 2 usage or connection error.",
+        "--queue), only when none holds a message or has a consumer: otherwise nothing is "
+        "deleted, and each queue in the way is named with its count and the command that "
+        "empties it. Each queue is checked again as it is deleted (classic queues with "
+        "if-empty; quorum queues, which refuse it, with a check just before); one found in "
+        "use stops the teardown there, keeping it, the queues after it and every exchange. "
+        "Asks for confirmation unless --yes. Exit status: 0 removed (or nothing to remove), "
+        "1 refused, not confirmed or refused by the broker, 2 usage or connection error.",
     )
     add_topology_args(teardown)
     teardown.add_argument(
@@ -36,33 +41,127 @@ def register(sub: Any) -> None:
         default=[],
         help="also remove QUEUE.parking (repeatable; QUEUE itself is never removed)",
     )
+    teardown.add_argument(
+        "--purge-alerts",
+        action="store_true",
+        help="remove the alert queue (PREFIX.parking.alerts) with the copies it holds; they "
+        "are copies of parked and unroutable messages, which stay where they are",
+    )
     teardown.add_argument("--dry-run", action="store_true", help="list what would be removed")
     teardown.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     add_json_option(teardown)
     teardown.set_defaults(func=lambda args: run(_teardown(args)))
 
 
-def _print_plan(plan: TeardownPlan, prefix: str) -> None:
-    for name, count in plan.not_empty.items():
-        print(f"✗ queue {name!r} holds {count} message(s)")
+def how_to_empty(topology: DelayTopology, queue: str, work_queues: Iterable[str] = ()) -> str:
+    """What empties ``queue`` of ``topology``'s chain (a step or a command), for a refusal."""
+    options = topology_options(topology)
+    purge = f"'delayed-retry parking purge --queue {queue} --parking-queue {queue} --all {options}'"
+    if topology.is_level_queue(queue):
+        source = (
+            "--from nservicebus"
+            if topology.naming == "nservicebus-v2"
+            else f"--from delayed-retry --from-prefix {topology.prefix} "
+            f"--from-levels {topology.levels} --from-unit-ms {topology.unit_ms}"
+        )
+        return (
+            f"wait until they are delivered ('delayed-retry topology show {options}' says "
+            f"when), or move them to another chain ('delayed-retry topology migrate "
+            f"--prefix NEW {source}')"
+        )
+    if queue == topology.alerts_queue:
+        return (
+            "add --purge-alerts to remove the queue with these alert copies (the parked and "
+            "unroutable messages they copy stay where they are), or let 'delayed-retry "
+            "alerts' consume them"
+        )
+    if queue == topology.unroutable_queue:
+        return (
+            f"replay them ('delayed-retry parking replay --queue {queue} --parking-queue "
+            f"{queue} --to QUEUE {options}') or delete them ({purge})"
+        )
+    if queue == topology.rejected_queue:
+        return (
+            f"let a router retry them ('delayed-retry router --queue QUEUE {options}') or "
+            f"delete them ({purge})"
+        )
+    for work in work_queues:
+        if queue == topology.default_parking_queue(work):
+            return (
+                f"replay them through another chain ('delayed-retry parking replay --queue "
+                f"{work} --prefix NEW ...') or delete them ('delayed-retry parking purge "
+                f"--queue {work} --all {options}'; archive them first if anyone may ask)"
+            )
+    return f"delete them ({purge})"
+
+
+def _blockers(plan: TeardownPlan, topology: DelayTopology, work_queues: list[str]) -> list[str]:
+    """One line per queue in the way: what it holds and how to empty it."""
+    lines = [
+        f"queue {name!r} holds {count} message(s): {how_to_empty(topology, name, work_queues)}"
+        for name, count in plan.not_empty.items()
+    ]
+    lines += [
+        f"queue {name!r} has {count} consumer(s): stop them first (a router, 'delayed-retry "
+        "alerts', a replay or an application consuming it)"
+        for name, count in plan.consumers.items()
+    ]
+    return lines
+
+
+def _print_plan(plan: TeardownPlan, topology: DelayTopology, work_queues: list[str]) -> None:
+    for line in _blockers(plan, topology, work_queues):
+        print(f"✗ {line}")
     if plan.queues or plan.exchanges:
         print(
-            f"chain {prefix!r}: {len(plan.queues)} empty queue(s) and {len(plan.exchanges)} "
-            "exchange(s) to remove:"
+            f"chain {topology.prefix!r}: {len(plan.queues)} queue(s) and "
+            f"{len(plan.exchanges)} exchange(s) to remove:"
         )
         for name in plan.queues:
-            print(f"  queue    {name}")
+            held = plan.discard.get(name)
+            note = f" (with its {held} message(s), --purge-alerts)" if held else ""
+            print(f"  queue    {name}{note}")
         for name in plan.exchanges:
             print(f"  exchange {name}")
     if plan.missing:
         print(f"{len(plan.missing)} object(s) already absent")
 
 
+def _refusal(plan: TeardownPlan, topology: DelayTopology, work_queues: list[str]) -> str:
+    names = list(dict.fromkeys([*plan.not_empty, *plan.consumers]))
+    state = (
+        "not empty and in use"
+        if plan.not_empty and plan.consumers
+        else ("not empty" if plan.not_empty else "in use")
+    )
+    return (
+        f"chain {topology.prefix!r} is {state} ({', '.join(names)}); nothing removed. "
+        + "; ".join(_blockers(plan, topology, work_queues))
+    )
+
+
+def _stopped(plan: TeardownPlan, outcome: TeardownOutcome, topology: DelayTopology) -> str:
+    kept = len(plan.queues) - len(outcome.queues)
+    gone = (
+        f"the {len(outcome.queues)} queue(s) before it are gone: run 'delayed-retry declare "
+        f"{topology_options(topology)}' to restore the chain for what waits in it"
+        if outcome.queues
+        else "nothing was removed"
+    )
+    return (
+        f"queue {outcome.refused!r} {outcome.reason} since it was checked, so the teardown "
+        f"stopped there: it and the {kept - 1} queue(s) after it were kept, with every "
+        f"exchange of the chain; {gone}. Run the teardown again once it is empty"
+    )
+
+
 async def _teardown(args: argparse.Namespace) -> int:
     topology = topology_from_args(args)
-    connection = await aio_pika.connect(args.url)
+    connection = await connect(args.url)
     async with connection:
-        plan = await plan_teardown(connection, topology, queues=args.queue)
+        plan = await plan_teardown(
+            connection, topology, queues=args.queue, discard_alerts=args.purge_alerts
+        )
         if args.json:
             emit_json(
                 {
@@ -70,18 +169,15 @@ async def _teardown(args: argparse.Namespace) -> int:
                     "queues": plan.queues,
                     "exchanges": plan.exchanges,
                     "not_empty": plan.not_empty,
+                    "consumers": plan.consumers,
+                    "discard": plan.discard,
                     "missing": plan.missing,
                 }
             )
         else:
-            _print_plan(plan, topology.prefix)
+            _print_plan(plan, topology, args.queue)
         if plan.blocked:
-            raise CommandError(
-                f"chain {topology.prefix!r} is not empty ({', '.join(plan.not_empty)}); "
-                "nothing removed. Move its messages first (delayed-retry topology migrate, or "
-                "wait for them to be delivered; purge the alerts queue if its copies are no "
-                "longer needed)"
-            )
+            raise CommandError(_refusal(plan, topology, args.queue))
         note = sys.stderr if args.json else sys.stdout
         if not plan.queues and not plan.exchanges:
             print(f"nothing to remove: chain {topology.prefix!r} does not exist", file=note)
@@ -95,16 +191,12 @@ async def _teardown(args: argparse.Namespace) -> int:
         )
         if not confirm(question, assume_yes=args.yes):
             raise CommandError("not confirmed; nothing removed")
-        refused = await tear_down(connection, plan)
-    if refused:
-        raise CommandError(
-            f"{', '.join(refused)} received messages meanwhile and were kept, with every "
-            "exchange of the chain, but the other queues are gone: run "
-            f"'delayed-retry declare {topology_options(topology)}' to restore the chain for "
-            "them, or teardown again once they are empty"
-        )
+        outcome = await tear_down(connection, plan)
+    if outcome.refused is not None:
+        raise CommandError(_stopped(plan, outcome, topology))
     print(
-        f"removed chain {topology.prefix!r}: {len(plan.queues)} queue(s), "
-        f"{len(plan.exchanges)} exchange(s)"
+        f"removed chain {topology.prefix!r}: {len(outcome.queues)} queue(s), "
+        f"{len(outcome.exchanges)} exchange(s)",
+        file=note,
     )
     return 0

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import aiormq
 from aio_pika.abc import AbstractChannel
 
+from delayed_retry.amqp.channels import scratch_channel
 from delayed_retry.amqp.declare import underlay_of
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration
@@ -25,6 +26,7 @@ from delayed_retry.parking.lot import (
     replay_headers,
     replay_matching,
 )
+from delayed_retry.parking.scan import parking_name
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
@@ -37,10 +39,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-def _parking_name(topology: DelayTopology, queue: str, parking_queue: str | None) -> str:
-    return parking_queue or topology.default_parking_queue(queue)
 
 
 async def peek_parked(
@@ -65,20 +63,19 @@ async def peek_parked(
     if limit < 1:
         raise ConfigurationError(f"limit={limit} must be at least 1")
     underlay = await underlay_of(channel)
+    parking = parking_name(topology, queue, parking_queue)
     # A channel of its own, closed at the end: the broker puts back every message taken.
-    browse = await underlay.connection.channel(publisher_confirms=False)
-    try:
+    async with scratch_channel(underlay.connection) as browse:
         try:
-            await browse.queue_declare(_parking_name(topology, queue, parking_queue), passive=True)
+            await browse.queue_declare(parking, passive=True)
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
             raise ConfigurationError(
-                f"parking queue {_parking_name(topology, queue, parking_queue)!r} does not "
-                "exist; check --queue/--parking-queue"
+                f"parking queue {parking!r} does not exist; check --queue/--parking-queue"
             ) from exc
         await refuse_counted_peeks(underlay.connection, topology, queue, parking_queue)
         out: list[ParkedMessage] = []
         while len(out) < limit:
-            got = await browse.basic_get(_parking_name(topology, queue, parking_queue))
+            got = await browse.basic_get(parking)
             if got.delivery_tag is None:
                 break
             out.append(
@@ -91,9 +88,6 @@ async def peek_parked(
                 )
             )
         return out
-    finally:
-        if not browse.is_closed:
-            await browse.close()
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from datetime import datetime
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
+from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.declare import underlay_of
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.parking.lot import (
@@ -125,8 +126,7 @@ class ParkingLot:
     async def close(self) -> None:
         """Close the channels kept open."""
         for channel in (self._count_channel, self._anchor):
-            if channel is not None and not channel.is_closed:
-                await channel.close()
+            await close_quietly(channel)
 
     # -- reading ---------------------------------------------------------------
     @contextlib.asynccontextmanager

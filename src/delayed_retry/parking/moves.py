@@ -1,0 +1,186 @@
+"""The bookkeeping of a replay or purge: counts, progress, canary slots, replayed copies. Pure.
+
+:mod:`delayed_retry.parking.mover` does the I/O and feeds these: a
+:class:`MoveTally` counts what was looked at and acted on (and tells the
+``progress`` callback), :class:`CanarySlots` marks the first replayed copies
+so they can be recognised if they park again, and :func:`replay_copy` says
+where a replayed copy goes and with which headers. Nothing here talks to a
+broker, so each can be tested as plain code.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from delayed_retry.headers import X_REPLAY_CANARY
+from delayed_retry.parking.records import ParkedRecord, replay_headers
+from delayed_retry.topology import DelayTopology, Route
+
+__all__ = [
+    "CANARY_PARKED_AGAIN",
+    "LIMIT_REACHED",
+    "CanarySlots",
+    "MoveProgress",
+    "MoveReport",
+    "MoveTally",
+    "replay_copy",
+]
+
+MoveAction = Literal["replay", "purge"]
+
+LIMIT_REACHED = "limit"
+"""``MoveReport.stopped`` when ``limit`` messages were selected before the end of the set."""
+CANARY_PARKED_AGAIN = "canary-parked-again"
+"""``MoveReport.stopped`` when a canary parked again: the rest stayed parked."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoveProgress:
+    """Where a replay or purge is, given to the ``progress`` callback after each message."""
+
+    action: MoveAction
+    done: int
+    """Messages replayed or purged so far (would be, in a dry run)."""
+    scanned: int
+    """Messages looked at so far."""
+    depth: int
+    """Messages the broker counted in the parking queue at the start: a progress total."""
+    record: ParkedRecord | None
+    """The record just acted on (``None`` for a skipped one)."""
+    dry_run: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoveReport:
+    """What a replay or purge did (or would do, in a dry run)."""
+
+    action: MoveAction
+    done: int
+    scanned: int
+    depth: int
+    dry_run: bool
+    to_queue: str | None = None
+    stopped: str | None = None
+    """Why it stopped before the end, or ``None`` when it went through the whole set."""
+    canary_ids: tuple[str, ...] = ()
+
+
+@dataclass(kw_only=True)
+class MoveTally:
+    """The counts of one replay or purge as it goes, and the report at its end.
+
+    Call :meth:`looked_at` for every message taken from the parking queue and
+    :meth:`acted_on` once a selected one is replayed or purged (acked); each
+    skipped and each acted-on message is told to ``progress``.
+    """
+
+    action: MoveAction
+    dry_run: bool
+    progress: Callable[[MoveProgress], None] | None = None
+    to_queue: str | None = None
+    depth: int = 0
+    scanned: int = 0
+    selected: int = 0
+    done: int = 0
+    stopped: str | None = None
+
+    def reached(self, limit: int | None) -> bool:
+        """Whether ``limit`` messages are selected already (``None``: there is no limit)."""
+        return limit is not None and self.selected >= limit
+
+    def looked_at(self, *, selected: bool) -> None:
+        """Count one message taken; a skipped one is told to ``progress`` at once."""
+        self.scanned += 1
+        if selected:
+            self.selected += 1
+        else:
+            self._tell(None)
+
+    def acted_on(self, record: ParkedRecord) -> None:
+        """Count one message replayed or purged (or that would be, in a dry run)."""
+        self.done += 1
+        self._tell(record)
+
+    def report(self, *, canary_ids: tuple[str, ...] = ()) -> MoveReport:
+        """The report of the operation so far."""
+        return MoveReport(
+            action=self.action,
+            done=self.done,
+            scanned=self.scanned,
+            depth=self.depth,
+            dry_run=self.dry_run,
+            to_queue=self.to_queue,
+            stopped=self.stopped,
+            canary_ids=canary_ids,
+        )
+
+    def _tell(self, record: ParkedRecord | None) -> None:
+        if self.progress is not None:
+            self.progress(
+                MoveProgress(
+                    action=self.action,
+                    done=self.done,
+                    scanned=self.scanned,
+                    depth=self.depth,
+                    record=record,
+                    dry_run=self.dry_run,
+                )
+            )
+
+
+@dataclass(kw_only=True)
+class CanarySlots:
+    """The first ``size`` messages of a replay: their copies carry ``token``.
+
+    A copy that parks again still carries it, which is how a replay knows its
+    canaries failed. Ask :meth:`take` for each message replayed, in order.
+    """
+
+    size: int
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    ids: list[str] = field(default_factory=list)
+    """The ids of the messages sent as canaries, in order."""
+
+    def take(self, record_id: str) -> str | None:
+        """The token for this message's copy if it is a canary, else ``None``."""
+        if len(self.ids) >= self.size:
+            return None
+        self.ids.append(record_id)
+        return self.token
+
+    @property
+    def all_out(self) -> bool:
+        """Every canary is sent: time to see whether they park again."""
+        return len(self.ids) == self.size
+
+    @property
+    def some_out(self) -> bool:
+        """Some canaries were sent but fewer than ``size`` (the selection was smaller)."""
+        return 0 < len(self.ids) < self.size
+
+
+def replay_copy(
+    headers: Mapping[str, Any] | None,
+    *,
+    topology: DelayTopology,
+    target: str,
+    delay: float,
+    now: datetime,
+    replayed_by: str | None = None,
+    canary_token: str | None = None,
+) -> tuple[Route, dict[str, Any]]:
+    """Where a replayed copy is published and its headers: due ``delay`` seconds after ``now``.
+
+    The headers are :func:`~delayed_retry.parking.records.replay_headers` (a
+    fresh retry budget), with the canary token when the copy is a canary.
+    """
+    due_at = now + timedelta(seconds=delay)
+    route = topology.route(topology.units_until(due_at, now=now), target)
+    out = replay_headers(headers, due_at=due_at, now=now, replayed_by=replayed_by)
+    if canary_token is not None:
+        out[X_REPLAY_CANARY] = canary_token
+    return route, out
