@@ -127,7 +127,7 @@ def broker_url(
 
     In order: ``RABBITMQ_URL`` when set (checked, never changed); a private
     :class:`RabbitMQNode` of the version ``DELAYED_RETRY_TEST_RABBITMQ`` names
-    (``4.0``: see :mod:`delayed_retry.testing.chroot`); a container
+    (``4.0`` or ``4.3``: see :mod:`delayed_retry.testing.chroot`); a container
     of ``image`` (default: ``DELAYED_RETRY_TEST_IMAGE``, else
     :data:`DEFAULT_IMAGE`) when ``container`` (default: from
     ``DELAYED_RETRY_TEST_CONTAINER``) asks for one; else a private

@@ -1,7 +1,7 @@
 """A cached Debian chroot holding a newer RabbitMQ, for running a private 4.x node.
 
-Use it through :class:`~delayed_retry.testing.node.RabbitMQNode` (``version="4.0"``)
-or the ``DELAYED_RETRY_TEST_RABBITMQ`` environment variable; call
+Use it through :class:`~delayed_retry.testing.node.RabbitMQNode` (``version="4.0"`` or
+``"4.3"``) or the ``DELAYED_RETRY_TEST_RABBITMQ`` environment variable; call
 :func:`ensure_chroot` directly only to build the cache ahead of a test run.
 """
 
@@ -26,22 +26,47 @@ CACHE_DIR = Path(os.environ.get("DELAYED_RETRY_CACHE_DIR", "/var/cache/delayed-r
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 VERSION_ENV = "DELAYED_RETRY_TEST_RABBITMQ"
-"""Environment variable naming the RabbitMQ version private test nodes run (``4.0``)."""
+"""Environment variable naming the RabbitMQ version private test nodes run (``4.0``, ``4.3``)."""
+
+DEBOOTSTRAP_SCRIPTS = Path("/usr/share/debootstrap/scripts")
+"""Where debootstrap keeps one script per suite it knows."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class BrokerRelease:
-    """A RabbitMQ release that a Debian suite ships, and where its chroot is cached."""
+    """A RabbitMQ release that a Debian suite ships, and how to build its chroot.
+
+    ``script`` names the debootstrap script to use when the host's debootstrap
+    has none for ``suite`` (bookworm's knows no suite newer than trixie; the
+    ``sid`` script builds any newer one). ``files`` are written into the chroot
+    (path relative to its root, content) after debootstrap and before the node
+    first boots.
+    """
 
     version: str
     suite: str
+    script: str | None = None
+    files: tuple[tuple[str, str], ...] = ()
 
     @property
     def root(self) -> Path:
         return CACHE_DIR / f"rabbitmq-{self.version}-{self.suite}"
 
 
-RELEASES = {"4.0": BrokerRelease(version="4.0", suite="trixie")}
+RELEASES = {
+    release.version: release
+    for release in (
+        BrokerRelease(version="4.0", suite="trixie"),
+        BrokerRelease(
+            version="4.3",
+            suite="forky",
+            script="sid",
+            # No /etc/hosts here (trixie's comes from netbase, which forky's chroot
+            # lacks); without it the node stops at boot: epmd_error "localhost" nxdomain.
+            files=(("etc/hosts", "127.0.0.1\tlocalhost\n"),),
+        ),
+    )
+}
 """Versions :func:`ensure_chroot` can build (3.10 is the host's own package, no chroot)."""
 
 
@@ -64,6 +89,40 @@ def debian_mirror() -> str:
     return DEFAULT_MIRROR
 
 
+def debootstrap_command(
+    release: BrokerRelease,
+    target: Path,
+    *,
+    debootstrap: str = "debootstrap",
+    mirror: str = DEFAULT_MIRROR,
+    scripts: Path = DEBOOTSTRAP_SCRIPTS,
+) -> list[str]:
+    """The debootstrap command line that builds ``release`` into ``target``.
+
+    The release's fallback script is passed only when ``scripts`` has none named
+    after its suite, so a newer debootstrap uses its own.
+    """
+    command = [
+        debootstrap,
+        "--variant=minbase",
+        "--include=rabbitmq-server",
+        release.suite,
+        str(target),
+        mirror,
+    ]
+    if release.script is not None and not (scripts / release.suite).exists():
+        command.append(str(scripts / release.script))
+    return command
+
+
+def write_files(release: BrokerRelease, root: Path) -> None:
+    """Write the release's extra files into the chroot at ``root``."""
+    for relative, content in release.files:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+
+
 def ready(release: BrokerRelease) -> bool:
     """True when the chroot for ``release`` is built and complete."""
     return (release.root / ".delayed-retry-complete").exists()
@@ -72,7 +131,7 @@ def ready(release: BrokerRelease) -> bool:
 def ensure_chroot(version: str, *, timeout: float = 1200.0) -> Path:
     """Return the root of a chroot with RabbitMQ ``version``, building it once if missing.
 
-    The build runs ``debootstrap`` (about 3 minutes, 360 MB) into a temporary
+    The build runs ``debootstrap`` (a few minutes, about 360 MB) into a temporary
     folder beside the cache and renames it into place, under a file lock, so
     concurrent test runs build it once and never see half a chroot.
     """
@@ -104,14 +163,9 @@ def ensure_chroot(version: str, *, timeout: float = 1200.0) -> Path:
         building = release.root.with_name(release.root.name + ".building")
         shutil.rmtree(building, ignore_errors=True)
         shutil.rmtree(release.root, ignore_errors=True)
-        command = [
-            debootstrap,
-            "--variant=minbase",
-            "--include=rabbitmq-server",
-            release.suite,
-            str(building),
-            debian_mirror(),
-        ]
+        command = debootstrap_command(
+            release, building, debootstrap=debootstrap, mirror=debian_mirror()
+        )
         log.info("building RabbitMQ %s chroot: %s", version, " ".join(command))
         began = time.monotonic()
         result = subprocess.run(
@@ -128,6 +182,7 @@ def ensure_chroot(version: str, *, timeout: float = 1200.0) -> Path:
                 f"the {release.suite} chroot at {building} has no {server.name}; "
                 "delete it and check the Debian mirror"
             )
+        write_files(release, building)
         (building / ".delayed-retry-complete").write_text(f"{version}\n")
         building.rename(release.root)
         log.info("RabbitMQ %s chroot built in %.0f s", version, time.monotonic() - began)
