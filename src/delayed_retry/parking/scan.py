@@ -9,6 +9,7 @@ closing the channel gives back every one the operation did not ack. Use
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -19,7 +20,7 @@ import aiormq.abc
 
 from delayed_retry.amqp.channels import scratch_channel
 from delayed_retry.amqp.declare import underlay_of
-from delayed_retry.checks import broker_major_version, kept_queue_risk
+from delayed_retry.checks import broker_major_version, kept_classic_queue_risk, kept_queue_risk
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.parking.records import ParkedRecord, read_record
 from delayed_retry.topology import DelayTopology, amqp_arguments
@@ -32,6 +33,8 @@ __all__ = [
     "refuse_counted_reads",
     "take",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def parking_name(topology: DelayTopology, queue: str, parking_queue: str | None) -> str:
@@ -71,6 +74,11 @@ async def refuse_counted_peeks(
         try:
             await check.queue_declare(spec.name, durable=True, arguments=arguments)
         except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            if "x-queue-type" in str(exc):
+                # A classic queue (made by hand or by another tool; 4.3 refuses the quorum
+                # declaration where 3.x let it through): no delivery limit, reads are safe.
+                log.warning("%s", kept_classic_queue_risk(queue=spec.name))
+                return
             if "x-delivery-limit" not in str(exc):
                 raise
             raise ConfigurationError(
