@@ -14,6 +14,7 @@ from delayed_retry.alerts import AlertSink, LoggingSink, ParkingAlerts, WebhookS
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import duration_type
+from delayed_retry.cli.startup import Startup, announce
 from delayed_retry.errors import ConfigurationError
 
 __all__ = ["register", "run_alerts"]
@@ -85,11 +86,11 @@ async def run_alerts(args: argparse.Namespace) -> int:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
         async with alerts:
-            print(
-                f"delayed-retry: alerting on {topology.alerts_queue!r} to "
-                f"{', '.join(map(repr, sinks))}; Ctrl-C to stop",
-                flush=True,
+            startup = Startup(
+                command="alerts", topology=topology, consumes=(topology.alerts_queue,)
             )
+            sinks_clause = f"alerting to {', '.join(map(repr, sinks))}"
+            await announce(args, connection, startup, extra=[sinks_clause, "Ctrl-C to stop"])
             waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
             if args.once:
                 waiters.append(asyncio.ensure_future(alerts.wait_delivered(1)))

@@ -13,6 +13,7 @@ import aio_pika
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args, until_stopped
 from delayed_retry.cli.main import run
+from delayed_retry.cli.startup import Startup, announce
 from delayed_retry.delivery.forwarder import Forwarder
 
 __all__ = ["register"]
@@ -35,15 +36,26 @@ def register(sub: Any) -> None:
 
 
 async def _forwarder(args: argparse.Namespace) -> int:
+    topology = topology_from_args(args)
     connection = await aio_pika.connect_robust(args.url)
     async with connection:
         forwarder = Forwarder(
             connection,
             exchanges=args.exchange,
-            topology=topology_from_args(args),
+            topology=topology,
             prefetch=args.prefetch,
         )
+        startup = Startup(
+            command="forwarder",
+            topology=topology,
+            consumes=tuple(topology.forward_queue(x) for x in args.exchange),
+            delivers_to=tuple(args.exchange),
+        )
+        await announce(args, connection, startup)
         async with forwarder:
             await until_stopped()
-        print(f"forwarded {forwarder.forwarded}, parked {forwarder.parked}")
+        print(
+            f"forwarded {forwarder.forwarded}, parked {forwarder.parked}, "
+            f"given back {forwarder.given_back}"
+        )
     return 0

@@ -13,6 +13,7 @@ import aio_pika
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args, until_stopped
 from delayed_retry.cli.main import run
+from delayed_retry.cli.startup import Startup, announce
 from delayed_retry.delivery.front_door import FrontDoor
 
 __all__ = ["register"]
@@ -39,16 +40,27 @@ def register(sub: Any) -> None:
 
 
 async def _front_door(args: argparse.Namespace) -> int:
+    topology = topology_from_args(args)
     connection = await aio_pika.connect_robust(args.url)
     async with connection:
         door = FrontDoor(
             connection,
             exchange=args.exchange,
             exchange_type=args.exchange_type,
-            topology=topology_from_args(args),
+            topology=topology,
             prefetch=args.prefetch,
         )
+        startup = Startup(
+            command="front-door",
+            topology=topology,
+            consumes=(door.inbox_queue, door.forward_queue),
+            delivers_to=(args.exchange,),
+        )
+        await announce(args, connection, startup)
         async with door:
             await until_stopped()
-        print(f"accepted {door.accepted}, forwarded {door.forwarder.forwarded}")
+        print(
+            f"accepted {door.accepted}, forwarded {door.forwarder.forwarded}, parked "
+            f"{door.forwarder.parked}, given back {door.given_back + door.forwarder.given_back}"
+        )
     return 0

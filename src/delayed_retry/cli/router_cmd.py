@@ -14,6 +14,7 @@ from tenacity.wait import wait_base
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
+from delayed_retry.cli.startup import Startup, announce
 from delayed_retry.consumer.router import RetryRouter
 from delayed_retry.durations import parse_duration
 from delayed_retry.errors import ConfigurationError
@@ -101,11 +102,13 @@ async def _router(args: argparse.Namespace) -> int:
     async with connection:
         channel = await connection.channel()
         await retry_router.start(channel)
-        print(
-            f"routing rejections of {', '.join(retry_router.queues)} from "
-            f"{retry_router.topology.rejected_queue!r}; Ctrl-C to stop",
-            flush=True,
+        startup = Startup(
+            command="router",
+            topology=retry_router.topology,
+            consumes=(retry_router.topology.rejected_queue,),
         )
+        routes = f"routing rejections of {', '.join(map(repr, retry_router.queues))}"
+        await announce(args, connection, startup, extra=[routes, "Ctrl-C to stop"])
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

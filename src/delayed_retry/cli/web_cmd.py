@@ -17,6 +17,7 @@ from delayed_retry.cli.common import (
     topology_from_args,
 )
 from delayed_retry.cli.main import run
+from delayed_retry.cli.startup import Startup, startup_line
 from delayed_retry.errors import ConfigurationError
 
 __all__ = ["register"]
@@ -95,7 +96,13 @@ async def _serve(args: argparse.Namespace) -> int:
                 f"cannot listen on {args.host}:{args.port}: {exc.strerror}; choose another --port"
             ) from exc
         host = f"[{args.host}]" if ":" in args.host else args.host
-        print(f"delayed-retry web view on http://{host}:{args.port}/ (Ctrl-C to stop)", flush=True)
+        topology = settings.topology
+        parking = tuple(topology.default_parking_queue(q) for q in settings.queues) or (
+            "the parking queues it finds",
+        )
+        startup = Startup(command="web", topology=topology, consumes=parking, verb="reading")
+        line = f"{startup_line(startup)}; on http://{host}:{args.port}/ (Ctrl-C to stop)"
+        print(line, flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
