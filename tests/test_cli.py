@@ -13,6 +13,7 @@ import aio_pika
 import pytest
 
 from delayed_retry.cli import main
+from delayed_retry.cli.demo import DEMO_QUEUE, DEMO_TOPOLOGY
 from delayed_retry.urls import redact_url
 
 pytestmark = pytest.mark.broker
@@ -149,6 +150,42 @@ def test_demo_runs_on_the_given_broker(
     assert main(["--url", rabbitmq_url, "demo"]) == 0
     out = capsys.readouterr().out
     assert "order-2: done" in out and "2 message(s) parked" in out
+    # It says what it left on the user's broker, and its commands remove all of it.
+    assert f"left on the broker to look at: queue {DEMO_QUEUE!r}" in out
+    commands = [
+        line.split(":", 1)[-1].strip() if ":" in line else line.strip()
+        for line in out.splitlines()[-3:]
+    ]
+    for command in commands[:2]:
+        words = command.split()
+        assert words[0] == "delayed-retry", command
+        assert main(["--url", rabbitmq_url, *words[1:]]) == 0, command
+    assert commands[2] == f"rabbitmqctl delete_queue {DEMO_QUEUE}"
+    asyncio.run(_delete_queue(rabbitmq_url, DEMO_QUEUE))
+    names = [spec.name for spec in DEMO_TOPOLOGY.queues()] + [f"{DEMO_QUEUE}.parking"]
+    assert asyncio.run(_existing_queues(rabbitmq_url, names)) == []
+
+
+async def _delete_queue(url: str, name: str) -> None:
+    async with await aio_pika.connect(url) as connection:
+        await (await connection.channel()).queue_delete(name)
+
+
+async def _existing_queues(url: str, names: list[str]) -> list[str]:
+    """Those of ``names`` that exist on the broker at ``url``."""
+    found = []
+    async with await aio_pika.connect(url) as connection:
+        for name in names:
+            channel = await connection.channel()
+            try:
+                await channel.declare_queue(name, passive=True)
+                found.append(name)
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                continue
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
+    return found
 
 
 def test_bad_input_is_one_line_with_the_fix(

@@ -32,14 +32,18 @@ class PaymentGatewayDown(Exception):
 START = time.monotonic()
 
 
+DEMO_TOPOLOGY = DelayTopology(prefix="delayed-retry-demo", levels=20)
+"""A chain of its own (20 levels of 1 ms hold up to 17 minutes), apart from real traffic."""
+DEMO_QUEUE = "delayed-retry-demo.orders"
+
+
 def say(text: str) -> None:
     print(f"[{time.monotonic() - START:6.2f}s] {text}", flush=True)
 
 
 async def run(url: str) -> int:
-    # A chain of its own (20 levels of 1 ms hold up to 17 minutes), apart from real traffic.
-    topology = DelayTopology(prefix="delayed-retry-demo", levels=20)
-    queue_name = "delayed-retry-demo.orders"
+    topology = DEMO_TOPOLOGY
+    queue_name = DEMO_QUEUE
     connection = await aio_pika.connect_robust(url)
     async with connection:
         channel = await connection.channel()
@@ -110,11 +114,35 @@ async def run(url: str) -> int:
         return 0 if len(parked) == 2 else 1
 
 
+def left_behind(topology: DelayTopology, queue: str) -> str:
+    """What the demo leaves on a broker of the user's, and the commands that look and remove it."""
+    queues = len(topology.queues()) + 2  # the chain's, the work queue and its parking queue
+    options = f"--prefix {topology.prefix} --levels {topology.levels}"
+    return "\n".join(
+        [
+            f"left on the broker to look at: queue {queue!r}, its parking queue "
+            f"{queue + '.parking'!r} with the parked messages, and the chain "
+            f"{topology.prefix!r} ({queues} queues and {len(topology.exchanges())} exchanges "
+            "in all)",
+            f"  look:   delayed-retry parking list --queue {queue} {options}",
+            f"  remove: delayed-retry parking purge --queue {queue} --all --yes {options}",
+            f"          delayed-retry teardown {options} --queue {queue} --purge-alerts --yes",
+            f"          rabbitmqctl delete_queue {queue}",
+        ]
+    )
+
+
 def main(url: str | None = None) -> int:
-    """Run the demo on ``url``, or on a throwaway broker (see :func:`broker_url`) when ``None``."""
+    """Run the demo on ``url``, or on a throwaway broker (see :func:`broker_url`) when ``None``.
+
+    On a broker of the user's (``url`` given) it ends by saying what it left
+    there and how to remove it; a throwaway broker goes away with all of it.
+    """
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if url is not None:
-        return asyncio.run(run(url))
+        code = asyncio.run(run(url))
+        say(left_behind(DEMO_TOPOLOGY, DEMO_QUEUE))
+        return code
     with broker_url() as started:
         return asyncio.run(run(started))
 
