@@ -54,6 +54,7 @@ known_names = st.sampled_from(
         "x-first-death-queue",
         "x-last-death-reason",
         "x-delivery-count",
+        "x-acquired-count",
     ]
 )
 death_entry = st.fixed_dictionaries(
@@ -219,10 +220,24 @@ def test_sanitize_removes_broker_death_headers() -> None:
             "x-first-death-reason": "rejected",
             "x-last-death-exchange": "",
             "x-delivery-count": 3,
+            "x-acquired-count": 4,  # RabbitMQ 4.3
             "keep": "me",
         }
     )
     assert out == {"keep": "me"}
+
+
+def test_every_header_name_is_spelled_once_in_the_fingerprint_too() -> None:
+    # fingerprint.py keeps its own spelling of four names (it ships alone to Spark executors).
+    from delayed_retry import fingerprint
+
+    spelled = {
+        fingerprint._X_EXCEPTION_TYPE: h.X_EXCEPTION_TYPE,
+        fingerprint._X_EXCEPTION_MESSAGE: h.X_EXCEPTION_MESSAGE,
+        fingerprint._X_EXCEPTION_TRACEBACK: h.X_EXCEPTION_TRACEBACK,
+        fingerprint._X_LAST_ERROR: h.X_LAST_ERROR,
+    }
+    assert all(a == b for a, b in spelled.items()), spelled
 
 
 def test_sanitize_makes_awkward_values_encodable() -> None:

@@ -8,12 +8,17 @@ bearing on the limit. What does count, on every version:
 
 - a hand-over into the delay chain or to parking that is not confirmed for
   :data:`~delayed_retry.consumer.handover.HANDOVER_RETRY_WINDOW` (30 s): the message is
-  nacked back to its queue, one delivery per 30 s of broker trouble;
+  nacked back to its queue, one delivery per 30 s of broker trouble (4.0–4.2 only:
+  RabbitMQ 4.3 no longer counts a ``nack``, measured on 4.3.6);
 - a message given back after an internal failure (a declaration refused, a
-  channel without confirms), after a pause of up to 30 s;
-- consumer crashes and lost connections;
-- on RabbitMQ 4.0–4.2, every ``basic.get`` returned unacked: each
-  ``peek_parked`` of a parked message (measured on 4.0.5).
+  channel without confirms), after a pause of up to 30 s (a ``nack`` too);
+- consumer crashes and lost connections (a closed channel returns its unacked
+  messages: counted on every 4.x);
+- every ``basic.get`` returned unacked by closing the channel: each
+  ``peek_parked`` of a parked message (measured on 4.0.5 and 4.3.6).
+
+On 4.3 a redelivery also carries ``x-acquired-count`` (every delivery, ``nack``
+included), while ``x-delivery-count`` counts only what the limit counts.
 
 RabbitMQ 4.0 and later give every quorum queue a default delivery limit of
 20 when none is set; 3.x has none. A consumed queue's limit should be off

@@ -24,6 +24,7 @@ from delayed_retry.durations import from_epoch_ms, to_epoch_ms
 
 __all__ = [
     "BROKER_HEADERS",
+    "X_ACQUIRED_COUNT",
     "X_CLAIMED_QUEUE",
     "X_DEATH",
     "X_DELAY",
@@ -122,9 +123,14 @@ X_MIGRATED_FROM = "x-retry-migrated-from"
 X_DEATH = "x-death"
 """The broker's dead-letter history (read to count rejections, never re-published)."""
 X_DELIVERY_COUNT = "x-delivery-count"
-"""Quorum queues' redelivery count (RabbitMQ 4.0+ sets it on redelivery; never re-published)."""
+"""Quorum queues' count of returns toward the delivery limit, set by the broker on redelivery
+(on 4.3 a ``nack`` no longer raises it; a ``reject`` or a closed channel does). Never
+re-published."""
+X_ACQUIRED_COUNT = "x-acquired-count"
+"""RabbitMQ 4.3+: how many times a quorum queue message was delivered before (every return,
+``nack`` included). Never re-published."""
 
-BROKER_HEADERS = (X_DEATH, X_DELIVERY_COUNT)
+BROKER_HEADERS = (X_DEATH, X_DELIVERY_COUNT, X_ACQUIRED_COUNT)
 """Broker-written headers, never re-published (nor any ``x-first-death-*``/``x-last-death-*``)."""
 
 MAX_RETRY_COUNT = 1_000_000

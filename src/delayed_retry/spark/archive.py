@@ -25,6 +25,8 @@ from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 from delayed_retry.durations import from_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import (
+    X_ACQUIRED_COUNT,
+    X_DELIVERY_COUNT,
     X_EXCEPTION_MESSAGE,
     X_EXCEPTION_TRACEBACK,
     X_EXCEPTION_TYPE,
@@ -46,6 +48,9 @@ __all__ = [
     "archive_row",
     "archive",
 ]
+
+COUNTED_BY_BROKER = (X_DELIVERY_COUNT, X_ACQUIRED_COUNT)
+"""Headers the broker rewrites on each redelivery: never part of a message's identity."""
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +108,9 @@ def archive_row(
     """One archive row (schema :data:`~delayed_retry.spark.schema.ARCHIVE_COLUMNS`). Pure."""
     h: Mapping[str, Any] = headers if isinstance(headers, Mapping) else {}
     headers_json = headers_to_json(h)
-    # x-delivery-count changes on each redelivery; leave it out of the key so
+    # The broker's counters change on each redelivery; leave them out of the key so
     # a redelivered duplicate keeps the key of the first copy.
-    key_json = headers_to_json({k: v for k, v in h.items() if k != "x-delivery-count"})
+    key_json = headers_to_json({k: v for k, v in h.items() if k not in COUNTED_BY_BROKER})
     state = parse_retry_state(h, exchange=exchange, routing_key=routing_key, queue=None)
     has_retries = X_RETRY in h or state.broker_deaths > 0
     return {
