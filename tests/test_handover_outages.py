@@ -21,6 +21,7 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry import NoInstrumentation, RetryRouter, publish_delayed
+from delayed_retry.admin.chain_probe import exchange_exists
 from delayed_retry.delivery.forwarder import Forwarder
 from delayed_retry.delivery.front_door import FrontDoor
 from delayed_retry.headers import X_DELAY, X_PARKED_REASON
@@ -67,18 +68,6 @@ async def _delete_level_exchanges(s: Scenario) -> None:
         await channel.close()
 
 
-async def _exchange_exists(s: Scenario, name: str) -> bool:
-    channel = await s.connection.channel()
-    try:
-        await channel.declare_exchange(name, passive=True)
-        return True
-    except aio_pika.exceptions.ChannelNotFoundEntity:
-        return False
-    finally:
-        if not channel.is_closed:
-            await channel.close()
-
-
 async def test_front_door_keeps_a_message_while_the_chain_exchanges_are_missing(
     chain: Scenario,
 ) -> None:
@@ -94,7 +83,7 @@ async def test_front_door_keeps_a_message_while_the_chain_exchanges_are_missing(
         await q.consume(inbox)
         # A mistaken teardown: every level exchange of the chain is gone.
         await _delete_level_exchanges(s)
-        assert not await _exchange_exists(s, s.topology.level_name(0))
+        assert not await exchange_exists(s.connection, s.topology.level_name(0))
         sent = time.time()
         delay_exchange = await s.ch.get_exchange(door.delay_exchange, ensure=False)
         await delay_exchange.publish(
@@ -105,7 +94,7 @@ async def test_front_door_keeps_a_message_while_the_chain_exchanges_are_missing(
         assert arrival.at >= sent + 2.0, "delivered before its x-delay"
         assert arrival.headers[X_DELAY] == -2000
         # The front door put the chain back instead of returning the message 21 times.
-        assert await _exchange_exists(s, s.topology.level_name(0))
+        assert await exchange_exists(s.connection, s.topology.level_name(0))
         assert door.accepted == 1
         assert door.given_back == 0
         assert await s.depth(f"{exchange}.delay.parking") == 0
@@ -184,7 +173,7 @@ async def test_router_keeps_an_unroutable_message_while_its_exchange_is_missing(
     assert kept.body == b"r"
     assert (kept.headers or {})[X_PARKED_REASON] == "unknown-queue"
     await kept.ack()
-    assert await _exchange_exists(s, s.topology.unroutable_exchange)
+    assert await exchange_exists(s.connection, s.topology.unroutable_exchange)
     await s.wait_for_depth(s.topology.rejected_queue, 0)
 
 

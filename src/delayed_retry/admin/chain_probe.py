@@ -49,6 +49,18 @@ async def declared_queue(
         return None
 
 
+async def exchange_exists(connection: AbstractConnection, name: str) -> bool:
+    """Whether exchange ``name`` exists (a passive declare on a scratch channel of its own)."""
+    try:
+        await on_scratch_channel(
+            await underlay_connection(connection),
+            lambda channel: channel.exchange_declare(name, passive=True),
+        )
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class QueueDepth:
     """One level of the chain and the messages waiting in it (``None``: the queue is missing)."""

@@ -19,6 +19,7 @@ from dataclasses import replace
 import aiormq
 from aio_pika.abc import AbstractConnection
 
+from delayed_retry.admin.chain_probe import declared_queue, exchange_exists
 from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementClient, ManagementError
 from delayed_retry.amqp.declare import underlay_of
 from delayed_retry.cli.common import management_client, topology_from_args
@@ -28,21 +29,6 @@ from delayed_retry.topology import DelayTopology, amqp_arguments
 __all__ = ["bound_chains", "checked_topology"]
 
 _DELIVERY = re.compile(r"^(?P<prefix>.+)\.delivery-(?P<levels>\d+)$")
-
-
-async def _exists(connection: AbstractConnection, kind: str, name: str) -> bool:
-    channel = await connection.channel(publisher_confirms=False)
-    try:
-        if kind == "exchange":
-            await channel.declare_exchange(name, passive=True)
-        else:
-            await channel.declare_queue(name, passive=True)
-        return True
-    except aiormq.exceptions.ChannelNotFoundEntity:
-        return False
-    finally:
-        if not channel.is_closed:
-            await channel.close()
 
 
 async def bound_chains(client: ManagementClient, queue: str) -> list[tuple[str, int]] | None:
@@ -66,7 +52,7 @@ async def bound_chains(client: ManagementClient, queue: str) -> list[tuple[str, 
 
 async def _levels_of(connection: AbstractConnection, prefix: str) -> int | None:
     for levels in range(1, 49):
-        if await _exists(connection, "exchange", f"{prefix}.delivery-{levels}"):
+        if await exchange_exists(connection, f"{prefix}.delivery-{levels}"):
             return levels
     return None
 
@@ -98,7 +84,7 @@ async def checked_topology(
                     f"{_options(topology.prefix, topology.levels)}; pass the options of the "
                     "chain its consumers use (or set DELAYED_RETRY_PREFIX)"
                 )
-    if not await _exists(connection, "exchange", topology.delivery_exchange):
+    if not await exchange_exists(connection, topology.delivery_exchange):
         found = await _levels_of(connection, topology.prefix)
         if found is not None:
             raise CommandError(
@@ -112,7 +98,7 @@ async def checked_topology(
             f"'delayed-retry declare {_options(topology.prefix, topology.levels)}'"
         )
     spec = topology.queues()[0]
-    if await _exists(connection, "queue", spec.name):
+    if await declared_queue(connection, spec.name) is not None:
         # Re-declaring with the same arguments changes nothing; other arguments are refused.
         underlay = await underlay_of(await connection.channel(publisher_confirms=False))
         try:

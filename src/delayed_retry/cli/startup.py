@@ -22,13 +22,11 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import aiormq
-import aiormq.abc
 from aio_pika.abc import AbstractConnection
 
 from delayed_retry.admin.chain_diff import LiveQueue
+from delayed_retry.admin.chain_probe import declared_queue, exchange_exists
 from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementError
-from delayed_retry.amqp.channels import scratch_channel, underlay_connection
 from delayed_retry.cli.common import management_client
 from delayed_retry.durations import format_duration
 from delayed_retry.topology import DelayTopology
@@ -89,44 +87,22 @@ def stranded_forward_queues(
     return warnings
 
 
-async def _queue_state(
-    connection: aiormq.abc.AbstractConnection, queue: str
-) -> tuple[int, int] | None:
-    """(messages, consumers) of ``queue``, or ``None`` when it does not exist."""
-    async with scratch_channel(connection) as channel:
-        try:
-            ok = await channel.queue_declare(queue, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return None
-    return ok.message_count or 0, ok.consumer_count or 0
-
-
-async def _exchange_exists(connection: aiormq.abc.AbstractConnection, exchange: str) -> bool:
-    async with scratch_channel(connection) as channel:
-        try:
-            await channel.exchange_declare(exchange, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return False
-    return True
-
-
 async def _checks(
     args: argparse.Namespace, connection: AbstractConnection, startup: Startup
 ) -> tuple[list[str], str | None]:
     """(warnings, a note on a check that could not run) before ``startup`` consumes."""
-    underlay = await underlay_connection(connection)
     warnings: list[str] = []
     for exchange in startup.delivers_to:
-        if not await _exchange_exists(underlay, exchange):
+        if not await exchange_exists(connection, exchange):
             warnings.append(
                 f"exchange {exchange!r} does not exist: every message that comes due for it is "
                 f"parked in {startup.topology.forward_queue(exchange) + '.parking'!r} (reason "
                 "exchange-missing); declare it, with its bindings"
             )
         inbox = f"{exchange}.delay"
-        if startup.command != "front-door" and (state := await _queue_state(underlay, inbox)):
-            messages, consumers = state
-            if messages and not consumers:
+        if startup.command != "front-door" and (state := await declared_queue(connection, inbox)):
+            messages = state.message_count or 0
+            if messages and not state.consumer_count:
                 warnings.append(
                     f"queue {inbox!r} holds {messages} message(s) and nothing consumes it; "
                     f"run `delayed-retry front-door --exchange {exchange}` with the same prefix"
