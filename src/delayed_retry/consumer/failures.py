@@ -85,7 +85,7 @@ class FailureHandling:
     async def redelay(self, message: AbstractIncomingMessage, due_at: datetime) -> None:
         """Send a message that arrived before its due time back for the rest of its wait."""
 
-        async def publish() -> None:
+        async def publish() -> bool:
             units = chain_units(self.topology, due_at, now=utcnow(), hold=self.hold)
             await publish_into_chain(
                 message.channel,
@@ -95,6 +95,7 @@ class FailureHandling:
                 headers=sanitize_headers(message.headers),
                 timeout=self.publish_timeout,
             )
+            return True
 
         await hand_over(message, publish, queue=self.queue)
 

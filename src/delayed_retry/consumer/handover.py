@@ -87,10 +87,14 @@ async def hand_over(
     """Run ``publish`` until the broker confirms it, then ack ``message``; return its result.
 
     Use it wherever a consumed message moves on: ``publish`` must raise (one
-    of :data:`RETRYABLE`) unless its copy is confirmed, and must be safe to
-    run again. Returns ``None`` when the message was not acked: given back to
-    ``queue`` after ``timing.window`` seconds of failures, or left to the
-    broker because the consuming channel closed (it redelivers the message).
+    of :data:`RETRYABLE`) unless its copy is confirmed, must be safe to run
+    again, and returns what the caller needs back, never ``None`` (return
+    ``True`` when there is nothing to say). Returns ``None`` when the message
+    was not acked: given back to ``queue`` after ``timing.window`` seconds of
+    failures, or left to the broker because the consuming channel closed (it
+    redelivers the message). Any other exception of ``publish`` propagates,
+    the message unsettled: the caller gives it back after a pause
+    (:func:`give_back_later`).
     """
     started = time.monotonic()
     pause = timing.first_pause
