@@ -17,6 +17,7 @@ import asyncio
 import importlib
 import logging
 import os
+import select
 import signal
 import sys
 from collections.abc import Sequence
@@ -96,18 +97,24 @@ EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 def _stdout_closed() -> bool:
     """Whether standard output is a pipe whose reader is gone; if so, silence it for good.
 
-    Later writes (and the interpreter's last flush) go to /dev/null, so the command ends
-    without a traceback or an error line, as ``head`` expects of the tools it reads.
+    Asked of the pipe itself (``poll`` reports an error on a pipe with no reader
+    left), not of Python's buffer, which a failed write may have emptied. Later
+    writes (and the interpreter's last flush) then go to /dev/null, so the
+    command ends without a traceback or an error line, as ``head`` expects of
+    the tools it reads.
     """
     try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return True
-    except (OSError, ValueError):
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a file
         return False
-    return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    if not any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0)):
+        return False
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
