@@ -69,12 +69,18 @@ RETRYABLE: tuple[type[BaseException], ...] = (
 class HandOverTiming:
     """How long and how often an unconfirmed hand-over is tried before the message goes back."""
 
-    window: float = HANDOVER_RETRY_WINDOW
-    first_pause: float = HANDOVER_FIRST_PAUSE
-    max_pause: float = HANDOVER_MAX_PAUSE
+    window: float
+    first_pause: float
+    max_pause: float
 
-
-DEFAULT_TIMING = HandOverTiming()
+    @classmethod
+    def default(cls) -> HandOverTiming:
+        """The module's settings as they are now (tests shorten them by setting the constants)."""
+        return cls(
+            window=HANDOVER_RETRY_WINDOW,
+            first_pause=HANDOVER_FIRST_PAUSE,
+            max_pause=HANDOVER_MAX_PAUSE,
+        )
 
 
 async def hand_over(
@@ -82,7 +88,7 @@ async def hand_over(
     publish: Callable[[], Awaitable[_T]],
     *,
     queue: str,
-    timing: HandOverTiming = DEFAULT_TIMING,
+    timing: HandOverTiming | None = None,
 ) -> _T | None:
     """Run ``publish`` until the broker confirms it, then ack ``message``; return its result.
 
@@ -96,6 +102,7 @@ async def hand_over(
     the message unsettled: the caller gives it back after a pause
     (:func:`give_back_later`).
     """
+    timing = timing or HandOverTiming.default()
     started = time.monotonic()
     pause = timing.first_pause
     while True:
