@@ -54,6 +54,7 @@ known_names = st.sampled_from(
         "x-first-death-queue",
         "x-last-death-reason",
         "x-delivery-count",
+        "x-acquired-count",
     ]
 )
 death_entry = st.fixed_dictionaries(
@@ -219,6 +220,7 @@ def test_sanitize_removes_broker_death_headers() -> None:
             "x-first-death-reason": "rejected",
             "x-last-death-exchange": "",
             "x-delivery-count": 3,
+            "x-acquired-count": 4,
             "keep": "me",
         }
     )

@@ -24,6 +24,7 @@ from delayed_retry.durations import from_epoch_ms, to_epoch_ms
 
 __all__ = [
     "BROKER_HEADERS",
+    "X_ACQUIRED_COUNT",
     "X_CLAIMED_QUEUE",
     "X_DEATH",
     "X_DELAY",
@@ -123,8 +124,11 @@ X_DEATH = "x-death"
 """The broker's dead-letter history (read to count rejections, never re-published)."""
 X_DELIVERY_COUNT = "x-delivery-count"
 """Quorum queues' redelivery count (RabbitMQ 4.0+ sets it on redelivery; never re-published)."""
+X_ACQUIRED_COUNT = "x-acquired-count"
+"""Quorum queues' count of deliveries to a consumer, returns by ``nack`` included (RabbitMQ
+4.3+ sets it on redelivery and keeps it through dead-lettering; never re-published)."""
 
-BROKER_HEADERS = (X_DEATH, X_DELIVERY_COUNT)
+BROKER_HEADERS = (X_DEATH, X_DELIVERY_COUNT, X_ACQUIRED_COUNT)
 """Broker-written headers, never re-published (nor any ``x-first-death-*``/``x-last-death-*``)."""
 
 MAX_RETRY_COUNT = 1_000_000
