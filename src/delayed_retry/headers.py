@@ -128,7 +128,7 @@ X_DELIVERY_COUNT = "x-delivery-count"
 re-published."""
 X_ACQUIRED_COUNT = "x-acquired-count"
 """RabbitMQ 4.3+: how many times a quorum queue message was delivered before (every return,
-``nack`` included). Never re-published."""
+``nack`` included), kept through dead-lettering. Never re-published."""
 
 BROKER_HEADERS = (X_DEATH, X_DELIVERY_COUNT, X_ACQUIRED_COUNT)
 """Broker-written headers, never re-published (nor any ``x-first-death-*``/``x-last-death-*``)."""
