@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from .chroot import VERSION_ENV, ensure_chroot
 from .node import NODE_HOST, RabbitMQNode, secrets_hex, write_cookie
 from .probe import BrokerHarnessError
 
@@ -29,7 +31,8 @@ class RabbitMQCluster:
     start (tens of seconds), so share one per test module or session and give
     each test its own queue names. Nodes are numbered from 0; node 0 is the
     one the others joined. Everything is killed and deleted on :meth:`close`.
-    ``rabbit_env`` goes to every node (see :class:`RabbitMQNode`).
+    ``rabbit_env`` goes to every node (see :class:`RabbitMQNode`); ``version``
+    (default ``$DELAYED_RETRY_TEST_RABBITMQ``) is every node's RabbitMQ version.
     """
 
     def __init__(
@@ -38,12 +41,18 @@ class RabbitMQCluster:
         *,
         start_timeout: float = 180.0,
         rabbit_env: Mapping[str, int] | None = None,
+        version: str | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"a cluster needs at least one node, not {size}")
         self.size = size
         self.start_timeout = start_timeout
-        self.base_dir = Path(tempfile.mkdtemp(prefix="drtest-cluster-"))
+        self.version = version if version is not None else os.environ.get(VERSION_ENV) or None
+        # A 4.x node runs in a chroot and sees only the files inside it: so do its folders.
+        root = None if self.version in (None, "3.10") else ensure_chroot(str(self.version))
+        self.base_dir = Path(
+            tempfile.mkdtemp(prefix="drtest-cluster-", dir=None if root is None else root / "tmp")
+        )
         self.home = self.base_dir / "home"  # one Erlang cookie for every node
         prefix = f"drtest-{secrets_hex()}"
         self.nodes = [
@@ -53,6 +62,7 @@ class RabbitMQCluster:
                 home=self.home,
                 start_timeout=start_timeout,
                 rabbit_env=rabbit_env,
+                version=self.version,
             )
             for index in range(size)
         ]
