@@ -18,6 +18,7 @@ from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
 from delayed_retry import publish_delayed
 from delayed_retry.web import WebSettings
 from tests.support.chain import Scenario, open_scenario
+from tests.support.retrying import fail_with_retries, park_after_retries
 from tests.support.waiting import wait_until
 from tests.support.web import ids_in, park, serve
 
@@ -148,9 +149,24 @@ async def test_browser_lists_filters_and_replays_a_group(
         timeout_row = page.locator("#groups tbody tr", has_text="GatewayTimeout")
         await expect(timeout_row.locator("td.num")).to_have_text("3")
         await timeout_row.get_by_role("button", name="Replay group").click()
+        # Nothing happens before the confirmation, which says how many go where, and how.
+        confirm = page.locator("#confirm")
+        await expect(confirm).to_contain_text(
+            f"Replay 3 parked messages of {queue}.parking to queue {queue}?"
+        )
+        await expect(confirm).to_contain_text("1 first as canary (timeout-100)")
+        await expect(confirm).to_contain_text("Pace: at most 50 messages per second")
+        assert len(await ids_in(lot, queue + ".parking")) == 5
+        await confirm.get_by_role("button", name="Replay 3 messages").click()
         job = page.locator("#jobs .job").first
-        await expect(job).to_have_attribute("data-state", "finished", timeout=30_000)
+        await expect(page.locator("#confirm")).to_be_empty()
+        # All replayed, but the canary could still park again: watched, not green yet.
+        await expect(job).to_have_attribute("data-state", "confirming", timeout=30_000)
         await expect(job.locator(".done")).to_have_text("3")
+        await expect(job).to_contain_text("not confirmed yet")
+        await _shot(page, "queue-replay-confirming")
+        await expect(job).to_have_attribute("data-state", "finished", timeout=30_000)
+        await expect(job).to_contain_text("confirmed: it did not park again")
         await _shot(page, "queue-replayed")
         await page.goto(base + "/")
         await expect(page).to_have_title("Overview · delayed-retry")
@@ -195,6 +211,10 @@ async def test_browser_purge_needs_the_typed_confirmation(
 
         await page.goto(f"{base}/message?queue={queue}&key=timeout-101")
         await page.get_by_role("button", name="Replay this message").click()
+        await expect(page.locator("#confirm")).to_contain_text(
+            f"Replay 1 parked message of {queue}.parking to queue {queue}?"
+        )
+        await page.get_by_role("button", name="Replay 1 message").click()
         job = page.locator("#jobs .job").first
         await expect(job).to_have_attribute("data-state", "finished", timeout=30_000)
         await _shot(page, "message-replayed")
@@ -270,4 +290,45 @@ async def test_browser_pages_through_a_parking_lot(
         await page.get_by_role("link", name="← earlier").click()
         await expect(rows).to_have_count(2)
         assert await rows.evaluate_all(keys) == first
+    assert problems == [], problems
+
+
+async def test_browser_replay_asks_first_and_its_canary_stops_a_replay_that_still_fails(
+    browser: Browser, lot: Scenario, rabbitmq_url: str
+) -> None:
+    queue = _orders(lot)
+    # The cause is not fixed: retried after 1 s and 2 s, then parked (records span ~3 s).
+    still_failing = await fail_with_retries(lot, queue)
+    problems: list[str] = []
+    try:
+        ids = await park_after_retries(lot, queue, 4)
+        settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology)
+        async with serve(settings) as base:
+            page = await _page(browser, problems)
+            await page.goto(f"{base}/parked?queue={queue}")
+            await page.get_by_role("button", name="Replay group").click()
+            confirm = page.locator("#confirm")
+            await expect(confirm).to_contain_text(
+                f"Replay 4 parked messages of {queue}.parking to queue {queue}?"
+            )
+            # The canary waits for what its record took, not a fixed 5 s.
+            await expect(confirm).to_contain_text("twice the canary's retry span of")
+            await expect(confirm).to_contain_text("the other 3 stay parked")
+            await _shot(page, "replay-confirmation")
+            await confirm.get_by_role("button", name="Replay 4 messages").click()
+            job = page.locator("#jobs .job").first
+            await expect(job).to_have_attribute("data-state", "stopped", timeout=30_000)
+            await expect(job).to_have_class("job job-stopped")
+            await expect(job).to_contain_text("parked again: the cause is not fixed")
+            await expect(job).to_contain_text("the other 3 were not touched")
+            await expect(job.locator(".done")).to_have_text("1")
+            await _shot(page, "replay-canary-stopped")
+
+        async def all_parked() -> bool:
+            return await lot.depth(queue + ".parking") == 4
+
+        await wait_until(all_parked, timeout=30, what="the canary to be parked again")
+    finally:
+        await still_failing()
+    assert sorted(await ids_in(lot, queue + ".parking")) == ids
     assert problems == [], problems

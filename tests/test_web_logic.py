@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import base64
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
+from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError
+from delayed_retry.parking.canary_wait import CanaryNews, CanaryWait
 from delayed_retry.parking.lot import ParkedFilter, ParkedRecord, read_record
-from delayed_retry.web.jobs import JobRequest
+from delayed_retry.web.jobs import Job, JobRequest
+from delayed_retry.web.plans import PLAN_TTL, PlanBook, ReplayPlan
 from delayed_retry.web.records import filter_from_mapping, filter_to_mapping, group_label
 from delayed_retry.web.render import histogram, view_body
 from delayed_retry.web.security import authenticate, check_bind, host_allowed, same_origin
@@ -179,6 +183,9 @@ def test_job_requests_follow_the_api_contract() -> None:
         "replay", {"queue": "q", "message_ids": ["a"], "rate": "5", "canary": 2}
     )
     assert paced.rate == 5.0 and paced.canary == 2
+    assert paced.canary_wait is None  # derived from the canaries' records, not a fixed 5 s
+    waited = JobRequest.from_json("replay", {"queue": "q", "message_ids": ["a"], "canary_wait": 90})
+    assert waited.canary_wait == 90.0 and waited.describe()["canary_wait"] == 90.0
     bad = [
         (None, "JSON object"),
         ({"message_ids": ["a"]}, '"queue"'),
@@ -209,3 +216,59 @@ def test_discovery_keeps_work_queues_with_a_parking_queue() -> None:
         "parking",
     ]
     assert work_queues_of(names, DelayTopology()) == ["invoices", "orders"]
+
+
+def _job(canary: int = 1) -> Job:
+    request = JobRequest(action="replay", queue="orders", message_ids=("a", "b"), canary=canary)
+    return Job(id="1-abc", request=request, user="ops", started_at=NOW)
+
+
+def test_a_job_follows_its_canary_and_is_not_finished_while_it_can_come_back() -> None:
+    job = _job()
+    wait = CanaryWait.choose([7.0], given=5)
+    until = NOW + timedelta(seconds=5)
+    job.hear(CanaryNews(phase="watching", ids=("a",), wait=wait, until=until))
+    assert job.state == "canary" and not job.finished
+    assert "the rest waits until 12:00:05 UTC" in job.note
+    assert job.warning.startswith("canary wait 5 s is shorter than the 19 s")
+    job.hear(CanaryNews(phase="passed", ids=("a",), wait=wait))
+    assert job.state == "running" and job.watch_until is None
+    job.hear(CanaryNews(phase="confirming", ids=("a",), wait=wait, until=until, rest=1))
+    assert job.state == "confirming" and not job.finished
+    assert "not confirmed yet: canary a can still park again" in job.note
+    assert job.as_json()["watch_until"] == until.isoformat()
+    assert (job.as_json()["canary_wait"], job.as_json()["canary_wait_derived"]) == (5, 19)
+    job.state = "parked-again"
+    assert job.finished
+
+
+def test_a_confirmation_is_used_once_by_its_own_user_and_forgotten_when_old() -> None:
+    book = PlanBook()
+    request = JobRequest(action="replay", queue="orders", message_ids=("a",), canary=1)
+
+    def plan(**extra: Any) -> ReplayPlan:
+        return ReplayPlan(
+            id=PlanBook.new_id(),
+            request=request,
+            user="ops",
+            parking_queue="orders.parking",
+            target="orders",
+            keys=("a",),
+            canary_ids=("a",),
+            canary_wait=CanaryWait.choose([0.0], given=None),
+            **extra,
+        )
+
+    fresh = plan()
+    book.add(fresh)
+    with pytest.raises(ConfigurationError, match="no longer valid"):
+        book.take(fresh.id, user="someone-else")
+    assert book.take(fresh.id, user="ops") is fresh
+    with pytest.raises(ConfigurationError, match="click Replay again"):
+        book.take(fresh.id, user="ops")
+    old = plan(created_at=utcnow() - PLAN_TTL - timedelta(seconds=1))
+    book.add(old)
+    with pytest.raises(ConfigurationError, match="no longer valid"):
+        book.take(old.id, user="ops")
+    assert fresh.canary_plan().startswith("the message is the canary: watched until due plus 5 s")
+    assert fresh.pace() == "all at once"

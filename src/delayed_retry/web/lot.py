@@ -23,6 +23,7 @@ from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.declare import underlay_of
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.parking.lot import (
+    CanaryNews,
     MoveProgress,
     MoveReport,
     ParkedFilter,
@@ -34,7 +35,7 @@ from delayed_retry.parking.lot import (
 from delayed_retry.topology import DelayTopology
 from delayed_retry.web.records import group_label
 
-__all__ = ["GroupSummary", "Page", "ParkingLot"]
+__all__ = ["GroupSummary", "Page", "ParkingLot", "Selection"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,15 @@ class Page:
     truncated: bool
     groups: list[GroupSummary]
     arrivals: list[datetime] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The messages an action will work on, as they were when selected."""
+
+    ids: list[str]
+    first: list[ParkedRecord]
+    """The first few selected records, in queue order: a replay's canaries."""
 
 
 class ParkingLot:
@@ -193,13 +203,19 @@ class ParkingLot:
                 return record
         return None
 
-    async def select(self, parking_queue: str, *, where: ParkedFilter) -> list[str]:
-        """The ids of every message ``where`` selects now: the set an action works on."""
-        ids: list[str] = []
+    async def select(self, parking_queue: str, *, where: ParkedFilter, keep: int = 0) -> Selection:
+        """The ids of every message ``where`` selects now (the set an action works on), and
+        the records of the first ``keep`` of them (a replay's would-be canaries)."""
+        ids: dict[str, None] = {}  # ordered, each id once
+        first: list[ParkedRecord] = []
         async with self._records(parking_queue, where) as records:
             async for record in records:
-                ids.append(record.id)
-        return list(dict.fromkeys(ids))
+                if record.id in ids:
+                    continue
+                ids[record.id] = None
+                if len(first) < keep:
+                    first.append(record)
+        return Selection(ids=list(ids), first=first)
 
     # -- acting ----------------------------------------------------------------
     async def replay(
@@ -210,7 +226,8 @@ class ParkingLot:
         to_queue: str,
         rate: float | None,
         canary: int,
-        canary_wait: float,
+        canary_wait: float | None,
+        canary_news: Callable[[CanaryNews], None] | None,
         replayed_by: str,
         progress: Callable[[MoveProgress], None],
     ) -> MoveReport:
@@ -224,6 +241,7 @@ class ParkingLot:
             rate=rate,
             canary=canary,
             canary_wait=canary_wait,
+            canary_news=canary_news,
             progress=progress,
             replayed_by=replayed_by,
             topology=self.topology,
