@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import aio_pika
@@ -16,6 +17,7 @@ from aiohttp import web
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
 
 from delayed_retry import publish_delayed
+from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.web import WebSettings
 from tests.support.chain import Scenario, open_scenario
 from tests.support.retrying import fail_with_retries, park_after_retries
@@ -331,4 +333,66 @@ async def test_browser_replay_asks_first_and_its_canary_stops_a_replay_that_stil
     finally:
         await still_failing()
     assert sorted(await ids_in(lot, queue + ".parking")) == ids
+    assert problems == [], problems
+
+
+_TRACEBACK = """Traceback (most recent call last):
+  File "/app/orders.py", line 9, in handle
+    customer = data["customer_id"]  # <script>alert(1)</script>
+KeyError: 'customer_id'"""
+
+
+async def test_browser_shows_tracebacks_group_keys_and_the_newest_parked_first(
+    browser: Browser, lot: Scenario, rabbitmq_url: str
+) -> None:
+    queue = _orders(lot)
+    parking = queue + ".parking"
+    channel = await lot.connection.channel()
+    await channel.declare_queue(queue, durable=True)
+    await channel.declare_queue(parking, durable=True)
+    now = utcnow()
+    # In queue order; parked at other times (a replayed message parks again later, say).
+    rows = [("k-old", "customer_id", 180), ("k-new", "customer_id", 1)]
+    rows += [("k-mid", "sku", 60), ("k-mid2", "customer_id", 120)]
+    for ident, key, minutes_ago in rows:
+        headers: dict[str, aio_pika.abc.FieldValue] = {
+            "x-parked-reason": "not-retryable",
+            "x-parked-at": to_epoch_ms(now - timedelta(minutes=minutes_ago)),
+            "x-exception-type": "KeyError",
+            "x-exception-message": repr(key),
+            "x-exception-traceback": _TRACEBACK.replace("customer_id", key),
+        }
+        await channel.default_exchange.publish(
+            aio_pika.Message(b"{}", message_id=ident, headers=headers), routing_key=parking
+        )
+    await channel.close()
+    settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology)
+    problems: list[str] = []
+    async with serve(settings) as base:
+        page = await _page(browser, problems)
+        await page.goto(f"{base}/parked?queue={queue}")
+        group = page.locator("#groups tbody tr")
+        await expect(group).to_have_count(1)  # one group, as before
+        await expect(group.locator("a.mono")).to_have_text(
+            "KeyError: 'customer_id' [app/orders.py in handle]"
+        )
+        await expect(group).to_contain_text("most common: 'customer_id' in 3 of 4")
+        await expect(
+            page.locator("section", has=page.locator("#messages")).locator("h2")
+        ).to_have_text("Messages newest parked first")
+        messages = page.locator("#messages tbody tr[data-key]")
+        await expect(messages).to_have_count(4)
+        keys = await messages.evaluate_all("rows => rows.map(r => r.dataset.key)")
+        assert keys == ["k-new", "k-mid", "k-mid2", "k-old"]
+        await _shot(page, "queue-keys-newest-first")
+
+        await page.get_by_role("link", name="k-new").click()
+        traceback = page.locator("#traceback")
+        await expect(traceback).to_be_visible()
+        # Every line on its own line, the markup as text.
+        assert (await traceback.inner_text()).splitlines() == _TRACEBACK.splitlines()
+        assert await traceback.locator("script").count() == 0
+        header = page.locator("#headers tr", has_text="x-exception-traceback").locator("td")
+        assert (await header.inner_text()).splitlines() == _TRACEBACK.splitlines()
+        await _shot(page, "message-traceback")
     assert problems == [], problems

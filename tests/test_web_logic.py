@@ -14,7 +14,13 @@ from delayed_retry.parking.canary_wait import CanaryNews, CanaryWait
 from delayed_retry.parking.lot import ParkedFilter, ParkedRecord, read_record
 from delayed_retry.web.jobs import Job, JobRequest
 from delayed_retry.web.plans import PLAN_TTL, PlanBook, ReplayPlan
-from delayed_retry.web.records import filter_from_mapping, filter_to_mapping, group_label
+from delayed_retry.web.records import (
+    CommonValues,
+    filter_from_mapping,
+    filter_to_mapping,
+    group_fingerprint,
+    group_label,
+)
 from delayed_retry.web.render import histogram, view_body
 from delayed_retry.web.security import authenticate, check_bind, host_allowed, same_origin
 from delayed_retry.web.settings import parse_credentials
@@ -108,6 +114,40 @@ def test_group_labels_come_from_the_failure_fingerprint() -> None:
     assert group_label(traced).startswith("app.GatewayTimeout: gateway did not answer")
     assert "pay.py in charge" in group_label(traced)
     assert traced.fingerprint != _record().fingerprint
+
+
+def test_a_group_label_shows_the_most_common_value_of_what_it_masks() -> None:
+    def keyed(key: str, order: int) -> ParkedRecord:
+        return _record(
+            **{
+                "x-exception-type": "KeyError",
+                "x-exception-message": f"{key!r} missing in order {order}",
+                "x-exception-traceback": 'File "/app/orders.py", line 9, in handle\nKeyError',
+            }
+        )
+
+    records = [keyed("customer_id", 1), keyed("sku", 2), keyed("customer_id", 3)]
+    records.append(keyed("customer_id", 4))
+    assert len({r.fingerprint for r in records}) == 1  # the grouping is unchanged
+    group = group_fingerprint(records[0])
+    assert group.label() == "KeyError: <str> missing in order <num> [app/orders.py in handle]"
+    values = CommonValues()
+    for record in records:
+        values.add(record.exception_message)
+    label, note = values.label(group, group_size=4)
+    # The key comes back; the order numbers, all different, stay masked.
+    assert label == "KeyError: 'customer_id' missing in order <num> [app/orders.py in handle]"
+    assert note == "most common: 'customer_id' in 3 of 4"
+    alone = CommonValues()
+    alone.add("'sku' missing in order 7")
+    assert alone.label(group, group_size=1) == (
+        "KeyError: 'sku' missing in order 7 [app/orders.py in handle]",
+        "the values of its one message",
+    )
+    ids_only = CommonValues()
+    for n in range(3):
+        ids_only.add(f"'k{n}' missing in order {n}")
+    assert ids_only.label(group, group_size=3) == (group.label(), "")
 
 
 def test_page_filters_map_onto_the_parking_lot_filter() -> None:

@@ -223,7 +223,7 @@ def _int(query: Mapping[str, str], name: str, default: int, *, high: int) -> int
     return value
 
 
-def _record_json(record: ParkedRecord) -> dict[str, Any]:
+def _record_json(record: ParkedRecord, *, body_size: int | None = None) -> dict[str, Any]:
     return {
         "message_id": record.message_id,
         "key": record.id,
@@ -239,7 +239,7 @@ def _record_json(record: ParkedRecord) -> dict[str, Any]:
         "replays": record.replays,
         "group": record.fingerprint,
         "group_label": group_label(record),
-        "body_size": len(record.body),
+        "body_size": len(record.body) if body_size is None else body_size,
     }
 
 
@@ -520,7 +520,10 @@ async def api_parked(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "queue": queue,
-            "items": [_record_json(r) for r in page.items],
+            "items": [
+                _record_json(r, body_size=size)
+                for r, size in zip(page.items, page.body_sizes, strict=True)
+            ],
             "offset": page.offset,
             "limit": page.limit,
             "matching": page.matching,
@@ -529,6 +532,8 @@ async def api_parked(request: web.Request) -> web.Response:
                 {
                     "group": g.group,
                     "label": g.label,
+                    "shown_label": g.shown()[0],
+                    "shown_note": g.shown()[1],
                     "exception_type": g.exception_type,
                     "count": g.count,
                     "first_seen": g.first_seen.isoformat() if g.first_seen else None,

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import aiormq
@@ -22,6 +24,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.declare import underlay_of
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.fingerprint import Fingerprint
 from delayed_retry.parking.lot import (
     CanaryNews,
     MoveProgress,
@@ -33,7 +36,7 @@ from delayed_retry.parking.lot import (
     replay_matching,
 )
 from delayed_retry.topology import DelayTopology
-from delayed_retry.web.records import group_label
+from delayed_retry.web.records import CommonValues, group_fingerprint
 
 __all__ = ["GroupSummary", "Page", "ParkingLot", "Selection"]
 
@@ -42,16 +45,29 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class GroupSummary:
-    """One failure group among the matching messages."""
+    """One failure group among the matching messages.
+
+    ``label`` is the group's template (what groups it); :meth:`shown` fills
+    in the most common value of each masked part for people to read.
+    """
 
     group: str
     label: str
     exception_type: str | None
+    fingerprint: Fingerprint | None = None
     count: int = 0
     first_seen: datetime | None = None
     last_seen: datetime | None = None
+    values: CommonValues = field(default_factory=CommonValues)
+
+    def shown(self) -> tuple[str, str]:
+        """The label with the most common masked values filled in, and a note saying so."""
+        if self.fingerprint is None:
+            return self.label, ""
+        return self.values.label(self.fingerprint, group_size=self.count)
 
     def add(self, record: ParkedRecord) -> None:
+        self.values.add(record.exception_message)
         self.count += 1
         seen = record.parked_at
         if seen is not None:
@@ -63,7 +79,13 @@ class GroupSummary:
 
 @dataclass
 class Page:
-    """A page of matching messages, with the groups and count of every matching one."""
+    """A page of matching messages, newest parked first, with the groups and count of every
+    matching one.
+
+    ``items`` are the records without body and headers (a page holds no more than it
+    shows; their body sizes are in ``body_sizes``, in the same order): read one in full with
+    :meth:`ParkingLot.find`.
+    """
 
     items: list[ParkedRecord]
     offset: int
@@ -72,6 +94,8 @@ class Page:
     truncated: bool
     groups: list[GroupSummary]
     arrivals: list[datetime] = field(default_factory=list)
+    body_sizes: list[int] = field(default_factory=list)
+    """The body size of each item, in order."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +105,11 @@ class Selection:
     ids: list[str]
     first: list[ParkedRecord]
     """The first few selected records, in queue order: a replay's canaries."""
+
+
+def _listed(record: ParkedRecord) -> ParkedRecord:
+    """``record`` as a list row needs it: without body and headers."""
+    return replace(record, body=b"", headers={})
 
 
 class ParkingLot:
@@ -162,8 +191,16 @@ class ParkingLot:
     async def page(
         self, parking_queue: str, *, where: ParkedFilter, offset: int = 0, limit: int = 25
     ) -> Page:
-        """One page of the messages ``where`` selects, with groups and count; nothing removed."""
-        items: list[ParkedRecord] = []
+        """One page of the messages ``where`` selects, newest parked first, with groups and
+        count; nothing removed.
+
+        Sorted by parking time (a record without one last), then by place in the queue
+        (later first). Only the ``offset + limit`` newest are held while reading, without
+        their bodies.
+        """
+        keep = offset + limit
+        # A min-heap of the newest `keep`: (parked at, place in the queue, body size, row).
+        newest: list[tuple[float, int, int, ParkedRecord]] = []
         groups: dict[str, GroupSummary] = {}
         arrivals: list[datetime] = []
         matching = 0
@@ -177,23 +214,30 @@ class ParkingLot:
                     arrivals.append(record.parked_at)
                 summary = groups.get(record.fingerprint)
                 if summary is None:
+                    named = group_fingerprint(record)
                     summary = groups[record.fingerprint] = GroupSummary(
                         group=record.fingerprint,
-                        label=group_label(record),
+                        label=named.label(),
                         exception_type=record.exception_type,
+                        fingerprint=named,
                     )
                 summary.add(record)
-                if offset <= matching < offset + limit:
-                    items.append(record)
+                when = record.parked_at.timestamp() if record.parked_at else -math.inf
+                if len(newest) < keep:
+                    heapq.heappush(newest, (when, matching, len(record.body), _listed(record)))
+                elif keep and (when, matching) > newest[0][:2]:
+                    heapq.heapreplace(newest, (when, matching, len(record.body), _listed(record)))
                 matching += 1
+        rows = sorted(newest, key=lambda e: (e[0], e[1]), reverse=True)[offset : offset + limit]
         return Page(
-            items=items,
+            items=[row for _, _, _, row in rows],
             offset=offset,
             limit=limit,
             matching=matching,
             truncated=truncated,
             groups=sorted(groups.values(), key=lambda g: (-g.count, g.label)),
             arrivals=arrivals,
+            body_sizes=[size for _, _, size, _ in rows],
         )
 
     async def find(self, parking_queue: str, key: str) -> ParkedRecord | None:
