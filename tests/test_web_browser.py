@@ -6,6 +6,7 @@ Each view is saved as a screenshot under ``test-artifacts/web/`` (ignored by git
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -299,8 +300,9 @@ async def test_browser_replay_asks_first_and_its_canary_stops_a_replay_that_stil
     browser: Browser, lot: Scenario, rabbitmq_url: str
 ) -> None:
     queue = _orders(lot)
-    # The cause is not fixed: retried after 1 s and 2 s, then parked (records span ~3 s).
-    still_failing = await fail_with_retries(lot, queue)
+    # The cause is not fixed: retried after 1, 2 and 4 s, then parked (records span ~7 s), so
+    # a canary watched for a fixed 5 s would pass while still retrying.
+    still_failing = await fail_with_retries(lot, queue, waits=(1, 2, 4))
     problems: list[str] = []
     try:
         ids = await park_after_retries(lot, queue, 4)
@@ -313,8 +315,10 @@ async def test_browser_replay_asks_first_and_its_canary_stops_a_replay_that_stil
             await expect(confirm).to_contain_text(
                 f"Replay 4 parked messages of {queue}.parking to queue {queue}?"
             )
-            # The canary waits for what its record took, not a fixed 5 s.
-            await expect(confirm).to_contain_text("twice the canary's retry span of")
+            # The canary waits for what its record took (2 x 7 s + 5 s), not a fixed 5 s.
+            await expect(confirm).to_contain_text(
+                re.compile(r"twice the canary's retry span of [7-9]")
+            )
             await expect(confirm).to_contain_text("the other 3 stay parked")
             await _shot(page, "replay-confirmation")
             await confirm.get_by_role("button", name="Replay 4 messages").click()
