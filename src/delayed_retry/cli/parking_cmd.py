@@ -46,7 +46,7 @@ from delayed_retry.parking.lot import (
     purge_matching,
     replay_matching,
 )
-from delayed_retry.parking.moves import CANARY_PARKED_AFTER_THE_REST
+from delayed_retry.parking.moves import CANARY_PARKED_AFTER_THE_REST, CANARY_PARKED_AGAIN
 
 __all__ = ["register"]
 
@@ -342,7 +342,7 @@ def _report(report: MoveReport, args: argparse.Namespace) -> int:
             line += f" to {report.to_queue!r}"
     if not args.json:
         print(line)
-    if report.stopped == "canary-parked-again":
+    if CANARY_PARKED_AGAIN in (report.stopped, report.canary_verdict):
         raise CommandError(
             f"a canary parked again ({', '.join(report.canary_ids)}): the replay stopped after "
             f"{report.done}; the rest stay parked. Fix the cause, then replay again"
