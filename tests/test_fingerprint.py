@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from delayed_retry.fingerprint import (
     UNKNOWN_TYPE,
+    fill_template,
     fingerprint,
     fingerprint_headers,
+    masked_values,
     message_template,
     raising_frame,
 )
@@ -205,3 +207,21 @@ def test_fingerprint_is_deterministic_and_well_formed(message: str, kind: str) -
     assert one.exception_type
     assert "\n" not in one.template
     assert not any(ch.isdigit() for ch in message_template(" ".join(str(i) for i in range(5))))
+
+
+def test_masked_values_are_what_the_placeholders_stand_for() -> None:
+    assert masked_values("'customer_id'") == ("'customer_id'",)
+    assert masked_values("gateway did not answer in 10 s (order 105)") == ("10", "105")
+    assert masked_values("no  variable\n parts") == ()
+    assert masked_values("") == ()
+    template = message_template("gateway did not answer in 10 s (order 105)")
+    assert fill_template(template, ["10", None]) == "gateway did not answer in 10 s (order <num>)"
+    assert fill_template("KeyError <str>", []) == "KeyError <str>"
+
+
+@given(st.text(max_size=80))
+def test_filling_a_template_with_its_masked_values_gives_the_message_back(message: str) -> None:
+    values = masked_values(message)
+    template = message_template(message)
+    if values:
+        assert fill_template(template, values) == " ".join(message.split())

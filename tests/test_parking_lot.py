@@ -29,6 +29,7 @@ from delayed_retry.headers import (
 )
 from delayed_retry.parking import canary as parking_canary
 from delayed_retry.parking.lot import (
+    CanaryNews,
     MoveProgress,
     ParkedFilter,
     browse_parked,
@@ -37,6 +38,7 @@ from delayed_retry.parking.lot import (
     purge_matching,
     replay_matching,
 )
+from delayed_retry.parking.moves import CANARY_CONFIRMED, CANARY_PARKED_AGAIN
 from delayed_retry.parking.shortcuts import replay_parked
 
 pytestmark = pytest.mark.broker
@@ -49,7 +51,8 @@ async def _park(
         X_PARKED_REASON: "max-retries",
         X_PARKED_AT: to_epoch_ms(utcnow() - timedelta(minutes=5)),
         X_RETRY: 4,
-        X_FIRST_FAILURE_AT: to_epoch_ms(utcnow() - timedelta(hours=1)),
+        # Retried for a second before parking: a canary of these is watched 2 x 1 s + 5 s.
+        X_FIRST_FAILURE_AT: to_epoch_ms(utcnow() - timedelta(minutes=5, seconds=1)),
         "x-retry-queue": queue,
         "x-exception-type": exception,
         "x-exception-message": f"{ident} failed",
@@ -216,6 +219,7 @@ async def test_a_canary_that_parks_again_stops_the_replay(
         topology=topology,
     )
     assert report.stopped == "canary-parked-again"
+    assert report.canary_verdict == CANARY_PARKED_AGAIN and report.canary_failed
     assert report.done == 1 and report.canary_ids == ("m-0",)
     assert watches and all(w is not None for w in watches)
     for watch in watches:  # the canary's watch queue is gone with the replay
@@ -237,11 +241,24 @@ async def test_a_canary_that_is_handled_lets_the_rest_follow(
         handled.append(message.message_id or "")
 
     await work.consume(fixed)
+    news: list[CanaryNews] = []
     report = await replay_matching(
-        channel, queue=unique, canary=2, canary_wait=1, canary_poll=0.1, topology=topology
+        channel,
+        queue=unique,
+        canary=2,
+        canary_wait=1,
+        canary_poll=0.1,
+        canary_news=news.append,
+        topology=topology,
     )
     assert report.stopped is None and report.done == 5
     assert report.canary_ids == ("m-0", "m-1")
+    # Confirmed only once the records' 7 s have passed, although 1 s let the rest go.
+    assert report.canary_verdict == CANARY_CONFIRMED and not report.canary_failed
+    assert report.canary_wait is not None
+    assert (report.canary_wait.seconds, report.canary_wait.derived) == (1, 7)
+    assert [n.phase for n in news] == ["watching", "passed", "confirming", "confirmed"]
+    assert news[2].rest == 3
 
     async def all_handled() -> None:
         while len(handled) < 5:

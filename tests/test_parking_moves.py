@@ -9,9 +9,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from delayed_retry import DelayTopology
+from delayed_retry.durations import to_epoch_ms
 from delayed_retry.errors import PublishError
 from delayed_retry.headers import (
     X_DUE_AT,
+    X_FIRST_FAILURE_AT,
+    X_LAST_FAILURE_AT,
+    X_PARKED_AT,
     X_PARKED_REASON,
     X_REPLAY_CANARY,
     X_REPLAYED,
@@ -19,6 +23,7 @@ from delayed_retry.headers import (
     X_RETRY,
     read_epoch_ms,
 )
+from delayed_retry.parking.canary_wait import CanaryWait, derived_wait, retry_span
 from delayed_retry.parking.mover import HandOvers, MoveRequest
 from delayed_retry.parking.moves import (
     CANARY_PARKED_AGAIN,
@@ -75,13 +80,58 @@ def test_a_tally_without_a_progress_callback_still_counts() -> None:
 def test_only_the_first_messages_get_the_canary_token() -> None:
     slots = CanarySlots(size=2)
     assert not slots.some_out and not slots.all_out
-    assert slots.take("m-0") == slots.token
+    assert slots.take(_record("m-0")) == slots.token
     assert slots.some_out and not slots.all_out
-    assert slots.take("m-1") == slots.token
+    assert slots.take(_retried("m-1", span=7)) == slots.token
     assert slots.all_out and not slots.some_out
-    assert slots.take("m-2") is None
+    assert slots.take(_record("m-2")) is None
     assert slots.ids == ["m-0", "m-1"]
+    assert slots.spans == [None, 7.0]  # what the canary wait is derived from
     assert CanarySlots(size=2).token != slots.token  # one token per replay
+
+
+# -- the canary wait ------------------------------------------------------------------
+def _retried(ident: str, *, span: float, retries: int = 3) -> ParkedRecord:
+    """A record parked ``span`` seconds after its first failure, as the decorator writes it."""
+    first = NOW - timedelta(seconds=span)
+    return read_record(
+        {
+            X_PARKED_REASON: "max-retries",
+            X_RETRY: retries,
+            X_FIRST_FAILURE_AT: to_epoch_ms(first),
+            X_LAST_FAILURE_AT: to_epoch_ms(NOW),
+            X_PARKED_AT: to_epoch_ms(NOW),
+        },
+        message_id=ident,
+        body=b"{}",
+    )
+
+
+def test_the_canary_wait_covers_twice_the_retry_span_of_the_slowest_canary() -> None:
+    # Retried after 1, 2 and 4 s, then parked: 7 s from the first failure to the last.
+    assert retry_span(_retried("m-0", span=7)) == 7.0
+    assert derived_wait([7.0]) == 2 * 7 + 5
+    assert derived_wait([7.0, 30.0, 0.0]) == 2 * 30 + 5  # the slowest canary decides
+    assert derived_wait([0.0]) == 5  # parked at its first failure: one handling
+    assert retry_span(_record("m-1")) is None  # no failure times: a foreign message
+    assert derived_wait([None]) == 60
+    wait = CanaryWait.choose([7.0], given=None)
+    assert (wait.seconds, wait.derived, wait.short, wait.warning()) == (19.0, 19.0, False, None)
+    assert (
+        wait.describe()
+        == "19 s: twice the canary's retry span of 7 s (first to last failure) plus 5 s"
+    )
+
+
+def test_a_given_canary_wait_shorter_than_the_records_call_for_is_warned_about() -> None:
+    wait = CanaryWait.choose([7.0], given=5)
+    assert wait.seconds == 5 and wait.derived == 19 and wait.short
+    warning = wait.warning()
+    assert warning is not None
+    assert warning.startswith("canary wait 5 s is shorter than the 19 s: twice the canary's")
+    assert "Leave the wait out" in warning
+    longer = CanaryWait.choose([7.0], given=60)
+    assert longer.seconds == 60 and not longer.short and longer.warning() is None
 
 
 # -- replayed copies ----------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.web import WebSettings, parse_credentials
 from tests.support.chain import Scenario, open_scenario
+from tests.support.retrying import fail_with_retries, park_after_retries
 from tests.support.waiting import wait_until
 from tests.support.web import ids_in, park, park_forever, serve
 
@@ -52,7 +54,7 @@ async def _job_done(session: aiohttp.ClientSession, base: str, status_url: str) 
     async def finished() -> bool:
         async with session.get(base + status_url) as response:
             result.update(await response.json())
-        return result["state"] in ("finished", "failed", "stopped")
+        return result["state"] in ("finished", "failed", "stopped", "parked-again")
 
     await wait_until(finished, timeout=30)
     return result
@@ -381,3 +383,104 @@ async def test_unroutable_messages_replay_only_to_a_named_served_queue(
     await wait_until(arrived, timeout=30)
     assert await ids_in(lot, queue) == ["lost-1"]
     assert await lot.depth(unroutable) == 0
+
+
+async def test_a_canary_that_parks_again_after_the_rest_turns_the_job_red(
+    lot: Scenario, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    queue = lot.name("orders")
+    still_failing = await fail_with_retries(lot, queue)  # retries after 1 s and 2 s, parks
+    try:
+        await park_after_retries(lot, queue, 3)
+        async with (
+            serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base,
+            aiohttp.ClientSession(headers={"Origin": base}) as session,
+        ):
+            # Half a second: the rest follows while the canary is still retrying.
+            body = {"queue": queue, "filter": {}, "canary": 1, "canary_wait": 0.5}
+            async with session.post(f"{base}/api/parked/replay", json=body) as response:
+                assert response.status == 202, await response.text()
+                status_url = (await response.json())["status_url"]
+            seen: list[dict[str, Any]] = []
+
+            async def ended() -> bool:
+                async with session.get(base + status_url) as r:
+                    seen.append(await r.json())
+                return seen[-1]["state"] in ("finished", "failed", "stopped", "parked-again")
+
+            await wait_until(ended, timeout=30, what="the replay job to end")
+    finally:
+        await still_failing()
+    job = seen[-1]
+    assert job["state"] == "parked-again", job
+    assert job["done"] == 3
+    assert "parked again after the other 2 were replayed" in job["note"]
+    # Never green while the canary could come back: watched after the rest, then red.
+    confirming = [j for j in seen if j["state"] == "confirming"]
+    assert confirming and "not confirmed yet" in confirming[0]["note"]
+    assert confirming[0]["watch_until"] is not None
+    assert "finished" not in {j["state"] for j in seen}
+    assert "shorter than the" in confirming[0]["warning"]
+    assert confirming[0]["canary_wait"] == 0.5 and confirming[0]["canary_wait_derived"] > 11
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert audit[-1]["event"] == "finished" and audit[-1]["state"] == "parked-again"
+
+
+async def test_the_page_proposes_a_replay_and_acts_only_on_its_confirmation(
+    lot: Scenario, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    queue = lot.name("orders")
+    await park(lot, queue, ["missing", "missing", "timeout"])
+    async with (
+        serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base,
+        aiohttp.ClientSession(headers={"Origin": base}) as session,
+    ):
+        form = {"queue": queue, "op": "replay-filter", "exception": "CustomerMissing"}
+        async with session.post(f"{base}/actions", data=form) as response:
+            assert response.status == 200
+            assert response.headers["HX-Retarget"] == "#confirm"
+            proposal = await response.text()
+        # The safe choices unless others are made: one canary, 50 messages per second.
+        assert '<strong class="count">2</strong> parked messages' in proposal
+        assert f'to queue <code class="target">{queue}</code>' in proposal
+        assert "1 first as canary (missing-100)" in proposal
+        assert "Pace: at most 50 messages per second" in proposal
+        plan = re.search(r'data-plan="([^"]+)"', proposal)
+        assert plan is not None
+        assert len(await ids_in(lot, queue + ".parking")) == 3  # nothing moved yet
+
+        # All at once and no canary only when chosen, and said so.
+        risky = {**form, "all_at_once": "1", "canary": "0"}
+        async with session.post(f"{base}/actions", data=risky) as response:
+            text = await response.text()
+        assert "No canary: nothing checks that the cause is fixed" in text
+        assert "Pace: all at once" in text
+        cancel = re.search(r'data-plan="([^"]+)"', text)
+        assert cancel is not None
+        async with session.post(
+            f"{base}/actions", data={"op": "cancel-replay", "plan": cancel[1]}
+        ) as response:
+            assert response.status == 200 and "data-plan" not in await response.text()
+
+        async with session.post(
+            f"{base}/actions", data={"op": "confirm-replay", "plan": plan[1]}
+        ) as response:
+            assert response.status == 202
+            started = await response.text()
+        assert 'hx-swap-oob="true"' in started  # the confirmation box is emptied
+        job_id = re.search(r'data-job="([^"]+)"', started)
+        assert job_id is not None
+        for used in (plan[1], cancel[1]):  # each confirmation acts once; a cancelled one never
+            async with session.post(
+                f"{base}/actions", data={"op": "confirm-replay", "plan": used}
+            ) as response:
+                assert response.status == 400
+                assert "no longer valid" in await response.text()
+        job = await _job_done(session, base, f"/api/jobs/{job_id[1]}")
+    assert job["state"] == "finished" and job["done"] == 2, job
+    assert await ids_in(lot, queue + ".parking") == ["timeout-102"]
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [(a["event"], a.get("canary"), a.get("rate")) for a in audit] == [
+        ("accepted", 1, 50.0),
+        ("finished", None, None),
+    ]

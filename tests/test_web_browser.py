@@ -6,7 +6,9 @@ Each view is saved as a screenshot under ``test-artifacts/web/`` (ignored by git
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import aio_pika
@@ -16,8 +18,10 @@ from aiohttp import web
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
 
 from delayed_retry import publish_delayed
+from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.web import WebSettings
 from tests.support.chain import Scenario, open_scenario
+from tests.support.retrying import fail_with_retries, park_after_retries
 from tests.support.waiting import wait_until
 from tests.support.web import ids_in, park, serve
 
@@ -148,9 +152,24 @@ async def test_browser_lists_filters_and_replays_a_group(
         timeout_row = page.locator("#groups tbody tr", has_text="GatewayTimeout")
         await expect(timeout_row.locator("td.num")).to_have_text("3")
         await timeout_row.get_by_role("button", name="Replay group").click()
+        # Nothing happens before the confirmation, which says how many go where, and how.
+        confirm = page.locator("#confirm")
+        await expect(confirm).to_contain_text(
+            f"Replay 3 parked messages of {queue}.parking to queue {queue}?"
+        )
+        await expect(confirm).to_contain_text("1 first as canary (timeout-100)")
+        await expect(confirm).to_contain_text("Pace: at most 50 messages per second")
+        assert len(await ids_in(lot, queue + ".parking")) == 5
+        await confirm.get_by_role("button", name="Replay 3 messages").click()
         job = page.locator("#jobs .job").first
-        await expect(job).to_have_attribute("data-state", "finished", timeout=30_000)
+        await expect(page.locator("#confirm")).to_be_empty()
+        # All replayed, but the canary could still park again: watched, not green yet.
+        await expect(job).to_have_attribute("data-state", "confirming", timeout=30_000)
         await expect(job.locator(".done")).to_have_text("3")
+        await expect(job).to_contain_text("not confirmed yet")
+        await _shot(page, "queue-replay-confirming")
+        await expect(job).to_have_attribute("data-state", "finished", timeout=30_000)
+        await expect(job).to_contain_text("confirmed: it did not park again")
         await _shot(page, "queue-replayed")
         await page.goto(base + "/")
         await expect(page).to_have_title("Overview · delayed-retry")
@@ -195,6 +214,10 @@ async def test_browser_purge_needs_the_typed_confirmation(
 
         await page.goto(f"{base}/message?queue={queue}&key=timeout-101")
         await page.get_by_role("button", name="Replay this message").click()
+        await expect(page.locator("#confirm")).to_contain_text(
+            f"Replay 1 parked message of {queue}.parking to queue {queue}?"
+        )
+        await page.get_by_role("button", name="Replay 1 message").click()
         job = page.locator("#jobs .job").first
         await expect(job).to_have_attribute("data-state", "finished", timeout=30_000)
         await _shot(page, "message-replayed")
@@ -270,4 +293,110 @@ async def test_browser_pages_through_a_parking_lot(
         await page.get_by_role("link", name="← earlier").click()
         await expect(rows).to_have_count(2)
         assert await rows.evaluate_all(keys) == first
+    assert problems == [], problems
+
+
+async def test_browser_replay_asks_first_and_its_canary_stops_a_replay_that_still_fails(
+    browser: Browser, lot: Scenario, rabbitmq_url: str
+) -> None:
+    queue = _orders(lot)
+    # The cause is not fixed: retried after 1, 2 and 4 s, then parked (records span ~7 s), so
+    # a canary watched for a fixed 5 s would pass while still retrying.
+    still_failing = await fail_with_retries(lot, queue, waits=(1, 2, 4))
+    problems: list[str] = []
+    try:
+        ids = await park_after_retries(lot, queue, 4)
+        settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology)
+        async with serve(settings) as base:
+            page = await _page(browser, problems)
+            await page.goto(f"{base}/parked?queue={queue}")
+            await page.get_by_role("button", name="Replay group").click()
+            confirm = page.locator("#confirm")
+            await expect(confirm).to_contain_text(
+                f"Replay 4 parked messages of {queue}.parking to queue {queue}?"
+            )
+            # The canary waits for what its record took (2 x 7 s + 5 s), not a fixed 5 s.
+            await expect(confirm).to_contain_text(
+                re.compile(r"twice the canary's retry span of [7-9]")
+            )
+            await expect(confirm).to_contain_text("the other 3 stay parked")
+            await _shot(page, "replay-confirmation")
+            await confirm.get_by_role("button", name="Replay 4 messages").click()
+            job = page.locator("#jobs .job").first
+            await expect(job).to_have_attribute("data-state", "stopped", timeout=30_000)
+            await expect(job).to_have_class("job job-stopped")
+            await expect(job).to_contain_text("parked again: the cause is not fixed")
+            await expect(job).to_contain_text("the other 3 were not touched")
+            await expect(job.locator(".done")).to_have_text("1")
+            await _shot(page, "replay-canary-stopped")
+
+        async def all_parked() -> bool:
+            return await lot.depth(queue + ".parking") == 4
+
+        await wait_until(all_parked, timeout=30, what="the canary to be parked again")
+    finally:
+        await still_failing()
+    assert sorted(await ids_in(lot, queue + ".parking")) == ids
+    assert problems == [], problems
+
+
+_TRACEBACK = """Traceback (most recent call last):
+  File "/app/orders.py", line 9, in handle
+    customer = data["customer_id"]  # <script>alert(1)</script>
+KeyError: 'customer_id'"""
+
+
+async def test_browser_shows_tracebacks_group_keys_and_the_newest_parked_first(
+    browser: Browser, lot: Scenario, rabbitmq_url: str
+) -> None:
+    queue = _orders(lot)
+    parking = queue + ".parking"
+    channel = await lot.connection.channel()
+    await channel.declare_queue(queue, durable=True)
+    await channel.declare_queue(parking, durable=True)
+    now = utcnow()
+    # In queue order; parked at other times (a replayed message parks again later, say).
+    rows = [("k-old", "customer_id", 180), ("k-new", "customer_id", 1)]
+    rows += [("k-mid", "sku", 60), ("k-mid2", "customer_id", 120)]
+    for ident, key, minutes_ago in rows:
+        headers: dict[str, aio_pika.abc.FieldValue] = {
+            "x-parked-reason": "not-retryable",
+            "x-parked-at": to_epoch_ms(now - timedelta(minutes=minutes_ago)),
+            "x-exception-type": "KeyError",
+            "x-exception-message": repr(key),
+            "x-exception-traceback": _TRACEBACK.replace("customer_id", key),
+        }
+        await channel.default_exchange.publish(
+            aio_pika.Message(b"{}", message_id=ident, headers=headers), routing_key=parking
+        )
+    await channel.close()
+    settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology)
+    problems: list[str] = []
+    async with serve(settings) as base:
+        page = await _page(browser, problems)
+        await page.goto(f"{base}/parked?queue={queue}")
+        group = page.locator("#groups tbody tr")
+        await expect(group).to_have_count(1)  # one group, as before
+        await expect(group.locator("a.mono")).to_have_text(
+            "KeyError: 'customer_id' [app/orders.py in handle]"
+        )
+        await expect(group).to_contain_text("most common: 'customer_id' in 3 of 4")
+        await expect(
+            page.locator("section", has=page.locator("#messages")).locator("h2")
+        ).to_have_text("Messages newest parked first")
+        messages = page.locator("#messages tbody tr[data-key]")
+        await expect(messages).to_have_count(4)
+        keys = await messages.evaluate_all("rows => rows.map(r => r.dataset.key)")
+        assert keys == ["k-new", "k-mid", "k-mid2", "k-old"]
+        await _shot(page, "queue-keys-newest-first")
+
+        await page.get_by_role("link", name="k-new").click()
+        traceback = page.locator("#traceback")
+        await expect(traceback).to_be_visible()
+        # Every line on its own line, the markup as text.
+        assert (await traceback.inner_text()).splitlines() == _TRACEBACK.splitlines()
+        assert await traceback.locator("script").count() == 0
+        header = page.locator("#headers tr", has_text="x-exception-traceback").locator("td")
+        assert (await header.inner_text()).splitlines() == _TRACEBACK.splitlines()
+        await _shot(page, "message-traceback")
     assert problems == [], problems

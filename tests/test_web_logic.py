@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import base64
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
+from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError
+from delayed_retry.parking.canary_wait import CanaryNews, CanaryWait
 from delayed_retry.parking.lot import ParkedFilter, ParkedRecord, read_record
-from delayed_retry.web.jobs import JobRequest
-from delayed_retry.web.records import filter_from_mapping, filter_to_mapping, group_label
+from delayed_retry.web.jobs import Job, JobRequest
+from delayed_retry.web.plans import PLAN_TTL, PlanBook, ReplayPlan
+from delayed_retry.web.records import (
+    CommonValues,
+    filter_from_mapping,
+    filter_to_mapping,
+    group_fingerprint,
+    group_label,
+)
 from delayed_retry.web.render import histogram, view_body
 from delayed_retry.web.security import authenticate, check_bind, host_allowed, same_origin
 from delayed_retry.web.settings import parse_credentials
@@ -106,6 +116,40 @@ def test_group_labels_come_from_the_failure_fingerprint() -> None:
     assert traced.fingerprint != _record().fingerprint
 
 
+def test_a_group_label_shows_the_most_common_value_of_what_it_masks() -> None:
+    def keyed(key: str, order: int) -> ParkedRecord:
+        return _record(
+            **{
+                "x-exception-type": "KeyError",
+                "x-exception-message": f"{key!r} missing in order {order}",
+                "x-exception-traceback": 'File "/app/orders.py", line 9, in handle\nKeyError',
+            }
+        )
+
+    records = [keyed("customer_id", 1), keyed("sku", 2), keyed("customer_id", 3)]
+    records.append(keyed("customer_id", 4))
+    assert len({r.fingerprint for r in records}) == 1  # the grouping is unchanged
+    group = group_fingerprint(records[0])
+    assert group.label() == "KeyError: <str> missing in order <num> [app/orders.py in handle]"
+    values = CommonValues()
+    for record in records:
+        values.add(record.exception_message)
+    label, note = values.label(group, group_size=4)
+    # The key comes back; the order numbers, all different, stay masked.
+    assert label == "KeyError: 'customer_id' missing in order <num> [app/orders.py in handle]"
+    assert note == "most common: 'customer_id' in 3 of 4"
+    alone = CommonValues()
+    alone.add("'sku' missing in order 7")
+    assert alone.label(group, group_size=1) == (
+        "KeyError: 'sku' missing in order 7 [app/orders.py in handle]",
+        "the values of its one message",
+    )
+    ids_only = CommonValues()
+    for n in range(3):
+        ids_only.add(f"'k{n}' missing in order {n}")
+    assert ids_only.label(group, group_size=3) == (group.label(), "")
+
+
 def test_page_filters_map_onto_the_parking_lot_filter() -> None:
     record = _record()
     f = filter_from_mapping
@@ -179,6 +223,9 @@ def test_job_requests_follow_the_api_contract() -> None:
         "replay", {"queue": "q", "message_ids": ["a"], "rate": "5", "canary": 2}
     )
     assert paced.rate == 5.0 and paced.canary == 2
+    assert paced.canary_wait is None  # derived from the canaries' records, not a fixed 5 s
+    waited = JobRequest.from_json("replay", {"queue": "q", "message_ids": ["a"], "canary_wait": 90})
+    assert waited.canary_wait == 90.0 and waited.describe()["canary_wait"] == 90.0
     bad = [
         (None, "JSON object"),
         ({"message_ids": ["a"]}, '"queue"'),
@@ -209,3 +256,59 @@ def test_discovery_keeps_work_queues_with_a_parking_queue() -> None:
         "parking",
     ]
     assert work_queues_of(names, DelayTopology()) == ["invoices", "orders"]
+
+
+def _job(canary: int = 1) -> Job:
+    request = JobRequest(action="replay", queue="orders", message_ids=("a", "b"), canary=canary)
+    return Job(id="1-abc", request=request, user="ops", started_at=NOW)
+
+
+def test_a_job_follows_its_canary_and_is_not_finished_while_it_can_come_back() -> None:
+    job = _job()
+    wait = CanaryWait.choose([7.0], given=5)
+    until = NOW + timedelta(seconds=5)
+    job.hear(CanaryNews(phase="watching", ids=("a",), wait=wait, until=until))
+    assert job.state == "canary" and not job.finished
+    assert "the rest waits until 12:00:05 UTC" in job.note
+    assert job.warning.startswith("canary wait 5 s is shorter than the 19 s")
+    job.hear(CanaryNews(phase="passed", ids=("a",), wait=wait))
+    assert job.state == "running" and job.watch_until is None
+    job.hear(CanaryNews(phase="confirming", ids=("a",), wait=wait, until=until, rest=1))
+    assert job.state == "confirming" and not job.finished
+    assert "not confirmed yet: canary a can still park again" in job.note
+    assert job.as_json()["watch_until"] == until.isoformat()
+    assert (job.as_json()["canary_wait"], job.as_json()["canary_wait_derived"]) == (5, 19)
+    job.state = "parked-again"
+    assert job.finished
+
+
+def test_a_confirmation_is_used_once_by_its_own_user_and_forgotten_when_old() -> None:
+    book = PlanBook()
+    request = JobRequest(action="replay", queue="orders", message_ids=("a",), canary=1)
+
+    def plan(**extra: Any) -> ReplayPlan:
+        return ReplayPlan(
+            id=PlanBook.new_id(),
+            request=request,
+            user="ops",
+            parking_queue="orders.parking",
+            target="orders",
+            keys=("a",),
+            canary_ids=("a",),
+            canary_wait=CanaryWait.choose([0.0], given=None),
+            **extra,
+        )
+
+    fresh = plan()
+    book.add(fresh)
+    with pytest.raises(ConfigurationError, match="no longer valid"):
+        book.take(fresh.id, user="someone-else")
+    assert book.take(fresh.id, user="ops") is fresh
+    with pytest.raises(ConfigurationError, match="click Replay again"):
+        book.take(fresh.id, user="ops")
+    old = plan(created_at=utcnow() - PLAN_TTL - timedelta(seconds=1))
+    book.add(old)
+    with pytest.raises(ConfigurationError, match="no longer valid"):
+        book.take(old.id, user="ops")
+    assert fresh.canary_plan().startswith("the message is the canary: watched until due plus 5 s")
+    assert fresh.pace() == "all at once"

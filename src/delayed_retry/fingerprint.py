@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "Fingerprint",
+    "fill_template",
     "fingerprint",
     "fingerprint_headers",
+    "masked_values",
     "message_template",
     "raising_frame",
 ]
@@ -139,6 +141,35 @@ def message_template(message: str) -> str:
             text = pattern.sub(placeholder, text)
         if text == before:
             return text
+
+
+_PLACEHOLDER = re.compile(r"<(?:url|email|str|uuid|time|ip|hex|num)>")
+
+
+def masked_values(message: str) -> tuple[str, ...]:
+    """The parts of ``message`` its template masks, in order; ``()`` when none or unreadable.
+
+    Use it to show what a group's placeholders stand for (``KeyError: 'sku'``
+    gives ``("'sku'",)``) without changing the grouping: the template, and so
+    the fingerprint, stay as they are.
+    """
+    text = _SPACE.sub(" ", message[:MAX_TEMPLATE_INPUT]).strip()
+    pieces = _PLACEHOLDER.split(message_template(message))
+    if len(pieces) == 1:
+        return ()
+    match = re.fullmatch("(.+?)".join(re.escape(p) for p in pieces), text, flags=re.DOTALL)
+    return match.groups() if match is not None else ()
+
+
+def fill_template(template: str, values: Sequence[str | None]) -> str:
+    """``template`` with its placeholders replaced by ``values`` in order (``None`` keeps one)."""
+    given = iter(values)
+
+    def one(match: re.Match[str]) -> str:
+        value = next(given, None)
+        return match[0] if value is None else value
+
+    return _PLACEHOLDER.sub(one, template)
 
 
 def _short_path(path: str) -> str:

@@ -36,6 +36,7 @@ from delayed_retry.headers import (
     X_EXCEPTION_TRACEBACK,
 )
 from delayed_retry.parking.lot import (
+    CanaryNews,
     MoveProgress,
     MoveReport,
     ParkedFilter,
@@ -45,6 +46,7 @@ from delayed_retry.parking.lot import (
     purge_matching,
     replay_matching,
 )
+from delayed_retry.parking.moves import CANARY_PARKED_AFTER_THE_REST, CANARY_PARKED_AGAIN
 
 __all__ = ["register"]
 
@@ -149,9 +151,11 @@ def register(sub: Any) -> None:
     replay.add_argument(
         "--canary-wait",
         type=duration_type,
-        default=60.0,
+        default=None,
         metavar="DURATION",
-        help="how long canaries have to be handled once due (60s)",
+        help="how long canaries have to park again once due before the rest follows (default: "
+        "from their parking records, twice the retry span plus 5s; shorter ones are warned "
+        "about)",
     )
     replay.add_argument(
         "--dry-run", action="store_true", help="print what would move; move nothing"
@@ -338,12 +342,42 @@ def _report(report: MoveReport, args: argparse.Namespace) -> int:
             line += f" to {report.to_queue!r}"
     if not args.json:
         print(line)
-    if report.stopped == "canary-parked-again":
+    if CANARY_PARKED_AGAIN in (report.stopped, report.canary_verdict):
         raise CommandError(
             f"a canary parked again ({', '.join(report.canary_ids)}): the replay stopped after "
             f"{report.done}; the rest stay parked. Fix the cause, then replay again"
         )
+    if report.canary_verdict == CANARY_PARKED_AFTER_THE_REST:
+        rest = report.done - len(report.canary_ids)
+        raise CommandError(
+            f"a canary parked again ({', '.join(report.canary_ids)}) after the other {rest} "
+            f"were replayed: they are probably failing too. See 'delayed-retry parking list "
+            f"--queue {args.queue}'; fix the cause, then replay again"
+        )
     return 0
+
+
+def _canary_news(news: CanaryNews) -> None:
+    """Tell the operator on stderr what the canaries are doing (stdout keeps the report)."""
+    until = f"{news.until:%H:%M:%S} UTC" if news.until is not None else "?"
+    ids = ", ".join(news.ids)
+    if news.phase == "watching":
+        if news.wait.short:
+            print(f"warning: {news.wait.warning()}", file=sys.stderr)
+        print(
+            f"canary {ids} replayed; watching it until {until} before the rest "
+            f"({news.wait.describe()})",
+            file=sys.stderr,
+        )
+    elif news.phase == "passed":
+        print(f"canary {ids} did not park again; replaying the rest", file=sys.stderr)
+    elif news.phase == "confirming":
+        print(
+            f"not confirmed yet: the canary can still park again; watching it until {until}",
+            file=sys.stderr,
+        )
+    elif news.phase == "confirmed":
+        print(f"canary {ids} confirmed: it did not park again", file=sys.stderr)
 
 
 async def _replay(args: argparse.Namespace) -> int:
@@ -365,6 +399,7 @@ async def _replay(args: argparse.Namespace) -> int:
                 delay=args.delay,
                 canary=args.canary,
                 canary_wait=args.canary_wait,
+                canary_news=_canary_news,
                 dry_run=args.dry_run,
                 progress=_reporter(args, bar),
                 replayed_by=_who(),

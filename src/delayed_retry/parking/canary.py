@@ -2,10 +2,11 @@
 
 A replay with ``canary=N`` sends its first N copies with a token (see
 :class:`~delayed_retry.parking.moves.CanarySlots`) and asks a
-:class:`CanaryLookout` whether a copy with that token parks again before
-they are due plus the canary wait. The lookout watches the parking exchange
-through a private queue (:class:`ParkWatch`); where that exchange cannot be
-bound, it scans the parking queue instead (:func:`scan_for_canary`).
+:class:`CanaryLookout` whether a copy with that token parks again before a
+deadline (how long is :mod:`~delayed_retry.parking.canary_wait`'s to say).
+The lookout watches the parking exchange through a private queue
+(:class:`ParkWatch`); where that exchange cannot be bound, it scans the
+parking queue instead (:func:`scan_for_canary`).
 """
 
 from __future__ import annotations
@@ -112,10 +113,11 @@ class ParkWatch:
 
 
 class CanaryLookout:
-    """Answers whether a replay's canaries parked again, within ``patience`` seconds of asking.
+    """Answers whether a replay's canaries parked again before a deadline.
 
     Open it with :meth:`opened` around the replay: it watches the parking
-    exchange while the replay runs and deletes its watch queue afterwards.
+    exchange while the replay runs (before the rest and after it) and deletes
+    its watch queue afterwards.
     """
 
     def __init__(
@@ -124,13 +126,11 @@ class CanaryLookout:
         *,
         parking: str,
         watch: ParkWatch | None,
-        patience: float,
         poll: float,
     ) -> None:
         self._channel = channel
         self._parking = parking
         self._watch = watch
-        self._patience = patience
         self._poll = poll
 
     @classmethod
@@ -142,26 +142,26 @@ class CanaryLookout:
         exchange: str,
         target: str,
         parking: str,
-        patience: float,
         poll: float,
     ) -> AsyncIterator[CanaryLookout]:
         """A lookout for copies replayed to ``target`` that park again (through ``exchange``).
 
-        ``patience`` is the canaries' delay plus the canary wait; ``poll`` how
-        often to look.
+        ``poll`` is how often to look.
         """
         watch = await ParkWatch.open(channel, exchange=exchange, queue=target)
         try:
-            yield cls(channel, parking=parking, watch=watch, patience=patience, poll=poll)
+            yield cls(channel, parking=parking, watch=watch, poll=poll)
         finally:
             if watch is not None:
                 await watch.close()
 
-    async def parked_again(self, token: str) -> bool:
-        """Whether a copy carrying ``token`` parks again within ``patience`` from now."""
-        deadline = asyncio.get_running_loop().time() + self._patience
+    async def parked_again(self, token: str, until: float) -> bool:
+        """Whether a copy carrying ``token`` parks again before ``until`` (loop time).
+
+        A copy that parked earlier and was not seen yet counts too.
+        """
         if self._watch is not None:
-            return await self._watch.parked_again(token, deadline=deadline, poll=self._poll)
+            return await self._watch.parked_again(token, deadline=until, poll=self._poll)
         return await scan_for_canary(
-            self._channel, self._parking, token, deadline=deadline, poll=self._poll
+            self._channel, self._parking, token, deadline=until, poll=self._poll
         )

@@ -37,6 +37,7 @@ from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.parking.canary import CanaryLookout
+from delayed_retry.parking.canary_wait import CanaryNews, CanaryWait
 from delayed_retry.parking.mover import Canary, MoveRequest, PurgeAction, ReplayAction, move
 from delayed_retry.parking.moves import CanarySlots, MoveProgress, MoveReport
 from delayed_retry.parking.records import (
@@ -60,6 +61,8 @@ from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
     "ALL_PARKED",
+    "CanaryNews",
+    "CanaryWait",
     "FailureGroup",
     "MoveProgress",
     "MoveReport",
@@ -240,8 +243,9 @@ async def replay_matching(
     rate: float | None = None,
     delay: Duration = 0,
     canary: int = 0,
-    canary_wait: Duration = 60,
+    canary_wait: Duration | None = None,
     canary_poll: Duration = 1,
+    canary_news: Callable[[CanaryNews], None] | None = None,
     dry_run: bool = False,
     progress: Callable[[MoveProgress], None] | None = None,
     replayed_by: str | None = None,
@@ -254,15 +258,26 @@ async def replay_matching(
     through the delay chain (due after ``delay``) with a fresh retry budget
     (see :func:`replay_headers`), and is acked in the parking queue only
     after the broker confirmed the copy. ``rate`` caps messages per second.
-    ``canary=N`` replays the first N, waits until they are due and then up
-    to ``canary_wait`` seconds, and stops (``MoveReport.stopped`` is
-    ``"canary-parked-again"``) if any of them parks again: the rest stay
-    parked. ``dry_run`` moves nothing and reports what would move. Messages
-    are looked at in queue order, at most as many as the queue held at the
+    ``dry_run`` moves nothing and reports what would move. Messages are
+    looked at in queue order, at most as many as the queue held at the
     start; ``limit`` caps how many are replayed.
+
+    Use ``canary=N`` whenever the fix is not certain: the first N are
+    replayed and watched until they are due plus the canary wait; if one
+    parks again the replay stops (``MoveReport.stopped`` is
+    ``"canary-parked-again"``) and the rest stay parked. Leave
+    ``canary_wait`` out to derive it from the canaries' parking records
+    (twice their retry span plus 5 s, see
+    :mod:`~delayed_retry.parking.canary_wait`); a given wait shorter than
+    that is logged as a warning. After the last message the canaries stay
+    watched for the wait again, and at least until the derived wait has
+    passed since they were due: the call returns only then, with
+    ``canary_verdict`` ``"canary-confirmed"`` or
+    ``"canary-parked-again-after-the-rest"``. ``canary_news`` hears each step
+    (watching, passed, confirming, the verdict) as it happens.
     """
     seconds = to_seconds(delay)
-    wait_seconds = to_seconds(canary_wait, name="canary_wait")
+    wait_seconds = None if canary_wait is None else to_seconds(canary_wait, name="canary_wait")
     poll_seconds = max(to_seconds(canary_poll, name="canary_poll"), 0.05)
     if canary < 0:
         raise ConfigurationError(f"canary={canary} must be zero or more messages")
@@ -301,12 +316,16 @@ async def replay_matching(
         exchange=topology.parking_exchange,
         target=target,
         parking=request.parking,
-        patience=seconds + wait_seconds,
         poll=poll_seconds,
     ) as lookout:
-        return await move(
-            channel, action, request, canary=Canary(CanarySlots(size=canary), lookout.parked_again)
+        watched = Canary(
+            slots=CanarySlots(size=canary),
+            parked_again=lookout.parked_again,
+            delay=seconds,
+            wait=wait_seconds,
+            news=canary_news,
         )
+        return await move(channel, action, request, canary=watched)
 
 
 async def purge_matching(

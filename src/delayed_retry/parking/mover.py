@@ -5,8 +5,9 @@
 :class:`MoveRequest` selects, and hands each to a :class:`MessageAction`:
 :class:`ReplayAction` (publish a copy with confirms, then ack) or
 :class:`PurgeAction` (ack). :class:`HandOvers` runs those concurrently, and a
-:class:`Canary` stops a replay whose first copies park again. The counts go
-to a :class:`~delayed_retry.parking.moves.MoveTally`.
+:class:`Canary` stops a replay whose first copies park again (and, once the
+rest is replayed, keeps watching them until their wait has passed). The
+counts go to a :class:`~delayed_retry.parking.moves.MoveTally`.
 
 Acting is at-least-once: a message leaves the parking queue only when its
 action acks it; everything not acked goes back when the channel closes.
@@ -19,6 +20,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
@@ -28,7 +30,10 @@ import aiormq.abc
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError
+from delayed_retry.parking.canary_wait import CanaryNews, CanaryPhase, CanaryWait
 from delayed_retry.parking.moves import (
+    CANARY_CONFIRMED,
+    CANARY_PARKED_AFTER_THE_REST,
     CANARY_PARKED_AGAIN,
     LIMIT_REACHED,
     CanarySlots,
@@ -188,12 +193,89 @@ class MoveRequest:
         return parking_name(self.topology, self.queue, self.parking_queue)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Canary:
-    """A replay's canaries: which copies carry the token, and how to see them park again."""
+    """A replay's canaries: which copies carry the token, and how to see them park again.
+
+    ``parked_again(token, until)`` answers whether a copy with ``token``
+    parks again before ``until`` (loop time). ``wait`` is the operator's
+    canary wait in seconds (``None``: derived from the canaries' records, see
+    :class:`~delayed_retry.parking.canary_wait.CanaryWait`); ``delay`` when
+    the copies come due; ``news`` hears each step.
+    """
 
     slots: CanarySlots
-    parked_again: Callable[[str], Awaitable[bool]]
+    parked_again: Callable[[str, float], Awaitable[bool]]
+    delay: float = 0.0
+    wait: float | None = None
+    news: Callable[[CanaryNews], None] | None = None
+
+
+class _CanaryWatch:
+    """The canaries' two watches: before the rest is replayed, and after it.
+
+    Before: from the canaries' sending until they are due plus the wait in
+    force; a canary parking again stops the replay. After the last message:
+    until the wait in force has passed again *and* the derived wait since the
+    canaries were due, so a short given wait lets the rest go early but never
+    confirms early.
+    """
+
+    def __init__(self, canary: Canary) -> None:
+        self.canary = canary
+        self.wait: CanaryWait | None = None
+        self.verdict: str | None = None
+        self._due: float | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._due is not None
+
+    def _tell(self, phase: CanaryPhase, *, until: float | None = None, rest: int = 0) -> None:
+        if self.canary.news is None or self.wait is None:
+            return
+        when = None
+        if until is not None:
+            left = until - asyncio.get_running_loop().time()
+            when = utcnow() + timedelta(seconds=max(left, 0.0))
+        self.canary.news(
+            CanaryNews(
+                phase=phase, ids=tuple(self.canary.slots.ids), wait=self.wait, until=when, rest=rest
+            )
+        )
+
+    async def before_the_rest(self) -> bool:
+        """Watch the canaries sent (all settled) until due plus the wait; ``True``: parked again."""
+        slots = self.canary.slots
+        self.wait = CanaryWait.choose(slots.spans, given=self.canary.wait)
+        if self.wait.short:
+            log.warning("%s", self.wait.warning())
+        self._due = asyncio.get_running_loop().time() + self.canary.delay
+        until = self._due + self.wait.seconds
+        self._tell("watching", until=until)
+        if await self.canary.parked_again(slots.token, until):
+            self.verdict = CANARY_PARKED_AGAIN
+            self._tell("parked-again")
+            return True
+        self._tell("passed")
+        return False
+
+    async def after_the_rest(self, *, rest: int) -> None:
+        """Keep watching after the last message (``rest`` replayed after the canaries)."""
+        assert self.wait is not None and self._due is not None
+        now = asyncio.get_running_loop().time()
+        until = max(now + self.wait.seconds, self._due + self.wait.derived)
+        if rest == 0:
+            # Only canaries were replayed: the watch before covered the wait in force.
+            until = self._due + max(self.wait.seconds, self.wait.derived)
+        if until > now:
+            self._tell("confirming", until=until, rest=rest)
+            if await self.canary.parked_again(self.canary.slots.token, until):
+                self.verdict = CANARY_PARKED_AFTER_THE_REST if rest else CANARY_PARKED_AGAIN
+                self._tell("parked-again-after-the-rest" if rest else "parked-again", rest=rest)
+                return
+        self.verdict = CANARY_CONFIRMED
+        self._tell("confirmed", rest=rest)
 
 
 class Pacer:
@@ -305,12 +387,15 @@ async def move(
 
     ``channel`` (aio-pika or aiormq) only leads to its connection: the work
     happens on a channel of the move's own. With ``canary``, the move stops
-    (``stopped="canary-parked-again"``) when a canary copy parks again; the
-    rest stay parked. The first failing action stops the move and is raised.
+    (``stopped="canary-parked-again"``) when a canary copy parks again before
+    the rest is replayed; the rest stay parked. After the last message it
+    keeps watching the canaries (see :class:`Canary`) and reports the verdict
+    in ``canary_verdict``. The first failing action stops the move and is raised.
     """
     if request.limit is not None and request.limit < 0:
         raise ConfigurationError(f"limit={request.limit} must be zero or more")
     pacer = Pacer(request.rate)
+    watch = _CanaryWatch(canary) if canary is not None else None
     asked_at = utcnow()
     parking = request.parking
     tally = MoveTally(
@@ -340,24 +425,26 @@ async def move(
                 if request.dry_run:
                     tally.acted_on(record)
                     continue
-                token = canary.slots.take(record.id) if canary is not None else None
+                token = canary.slots.take(record) if canary is not None else None
                 work = functools.partial(_act, action, own, got, record, token, tally)
                 await hand_overs.start(record.id, work)
-                if token is not None and canary is not None and canary.slots.all_out:
+                if token is not None and watch is not None and watch.canary.slots.all_out:
                     await hand_overs.settle()
-                    if hand_overs.failure is None and await canary.parked_again(token):
+                    if hand_overs.failure is None and await watch.before_the_rest():
                         tally.stopped = CANARY_PARKED_AGAIN
                         break
             await hand_overs.settle()
-            # Fewer selected messages than the canary size: check the ones sent.
             if (
-                canary is not None
-                and canary.slots.some_out
-                and tally.stopped is None
+                watch is not None
+                and watch.canary.slots.ids
+                and tally.stopped != CANARY_PARKED_AGAIN
                 and hand_overs.failure is None
-                and await canary.parked_again(canary.slots.token)
             ):
-                tally.stopped = CANARY_PARKED_AGAIN
+                # Fewer selected messages than the canary size: watch the ones sent now.
+                if not watch.started and await watch.before_the_rest():
+                    tally.stopped = CANARY_PARKED_AGAIN
+                else:
+                    await watch.after_the_rest(rest=tally.done - len(watch.canary.slots.ids))
         except aiormq.exceptions.AMQPError as exc:
             # A failed hand-over closed the channel under the loop: report that failure.
             if hand_overs.failure is not None:
@@ -381,4 +468,10 @@ async def move(
         parking,
         f" (stopped: {tally.stopped})" if tally.stopped else "",
     )
-    return tally.report(canary_ids=tuple(canary.slots.ids) if canary is not None else ())
+    if watch is None:
+        return tally.report()
+    return tally.report(
+        canary_ids=tuple(watch.canary.slots.ids),
+        canary_wait=watch.wait,
+        canary_verdict=watch.verdict,
+    )

@@ -17,10 +17,13 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from delayed_retry.headers import X_REPLAY_CANARY
+from delayed_retry.parking.canary_wait import CanaryWait, retry_span
 from delayed_retry.parking.records import ParkedRecord, replay_headers
 from delayed_retry.topology import DelayTopology, Route
 
 __all__ = [
+    "CANARY_CONFIRMED",
+    "CANARY_PARKED_AFTER_THE_REST",
     "CANARY_PARKED_AGAIN",
     "LIMIT_REACHED",
     "CanarySlots",
@@ -35,7 +38,13 @@ MoveAction = Literal["replay", "purge"]
 LIMIT_REACHED = "limit"
 """``MoveReport.stopped`` when ``limit`` messages were selected before the end of the set."""
 CANARY_PARKED_AGAIN = "canary-parked-again"
-"""``MoveReport.stopped`` when a canary parked again: the rest stayed parked."""
+"""``MoveReport.stopped`` (and ``canary_verdict``) when a canary parked again before the rest
+was replayed: the rest stayed parked."""
+CANARY_PARKED_AFTER_THE_REST = "canary-parked-again-after-the-rest"
+"""``MoveReport.canary_verdict`` when a canary parked again while it was watched after the
+rest was replayed: the rest is probably failing too."""
+CANARY_CONFIRMED = "canary-confirmed"
+"""``MoveReport.canary_verdict`` when no canary parked again until its watch ended."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +76,16 @@ class MoveReport:
     stopped: str | None = None
     """Why it stopped before the end, or ``None`` when it went through the whole set."""
     canary_ids: tuple[str, ...] = ()
+    canary_wait: CanaryWait | None = None
+    """The canary wait in force and the one the canaries' records call for."""
+    canary_verdict: str | None = None
+    """:data:`CANARY_CONFIRMED`, :data:`CANARY_PARKED_AGAIN` or
+    :data:`CANARY_PARKED_AFTER_THE_REST`; ``None`` without canaries."""
+
+    @property
+    def canary_failed(self) -> bool:
+        """Whether a canary parked again, before or after the rest was replayed."""
+        return self.canary_verdict in (CANARY_PARKED_AGAIN, CANARY_PARKED_AFTER_THE_REST)
 
 
 @dataclass(kw_only=True)
@@ -105,7 +124,13 @@ class MoveTally:
         self.done += 1
         self._tell(record)
 
-    def report(self, *, canary_ids: tuple[str, ...] = ()) -> MoveReport:
+    def report(
+        self,
+        *,
+        canary_ids: tuple[str, ...] = (),
+        canary_wait: CanaryWait | None = None,
+        canary_verdict: str | None = None,
+    ) -> MoveReport:
         """The report of the operation so far."""
         return MoveReport(
             action=self.action,
@@ -116,6 +141,8 @@ class MoveTally:
             to_queue=self.to_queue,
             stopped=self.stopped,
             canary_ids=canary_ids,
+            canary_wait=canary_wait,
+            canary_verdict=canary_verdict,
         )
 
     def _tell(self, record: ParkedRecord | None) -> None:
@@ -144,12 +171,16 @@ class CanarySlots:
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     ids: list[str] = field(default_factory=list)
     """The ids of the messages sent as canaries, in order."""
+    spans: list[float | None] = field(default_factory=list)
+    """Their retry spans (:func:`~delayed_retry.parking.canary_wait.retry_span`): what the
+    canary wait is derived from."""
 
-    def take(self, record_id: str) -> str | None:
+    def take(self, record: ParkedRecord) -> str | None:
         """The token for this message's copy if it is a canary, else ``None``."""
         if len(self.ids) >= self.size:
             return None
-        self.ids.append(record_id)
+        self.ids.append(record.id)
+        self.spans.append(retry_span(record))
         return self.token
 
     @property

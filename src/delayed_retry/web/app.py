@@ -24,7 +24,6 @@ import aio_pika
 import jinja2
 from aio_pika.abc import AbstractConnection
 from aiohttp import web
-from multidict import MultiDictProxy
 
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
@@ -36,10 +35,13 @@ from delayed_retry.headers import (
     X_REPLAYED_BY,
     read_epoch_ms,
 )
-from delayed_retry.parking.lot import ParkedFilter, ParkedRecord
+from delayed_retry.parking.canary_wait import retry_span
+from delayed_retry.parking.lot import CanaryWait, ParkedFilter, ParkedRecord
 from delayed_retry.web.discovery import discover_queues
+from delayed_retry.web.forms import PAGE_CANARY, PAGE_RATE, form_field, request_from_form
 from delayed_retry.web.jobs import Action, AuditLog, Job, JobManager, JobRequest
 from delayed_retry.web.lot import ParkingLot
+from delayed_retry.web.plans import PlanBook, ReplayPlan
 from delayed_retry.web.records import (
     FILTER_FIELDS,
     filter_from_mapping,
@@ -67,6 +69,7 @@ class WebState:
     lot: ParkingLot | None = None
     jobs: JobManager | None = None
     audit: AuditLog = field(default_factory=lambda: AuditLog(None))
+    plans: PlanBook = field(default_factory=PlanBook)
     queues: list[str] = field(default_factory=list)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -220,7 +223,7 @@ def _int(query: Mapping[str, str], name: str, default: int, *, high: int) -> int
     return value
 
 
-def _record_json(record: ParkedRecord) -> dict[str, Any]:
+def _record_json(record: ParkedRecord, *, body_size: int | None = None) -> dict[str, Any]:
     return {
         "message_id": record.message_id,
         "key": record.id,
@@ -236,7 +239,7 @@ def _record_json(record: ParkedRecord) -> dict[str, Any]:
         "replays": record.replays,
         "group": record.fingerprint,
         "group_label": group_label(record),
-        "body_size": len(record.body),
+        "body_size": len(record.body) if body_size is None else body_size,
     }
 
 
@@ -325,6 +328,8 @@ async def queue_page(request: web.Request) -> web.Response:
         prev_offset=max(offset - page.limit, 0) if offset > 0 else None,
         next_offset=offset + page.limit if offset + page.limit < page.matching else None,
         is_unroutable=queue == state.settings.topology.unroutable_queue,
+        page_rate=PAGE_RATE,
+        page_canary=PAGE_CANARY,
     )
 
 
@@ -396,57 +401,72 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 
 async def action_form(request: web.Request) -> web.Response:
-    """The page's replay/purge form: builds the same request as the API, then a job."""
+    """The page's replay/purge form: builds the same request as the API, then a job.
+
+    A replay button only proposes: the answer is a confirmation naming how
+    many messages go where, with the canary and the pace; its own button
+    (``op=confirm-replay``) starts the job on exactly that set.
+    """
     state = _state(request)
     _, jobs = state.parts()
     form = await request.post()
+    user = request[USER]
+    op = form_field(form, "op")
     try:
-        job = await _submit_form(state, jobs, form, user=request[USER])
+        if op == "confirm-replay":
+            plan = state.plans.take(form_field(form, "plan"), user=user)
+            state.known(plan.request.queue)
+            job = jobs.launch(
+                plan.request, list(plan.keys), user=user, parking_queue=plan.parking_queue
+            )
+            return _render(request, "_job.html", status=202, job=job, clear_confirm=True)
+        if op == "cancel-replay":
+            state.plans.drop(form_field(form, "plan"), user=user)
+            return _confirm_box(request, None)
+        job_request = request_from_form(form, known=state.known)
+        if job_request.action == "replay":
+            return _confirm_box(request, await _plan(state, jobs, job_request, user=user))
+        job = await _start(state, jobs, job_request, user=user)
     except DelayedRetryError as exc:
         return _render(request, "_notice.html", status=400, error=str(exc))
-    return _render(request, "_job.html", status=202, job=job)
+    return _render(request, "_job.html", status=202, job=job, clear_confirm=False)
 
 
-def _field(form: MultiDictProxy[Any], name: str) -> str:
-    value = form.get(name, "")
-    return value.strip() if isinstance(value, str) else ""
+def _confirm_box(request: web.Request, plan: ReplayPlan | None) -> web.Response:
+    response = _render(request, "_confirm.html", plan=plan)
+    # The page's forms target the job list; a proposal replaces the confirmation box instead.
+    response.headers["HX-Retarget"] = "#confirm"
+    response.headers["HX-Reswap"] = "outerHTML"
+    return response
 
 
-async def _submit_form(
-    state: WebState, jobs: JobManager, form: MultiDictProxy[Any], *, user: str
-) -> Job:
-    op, _, scope = _field(form, "op").partition("-")
-    if op not in ("replay", "purge"):
-        raise ConfigurationError("choose replay or purge")
-    action: Action = "replay" if op == "replay" else "purge"
-    queue = state.known(_field(form, "queue"))
-    body: dict[str, Any] = {"queue": queue}
-    if scope in ("one", "selection"):
-        ids = [v for v in form.getall("message_ids", []) if isinstance(v, str) and v]
-        if not ids:
-            raise ConfigurationError("select at least one message first")
-        body["message_ids"] = ids
-    elif scope == "group":
-        body["filter"] = {"group": _field(form, "group")}
-    elif scope == "filter":
-        body["filter"] = {k: _field(form, k) for k in FILTER_FIELDS if _field(form, k)}
-    else:
-        raise ConfigurationError(f"unknown scope {scope!r}; one, selection, group or filter")
-    if action == "replay":
-        for name in ("rate", "canary", "to_queue"):
-            if _field(form, name):
-                body[name] = _field(form, name)
-        if "canary" in body:
-            body["canary"] = int(body["canary"]) if body["canary"].isdigit() else body["canary"]
-    elif _field(form, "confirm") != queue:
-        raise ConfigurationError(
-            f"purge not started: type the queue name {queue!r} in the confirmation box"
-        )
-    request = JobRequest.from_json(action, body)
-    return await _start(state, jobs, request, user=user)
+async def _plan(state: WebState, jobs: JobManager, request: JobRequest, *, user: str) -> ReplayPlan:
+    """The replay the confirmation proposes: the selection now and the canary it would have."""
+    _check_target(state, request)
+    parking = state.parking_queue(request.queue)
+    selection = await jobs.select(request, parking_queue=parking)
+    first = selection.first[: request.canary]
+    wait = (
+        CanaryWait.choose([retry_span(r) for r in first], given=request.canary_wait)
+        if first
+        else None
+    )
+    plan = ReplayPlan(
+        id=PlanBook.new_id(),
+        request=request,
+        user=user,
+        parking_queue=parking,
+        target=request.to_queue or request.queue,
+        keys=tuple(selection.ids),
+        canary_ids=tuple(r.id for r in first),
+        canary_wait=wait,
+    )
+    if plan.keys:
+        state.plans.add(plan)
+    return plan
 
 
-async def _start(state: WebState, jobs: JobManager, request: JobRequest, *, user: str) -> Job:
+def _check_target(state: WebState, request: JobRequest) -> None:
     queue = state.known(request.queue)
     if (
         request.action == "replay"
@@ -462,7 +482,11 @@ async def _start(state: WebState, jobs: JobManager, request: JobRequest, *, user
             f"to_queue {request.to_queue!r} is not served here; choose one of "
             f"{', '.join(state.queues)}"
         )
-    return await jobs.submit(request, user=user, parking_queue=state.parking_queue(queue))
+
+
+async def _start(state: WebState, jobs: JobManager, request: JobRequest, *, user: str) -> Job:
+    _check_target(state, request)
+    return await jobs.submit(request, user=user, parking_queue=state.parking_queue(request.queue))
 
 
 # -- JSON API ----------------------------------------------------------------
@@ -496,7 +520,10 @@ async def api_parked(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "queue": queue,
-            "items": [_record_json(r) for r in page.items],
+            "items": [
+                _record_json(r, body_size=size)
+                for r, size in zip(page.items, page.body_sizes, strict=True)
+            ],
             "offset": page.offset,
             "limit": page.limit,
             "matching": page.matching,
@@ -505,6 +532,8 @@ async def api_parked(request: web.Request) -> web.Response:
                 {
                     "group": g.group,
                     "label": g.label,
+                    "shown_label": g.shown()[0],
+                    "shown_note": g.shown()[1],
                     "exception_type": g.exception_type,
                     "count": g.count,
                     "first_seen": g.first_seen.isoformat() if g.first_seen else None,

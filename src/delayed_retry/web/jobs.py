@@ -1,9 +1,15 @@
 """Replay and purge as background jobs with progress, a canary, and an audit log.
 
-A job acts on the set of messages as it was when it was accepted: a filter is
+A job acts on the set of messages as it was when it was selected: a filter is
 resolved to message keys first, and only those keys are acted on, each at
 most once, even if more messages matching the filter park meanwhile. Every
 job is written to the audit log twice: when accepted and when finished.
+
+A replay with a canary is ``finished`` only once its canaries were watched to
+the end (see :func:`~delayed_retry.parking.lot.replay_matching`): while they
+can still park again it is ``confirming``, never green; a canary that parks
+again makes it ``stopped`` (before the rest, which stays parked) or
+``parked-again`` (after the rest was replayed).
 """
 
 from __future__ import annotations
@@ -19,10 +25,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from delayed_retry.durations import utcnow
+from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.parking.lot import MoveProgress, ParkedFilter
-from delayed_retry.web.lot import ParkingLot
+from delayed_retry.parking.lot import CanaryNews, CanaryWait, MoveProgress, ParkedFilter
+from delayed_retry.parking.moves import (
+    CANARY_CONFIRMED,
+    CANARY_PARKED_AFTER_THE_REST,
+    CANARY_PARKED_AGAIN,
+)
+from delayed_retry.web.lot import ParkingLot, Selection
 from delayed_retry.web.records import filter_from_mapping, filter_to_mapping
 
 __all__ = ["Action", "AuditLog", "Job", "JobManager", "JobRequest"]
@@ -33,6 +44,7 @@ audit_log = logging.getLogger("delayed_retry.web.audit")
 Action = Literal["replay", "purge"]
 MAX_RATE = 10_000.0
 MAX_CANARY = 100
+MAX_CANARY_WAIT = 86_400.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +57,8 @@ class JobRequest:
     where: ParkedFilter | None = None
     rate: float | None = None
     canary: int = 0
-    canary_wait: float = 5.0
+    canary_wait: float | None = None
+    """Seconds; ``None``: derived from the canaries' parking records."""
     to_queue: str | None = None
 
     @classmethod
@@ -77,7 +90,7 @@ class JobRequest:
             raise ConfigurationError('"filter" must be an object such as {"exception": "Timeout"}')
         rate = _number(data.get("rate"), "rate", low=0.01, high=MAX_RATE)
         canary = _number(data.get("canary", 0), "canary", low=0, high=MAX_CANARY)
-        wait = _number(data.get("canary_wait", 5.0), "canary_wait", low=0, high=600)
+        wait = _number(data.get("canary_wait"), "canary_wait", low=0, high=MAX_CANARY_WAIT)
         to_queue = data.get("to_queue")
         if to_queue is not None and (not isinstance(to_queue, str) or not to_queue):
             raise ConfigurationError('"to_queue" must be a queue name')
@@ -88,7 +101,7 @@ class JobRequest:
             where=filter_from_mapping(raw_filter) if raw_filter is not None else None,
             rate=rate,
             canary=int(canary or 0),
-            canary_wait=float(wait if wait is not None else 5.0),
+            canary_wait=wait,
             to_queue=to_queue,
         )
 
@@ -101,6 +114,7 @@ class JobRequest:
             "filter": filter_to_mapping(self.where) if self.where is not None else None,
             "rate": self.rate,
             "canary": self.canary,
+            "canary_wait": self.canary_wait,
             "to_queue": self.to_queue,
         }
 
@@ -134,6 +148,11 @@ class Job:
     errors: list[str] = field(default_factory=list)
     finished_at: datetime | None = None
     note: str = ""
+    warning: str = ""
+    canary_ids: tuple[str, ...] = ()
+    canary_wait: CanaryWait | None = None
+    watch_until: datetime | None = None
+    """When the canaries' current watch ends (states ``canary`` and ``confirming``)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -147,13 +166,55 @@ class Job:
             "failed": self.failed,
             "errors": self.errors[-5:],
             "note": self.note,
+            "warning": self.warning,
+            "canary_ids": list(self.canary_ids),
+            "canary_wait": self.canary_wait.seconds if self.canary_wait else None,
+            "canary_wait_derived": self.canary_wait.derived if self.canary_wait else None,
+            "watch_until": self.watch_until.isoformat() if self.watch_until else None,
             "started_at": self.started_at.isoformat(),
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
         }
 
     @property
     def finished(self) -> bool:
-        return self.state in ("finished", "failed", "stopped")
+        """Whether nothing more will change (a ``confirming`` job is not finished)."""
+        return self.state in FINAL_STATES
+
+    def hear(self, news: CanaryNews) -> None:
+        """Follow the canaries: the state and note say what they are doing now."""
+        self.canary_ids = news.ids
+        self.canary_wait = news.wait
+        ids = ", ".join(news.ids)
+        until = _clock(news.until)
+        if news.phase == "watching":
+            self.state = "canary"
+            self.watch_until = news.until
+            self.warning = news.wait.warning() or ""
+            self.note = (
+                f"canary {ids} replayed; the rest waits until {until} "
+                f"(due plus {news.wait.describe()})"
+            )
+        elif news.phase == "passed":
+            self.state = "running"
+            self.watch_until = None
+            self.note = f"canary {ids} did not park again; replaying the rest"
+        elif news.phase == "confirming":
+            self.state = "confirming"
+            self.watch_until = news.until
+            self.note = (
+                f"all replayed; not confirmed yet: canary {ids} can still park again, "
+                f"watched until {until}"
+            )
+        else:
+            self.watch_until = None
+
+
+FINAL_STATES = frozenset(("finished", "failed", "stopped", "parked-again"))
+"""Job states after which nothing changes."""
+
+
+def _clock(moment: datetime | None) -> str:
+    return "?" if moment is None else f"{moment:%H:%M:%S} UTC"
 
 
 class AuditLog:
@@ -184,19 +245,31 @@ class JobManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._counter = itertools.count(1)
 
+    async def select(self, request: JobRequest, *, parking_queue: str) -> Selection:
+        """The messages ``request`` means now, with the records of its would-be canaries."""
+        where = request.where
+        if request.message_ids is not None:
+            where = ParkedFilter(ids=frozenset(request.message_ids))
+        assert where is not None
+        keep = request.canary if request.action == "replay" else 0
+        return await self.lot.select(parking_queue, where=where, keep=keep)
+
     async def submit(self, request: JobRequest, *, user: str, parking_queue: str) -> Job:
-        """Resolve the selection now (the set as it is at the click), then start the job."""
+        """Resolve the selection now (the set as it is at the call), then start the job."""
+        if request.message_ids is not None:
+            keys = list(dict.fromkeys(request.message_ids))
+        else:
+            keys = (await self.select(request, parking_queue=parking_queue)).ids
+        return self.launch(request, keys, user=user, parking_queue=parking_queue)
+
+    def launch(self, request: JobRequest, keys: list[str], *, user: str, parking_queue: str) -> Job:
+        """Start the job on exactly ``keys`` (selected earlier) and write the audit line."""
         job = Job(
             id=f"{next(self._counter)}-{secrets.token_hex(3)}",
             request=request,
             user=user,
             started_at=utcnow(),
         )
-        if request.message_ids is not None:
-            keys = list(dict.fromkeys(request.message_ids))
-        else:
-            assert request.where is not None
-            keys = await self.lot.select(parking_queue, where=request.where)
         job.total = len(keys)
         job.state = "running"
         self.jobs[job.id] = job
@@ -233,16 +306,12 @@ class JobManager:
                     rate=request.rate,
                     canary=request.canary,
                     canary_wait=request.canary_wait,
+                    canary_news=job.hear,
                     replayed_by=f"{job.user} (web)",
                     progress=progress,
                 )
                 job.done = report.done
-                if report.stopped == "canary-parked-again":
-                    job.state = "stopped"
-                    job.note = (
-                        f"canary: a replayed message parked again within "
-                        f"{request.canary_wait:g} s; the rest was not touched"
-                    )
+                if _canary_verdict(job, report.canary_verdict):
                     return
             else:
                 report = await self.lot.purge(
@@ -251,7 +320,7 @@ class JobManager:
                 job.done = report.done
             missing = job.total - job.done
             if missing > 0:
-                job.note = (
+                job.note = (job.note + "; " if job.note else "") + (
                     f"{missing} selected message(s) were no longer parked (replayed or "
                     "purged meanwhile)"
                 )
@@ -263,6 +332,7 @@ class JobManager:
             job.note = f"stopped after {job.done}; the rest stays parked"
         finally:
             job.finished_at = utcnow()
+            job.watch_until = None
             self.audit.write(
                 {
                     "event": "finished",
@@ -287,3 +357,34 @@ class JobManager:
         for task in list(self._tasks):
             task.cancel()
         await self.wait_all()
+
+
+def _canary_verdict(job: Job, verdict: str | None) -> bool:
+    """Set the state a canary verdict calls for; ``True`` when it ended the job red."""
+    ids = ", ".join(job.canary_ids)
+    if verdict == CANARY_PARKED_AGAIN:
+        job.state = "stopped"
+        rest = job.total - job.done
+        job.note = (
+            f"canary {ids} parked again: the cause is not fixed"
+            + (f"; the other {rest} were not touched" if rest > 0 else "")
+            + ". Fix the cause, then replay again"
+        )
+        return True
+    if verdict == CANARY_PARKED_AFTER_THE_REST:
+        job.state = "parked-again"
+        job.note = (
+            f"canary {ids} parked again after the other {job.done - len(job.canary_ids)} were "
+            "replayed: they are probably failing too; see the parking lot, fix the cause, "
+            "then replay again"
+        )
+        return True
+    if verdict == CANARY_CONFIRMED:
+        wait = format_duration(job.canary_wait.seconds) if job.canary_wait else "?"
+        job.note = (
+            f"canary {ids} confirmed: it did not park again within {wait} of being due, nor "
+            "while it was watched after the last message"
+        )
+    elif job.request.canary == 0:
+        job.note = "no canary: nothing checked that the replayed messages were handled"
+    return False

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import aiormq
@@ -22,7 +24,9 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.declare import underlay_of
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.fingerprint import Fingerprint
 from delayed_retry.parking.lot import (
+    CanaryNews,
     MoveProgress,
     MoveReport,
     ParkedFilter,
@@ -32,25 +36,38 @@ from delayed_retry.parking.lot import (
     replay_matching,
 )
 from delayed_retry.topology import DelayTopology
-from delayed_retry.web.records import group_label
+from delayed_retry.web.records import CommonValues, group_fingerprint
 
-__all__ = ["GroupSummary", "Page", "ParkingLot"]
+__all__ = ["GroupSummary", "Page", "ParkingLot", "Selection"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class GroupSummary:
-    """One failure group among the matching messages."""
+    """One failure group among the matching messages.
+
+    ``label`` is the group's template (what groups it); :meth:`shown` fills
+    in the most common value of each masked part for people to read.
+    """
 
     group: str
     label: str
     exception_type: str | None
+    fingerprint: Fingerprint | None = None
     count: int = 0
     first_seen: datetime | None = None
     last_seen: datetime | None = None
+    values: CommonValues = field(default_factory=CommonValues)
+
+    def shown(self) -> tuple[str, str]:
+        """The label with the most common masked values filled in, and a note saying so."""
+        if self.fingerprint is None:
+            return self.label, ""
+        return self.values.label(self.fingerprint, group_size=self.count)
 
     def add(self, record: ParkedRecord) -> None:
+        self.values.add(record.exception_message)
         self.count += 1
         seen = record.parked_at
         if seen is not None:
@@ -62,7 +79,13 @@ class GroupSummary:
 
 @dataclass
 class Page:
-    """A page of matching messages, with the groups and count of every matching one."""
+    """A page of matching messages, newest parked first, with the groups and count of every
+    matching one.
+
+    ``items`` are the records without body and headers (a page holds no more than it
+    shows; their body sizes are in ``body_sizes``, in the same order): read one in full with
+    :meth:`ParkingLot.find`.
+    """
 
     items: list[ParkedRecord]
     offset: int
@@ -71,6 +94,22 @@ class Page:
     truncated: bool
     groups: list[GroupSummary]
     arrivals: list[datetime] = field(default_factory=list)
+    body_sizes: list[int] = field(default_factory=list)
+    """The body size of each item, in order."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The messages an action will work on, as they were when selected."""
+
+    ids: list[str]
+    first: list[ParkedRecord]
+    """The first few selected records, in queue order: a replay's canaries."""
+
+
+def _listed(record: ParkedRecord) -> ParkedRecord:
+    """``record`` as a list row needs it: without body and headers."""
+    return replace(record, body=b"", headers={})
 
 
 class ParkingLot:
@@ -152,8 +191,16 @@ class ParkingLot:
     async def page(
         self, parking_queue: str, *, where: ParkedFilter, offset: int = 0, limit: int = 25
     ) -> Page:
-        """One page of the messages ``where`` selects, with groups and count; nothing removed."""
-        items: list[ParkedRecord] = []
+        """One page of the messages ``where`` selects, newest parked first, with groups and
+        count; nothing removed.
+
+        Sorted by parking time (a record without one last), then by place in the queue
+        (later first). Only the ``offset + limit`` newest are held while reading, without
+        their bodies.
+        """
+        keep = offset + limit
+        # A min-heap of the newest `keep`: (parked at, place in the queue, body size, row).
+        newest: list[tuple[float, int, int, ParkedRecord]] = []
         groups: dict[str, GroupSummary] = {}
         arrivals: list[datetime] = []
         matching = 0
@@ -167,23 +214,30 @@ class ParkingLot:
                     arrivals.append(record.parked_at)
                 summary = groups.get(record.fingerprint)
                 if summary is None:
+                    named = group_fingerprint(record)
                     summary = groups[record.fingerprint] = GroupSummary(
                         group=record.fingerprint,
-                        label=group_label(record),
+                        label=named.label(),
                         exception_type=record.exception_type,
+                        fingerprint=named,
                     )
                 summary.add(record)
-                if offset <= matching < offset + limit:
-                    items.append(record)
+                when = record.parked_at.timestamp() if record.parked_at else -math.inf
+                if len(newest) < keep:
+                    heapq.heappush(newest, (when, matching, len(record.body), _listed(record)))
+                elif keep and (when, matching) > newest[0][:2]:
+                    heapq.heapreplace(newest, (when, matching, len(record.body), _listed(record)))
                 matching += 1
+        rows = sorted(newest, key=lambda e: (e[0], e[1]), reverse=True)[offset : offset + limit]
         return Page(
-            items=items,
+            items=[row for _, _, _, row in rows],
             offset=offset,
             limit=limit,
             matching=matching,
             truncated=truncated,
             groups=sorted(groups.values(), key=lambda g: (-g.count, g.label)),
             arrivals=arrivals,
+            body_sizes=[size for _, _, size, _ in rows],
         )
 
     async def find(self, parking_queue: str, key: str) -> ParkedRecord | None:
@@ -193,13 +247,19 @@ class ParkingLot:
                 return record
         return None
 
-    async def select(self, parking_queue: str, *, where: ParkedFilter) -> list[str]:
-        """The ids of every message ``where`` selects now: the set an action works on."""
-        ids: list[str] = []
+    async def select(self, parking_queue: str, *, where: ParkedFilter, keep: int = 0) -> Selection:
+        """The ids of every message ``where`` selects now (the set an action works on), and
+        the records of the first ``keep`` of them (a replay's would-be canaries)."""
+        ids: dict[str, None] = {}  # ordered, each id once
+        first: list[ParkedRecord] = []
         async with self._records(parking_queue, where) as records:
             async for record in records:
-                ids.append(record.id)
-        return list(dict.fromkeys(ids))
+                if record.id in ids:
+                    continue
+                ids[record.id] = None
+                if len(first) < keep:
+                    first.append(record)
+        return Selection(ids=list(ids), first=first)
 
     # -- acting ----------------------------------------------------------------
     async def replay(
@@ -210,7 +270,8 @@ class ParkingLot:
         to_queue: str,
         rate: float | None,
         canary: int,
-        canary_wait: float,
+        canary_wait: float | None,
+        canary_news: Callable[[CanaryNews], None] | None,
         replayed_by: str,
         progress: Callable[[MoveProgress], None],
     ) -> MoveReport:
@@ -224,6 +285,7 @@ class ParkingLot:
             rate=rate,
             canary=canary,
             canary_wait=canary_wait,
+            canary_news=canary_news,
             progress=progress,
             replayed_by=replayed_by,
             topology=self.topology,

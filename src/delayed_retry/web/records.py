@@ -9,16 +9,25 @@ uses too), and :func:`filter_to_mapping` back into a query string.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
 from delayed_retry.durations import parse_duration
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.fingerprint import fingerprint
+from delayed_retry.fingerprint import Fingerprint, fill_template, fingerprint, masked_values
 from delayed_retry.parking.lot import ParkedFilter, ParkedRecord
 
-__all__ = ["FILTER_FIELDS", "filter_from_mapping", "filter_to_mapping", "group_label"]
+__all__ = [
+    "FILTER_FIELDS",
+    "CommonValues",
+    "filter_from_mapping",
+    "filter_to_mapping",
+    "group_fingerprint",
+    "group_label",
+]
 
 FILTER_FIELDS = ("exception", "reason", "older_than", "newer_than", "header", "text", "group")
 """The filter names of the page's query string and of the API's ``filter`` object."""
@@ -86,10 +95,63 @@ def filter_to_mapping(where: ParkedFilter) -> dict[str, str]:
     return out
 
 
-def group_label(record: ParkedRecord) -> str:
-    """How a failure group reads on the page: the fingerprint's one-line label."""
+def group_fingerprint(record: ParkedRecord) -> Fingerprint:
+    """The failure group of ``record`` as the page names it (a record without an exception
+    type is named by its parking reason)."""
     return fingerprint(
         exception_type=record.exception_type or record.reason,
         message=record.exception_message,
         traceback=record.traceback,
-    ).label()
+    )
+
+
+def group_label(record: ParkedRecord) -> str:
+    """How a failure group reads on the page: the fingerprint's one-line label."""
+    return group_fingerprint(record).label()
+
+
+MAX_VALUE_CHARS = 120
+"""A masked value longer than this is counted by its start."""
+
+
+@dataclass
+class CommonValues:
+    """The values behind a failure group's placeholders, counted to name the most common.
+
+    The grouping masks quoted values and numbers (``KeyError: <str>``), which
+    hides the key a person needs at 3 a.m.; this shows it back
+    (``KeyError: 'customer_id'``) without changing the group. A placeholder
+    whose messages all differ there (an order number, an id) stays masked.
+    """
+
+    counts: list[Counter[str]] = field(default_factory=list)
+
+    def add(self, message: str | None) -> None:
+        """Count the masked values of one message of the group."""
+        for i, value in enumerate(masked_values(message or "")):
+            if i == len(self.counts):
+                self.counts.append(Counter())
+            self.counts[i][value[:MAX_VALUE_CHARS]] += 1
+
+    def common(self, *, group_size: int) -> list[tuple[str, int] | None]:
+        """For each placeholder, its most common value and count, or ``None`` to keep it
+        masked (every message differs there)."""
+        out: list[tuple[str, int] | None] = []
+        for counter in self.counts:
+            value, count = counter.most_common(1)[0]
+            out.append((value, count) if count > 1 or group_size == 1 else None)
+        return out
+
+    def label(self, group: Fingerprint, *, group_size: int) -> tuple[str, str]:
+        """The group's label with the most common values filled in, and a note saying so
+        (empty when nothing was filled in)."""
+        common = self.common(group_size=group_size)
+        shown = [c for c in common if c is not None]
+        if not shown:
+            return group.label(), ""
+        filled = fill_template(group.template, [c[0] if c else None for c in common])
+        label = replace(group, template=filled).label()
+        if group_size == 1:
+            return label, "the values of its one message"
+        note = "most common: " + ", ".join(f"{v} in {n} of {group_size}" for v, n in shown)
+        return label, note
