@@ -177,7 +177,9 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, text in [
         (["parking", "replay", "--queue", "q", "--delay", "soon"], "is not a duration"),
         (["parking", "replay", "--queue", "q", "--rate", "fast"], "write it like 100/s"),
-        (["parking", "list", "--queue", "q", "--older-than=-1h"], "is not a duration"),
+        (["parking", "list", "--queue", "q", "--older-than=-1h"], "must not be negative"),
+        (["parking", "list", "--queue", "q", "--older-than", "-1h"], "must not be negative"),
+        (["parking", "list", "--queue", "q", "--limit", "-1"], "'-1' is not a whole number"),
         (["parking", "list", "--queue", "q", "--header", "novalue"], "is not name=value"),
         (["publish", "--queue", "q", "--at", "2026-12-01T09:00"], "has no timezone"),
         (["nonsense"], "invalid choice"),

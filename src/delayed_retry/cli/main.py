@@ -24,7 +24,8 @@ from collections.abc import Sequence
 import aiormq
 
 from delayed_retry.cli.connection import check_url, explain_connection_error
-from delayed_retry.cli.output import EXIT_FAILURE, EXIT_USAGE, CommandError
+from delayed_retry.cli.output import EXIT_FAILURE, EXIT_USAGE, CommandError, print_error
+from delayed_retry.cli.parser import CommandLineParser
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.urls import redact_url
 
@@ -56,7 +57,7 @@ DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="delayed-retry",
         description="Delayed retries, parking and scheduling in RabbitMQ: operate the chain.",
         epilog="Exit codes: 0 ok, 1 failure, 2 usage. Durations: 250ms, 90s, 15m, 1h, 2d.",
@@ -83,10 +84,6 @@ def _quiet_logging(verbose: bool) -> None:
     if not verbose:
         for name in ("aiormq", "aio_pika", "asyncio"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
-def _error(message: str) -> None:
-    print(f"delayed-retry: error: {message}", file=sys.stderr)
 
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
@@ -127,13 +124,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_url(args.url)
         code: int = args.func(args)
     except CommandError as exc:
-        _error(str(exc))
+        print_error(str(exc))
         return exc.exit_code
     except ConfigurationError as exc:  # a value the user gave is wrong: a usage error
-        _error(str(exc))
+        print_error(str(exc))
         return EXIT_USAGE
     except DelayedRetryError as exc:  # its message names the object and the fix already
-        _error(str(exc))
+        print_error(str(exc))
         return EXIT_FAILURE
     except BrokenPipeError:
         if _stdout_closed():  # `delayed-retry parking list | head -1`: the reader is done
@@ -143,10 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         line = explain_connection_error(exc, args.url)
         if line is None:
             line = f"the broker at {redact_url(args.url)!r} failed the command: {exc!r}"
-        _error(line)
+        print_error(line)
         return EXIT_FAILURE
     except KeyboardInterrupt:
-        _error("interrupted; nothing acted on was lost (unacked messages went back)")
+        print_error("interrupted; nothing acted on was lost (unacked messages went back)")
         return 130
     return code
 

@@ -40,10 +40,12 @@ __all__ = [
     "UsageError",
     "add_json_option",
     "confirm",
+    "count_type",
     "duration_type",
     "emit_json",
     "format_at_most",
     "header_type",
+    "print_error",
     "print_table",
     "progress_bar",
     "rate_type",
@@ -70,6 +72,11 @@ class UsageError(CommandError):
     exit_code = EXIT_USAGE
 
 
+def print_error(message: str) -> None:
+    """Print ``message`` on stderr as the one line ``delayed-retry: error: ...``."""
+    print(f"delayed-retry: error: {message}", file=sys.stderr)
+
+
 # -- option types ---------------------------------------------------------------
 def duration_type(text: str) -> float:
     """argparse ``type=`` for durations: ``90s``, ``15m``, ``1h``, ``2d``, ``250ms``, seconds."""
@@ -77,6 +84,28 @@ def duration_type(text: str) -> float:
         return parse_duration(text, name="duration")
     except ConfigurationError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def count_type(minimum: int) -> Callable[[str], int]:
+    """argparse ``type=`` for a whole number of at least ``minimum`` (limits, offsets, counts).
+
+    Use it instead of ``int`` so ``--limit -1`` is refused on the command line, before
+    anything connects.
+    """
+
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number of at least {minimum}; e.g. {max(minimum, 1) * 10}"
+            )
+        return value
+
+    count.__name__ = f"count_at_least_{minimum}"
+    return count
 
 
 def rate_type(text: str) -> float:

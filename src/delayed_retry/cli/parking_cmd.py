@@ -23,6 +23,7 @@ from delayed_retry.cli.output import (
     UsageError,
     add_json_option,
     confirm,
+    count_type,
     duration_type,
     emit_json,
     header_type,
@@ -110,8 +111,12 @@ def register(sub: Any) -> None:
     )
     _add_queue_args(listing)
     _add_filter_args(listing)
-    listing.add_argument("--limit", type=int, default=20, help="records to show (%(default)s)")
-    listing.add_argument("--offset", type=int, default=0, help="skip this many records first")
+    listing.add_argument(
+        "--limit", type=count_type(1), default=20, help="records to show (%(default)s)"
+    )
+    listing.add_argument(
+        "--offset", type=count_type(0), default=0, help="skip this many records first"
+    )
     add_json_option(listing)
     add_topology_args(listing)
     listing.set_defaults(func=lambda args: run(_list(args)))
@@ -138,13 +143,19 @@ def register(sub: Any) -> None:
     _add_queue_args(replay)
     _add_filter_args(replay)
     replay.add_argument("--to", dest="to_queue", help="send to this queue instead of QUEUE")
-    replay.add_argument("--limit", type=int, help="replay at most this many (default: all)")
+    replay.add_argument(
+        "--limit", type=count_type(0), help="replay at most this many (default: all)"
+    )
     replay.add_argument("--rate", type=rate_type, help="at most this many, e.g. 50/s")
     replay.add_argument(
         "--delay", type=duration_type, default=0.0, help="come due after, e.g. 90s, 1h (now)"
     )
     replay.add_argument(
-        "--canary", type=int, default=0, metavar="N", help="replay N first; stop if one parks again"
+        "--canary",
+        type=count_type(0),
+        default=0,
+        metavar="N",
+        help="replay N first; stop if one parks again",
     )
     replay.add_argument(
         "--canary-wait",
@@ -169,7 +180,7 @@ def register(sub: Any) -> None:
     _add_queue_args(purge)
     _add_filter_args(purge)
     purge.add_argument("--all", action="store_true", help="select every parked message")
-    purge.add_argument("--limit", type=int, help="purge at most this many")
+    purge.add_argument("--limit", type=count_type(0), help="purge at most this many")
     purge.add_argument("--rate", type=rate_type, help="at most this many, e.g. 500/s")
     purge.add_argument("--dry-run", action="store_true", help="print what would go; delete nothing")
     purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -347,8 +358,6 @@ def _report(report: MoveReport, args: argparse.Namespace) -> int:
 
 
 async def _replay(args: argparse.Namespace) -> int:
-    if args.canary < 0 or (args.limit is not None and args.limit < 0):
-        raise UsageError("--canary and --limit take zero or more messages")
     connection = await connect(args.url)
     async with connection:
         topology = await checked_topology(connection, args, queue=args.to_queue or args.queue)
