@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.output import UsageError, count_type, duration_type
+from delayed_retry.cli.output import UsageError, count_type, duration_type, require_extra
 
 __all__ = ["register"]
 
@@ -39,14 +39,15 @@ def register(sub: Any) -> None:
 
 
 def _archive(args: argparse.Namespace) -> int:
-    from delayed_retry.spark.archive import archive
-
     if not args.queue.endswith(".parking") and not args.force:
         raise UsageError(
             f"--queue {args.queue!r} is not a parking queue (QUEUE.parking): archive drains it, "
             f"taking messages away from its consumers. Did you mean --queue {args.queue}.parking? "
             "Add --force to drain this queue anyway"
         )
+    require_extra("spark", ("pyarrow",), what="'delayed-retry archive'")
+    from delayed_retry.spark.archive import archive
+
     result = asyncio.run(
         archive(
             args.url,
