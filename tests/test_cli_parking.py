@@ -121,3 +121,77 @@ def test_replay_dry_run_then_by_filter_and_purge_asks_first(
     assert main([*purge, "--id", "m-0", "--yes"]) == 0
     assert "purged 1 message(s)" in capsys.readouterr().out
     assert _ids(rabbitmq_url, unique, capsys) == ["m-1"]
+
+
+async def _park(url: str, queue: str, rows: list[tuple[str, bytes, int]]) -> None:
+    """Park ``(message_id, body, hours ago)`` rows in ``queue``'s parking queue."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue(queue, durable=True)
+        await channel.declare_queue(f"{queue}.parking", durable=True)
+        for ident, body, hours in rows:
+            headers: dict[str, aio_pika.abc.FieldValue] = {
+                X_PARKED_REASON: "max-retries",
+                X_PARKED_AT: to_epoch_ms(utcnow() - timedelta(hours=hours)),
+                "x-exception-type": "billing.CardDeclined",
+            }
+            await channel.default_exchange.publish(
+                aio_pika.Message(body, message_id=ident, headers=headers),
+                routing_key=f"{queue}.parking",
+            )
+
+
+def test_ids_may_be_prefixes_and_an_id_of_several_messages_is_never_just_the_first(
+    rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two parked messages share the id order-2 (a message parked twice, say).
+    rows = [("order-1", b"a", 3), ("order-10", b"b", 3), ("order-2", b"c", 2), ("order-2", b"d", 1)]
+    asyncio.run(_park(rabbitmq_url, unique, rows))
+    url = ["--url", rabbitmq_url]
+    show = [*url, "parking", "show", "--queue", unique]
+
+    assert main([*show, "order-10"]) == 0  # a whole id
+    assert "id: order-10" in capsys.readouterr().out
+    assert main([*show, "order-1"]) == 0  # a whole id wins over order-10, which it starts
+    assert "body (1 bytes):\na\n" in capsys.readouterr().out
+
+    assert main([*show, "order-2"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"2 parked messages of {unique!r} have the id 'order-2'" in err[0]
+    assert err[0].count("order-2 (parked ") == 2 and "add --all" in err[0]
+    assert main([*show, "order-2", "--all", "--json"]) == 0
+    assert [r["body"] for r in json.loads(capsys.readouterr().out)] == ["c", "d"]
+
+    assert main([*show, "order-"]) == 1
+    err = capsys.readouterr().err
+    assert "'order-' selects 4 parked messages" in err and "3 ids start with it" in err
+    assert main([*show, "nope"]) == 1
+    assert "no parked message with id 'nope'" in capsys.readouterr().err
+
+    # replay says how many an id selects before acting, and asks when it is more than one.
+    topo = ["--prefix", unique, "--levels", "4"]
+    assert main([*url, "declare", *topo]) == 0
+    capsys.readouterr()
+    replay = [*url, "parking", "replay", "--queue", unique, *topo]
+    assert main([*replay, "--id", "order-2", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "--id 'order-2' selects 2 parked message(s): order-2 (×2)" in out
+    assert "dry run: would have replayed 2 of 4" in out
+    assert main([*replay, "--id", "order-2"]) == 2  # no terminal to ask on, no --yes
+    captured = capsys.readouterr()
+    assert "selects 2 parked message(s)" in captured.out and "add --yes" in captured.err
+    assert _ids(rabbitmq_url, unique, capsys) == ["order-1", "order-10", "order-2", "order-2"]
+    assert main([*replay, "--id", "order-10"]) == 0  # one message: nothing to ask
+    assert "replayed 1 message(s)" in capsys.readouterr().out
+    assert main([*replay, "--id", "order-2", "--yes"]) == 0
+    assert "replayed 2 message(s)" in capsys.readouterr().out
+    assert _ids(rabbitmq_url, unique, capsys) == ["order-1"]
+
+    # purge takes a prefix too, and asks with the count it selected.
+    purge = [*url, "parking", "purge", "--queue", unique]
+    assert main([*purge, "--id", "order", "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert "--id 'order' selects 1 parked message(s): order-1" in out
+    assert "purged 1 message(s)" in out
+    assert _ids(rabbitmq_url, unique, capsys) == []
