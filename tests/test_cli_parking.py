@@ -164,8 +164,8 @@ def test_ids_may_be_prefixes_and_an_id_of_several_messages_is_never_just_the_fir
     assert [r["body"] for r in json.loads(capsys.readouterr().out)] == ["c", "d"]
 
     assert main([*show, "order-"]) == 1
-    err = capsys.readouterr().err
-    assert "'order-' selects 4 parked messages" in err and "3 ids start with it" in err
+    line = capsys.readouterr().err
+    assert "'order-' selects 4 parked messages" in line and "3 ids start with it" in line
     assert main([*show, "nope"]) == 1
     assert "no parked message with id 'nope'" in capsys.readouterr().err
 
