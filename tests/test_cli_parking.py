@@ -9,6 +9,7 @@ from datetime import timedelta
 import aio_pika
 import pytest
 
+from delayed_retry.checks import broker_major_version
 from delayed_retry.cli import main
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.headers import X_PARKED_AT, X_PARKED_REASON
@@ -195,3 +196,40 @@ def test_ids_may_be_prefixes_and_an_id_of_several_messages_is_never_just_the_fir
     assert "--id 'order' selects 1 parked message(s): order-1" in out
     assert "purged 1 message(s)" in out
     assert _ids(rabbitmq_url, unique, capsys) == []
+
+
+async def _park_in_quorum(url: str, queue: str) -> int | None:
+    """One parked message in ``queue``'s quorum parking queue; the broker's major version."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.default_exchange.publish(
+            aio_pika.Message(b"x", message_id="seen", headers={X_PARKED_REASON: "max-retries"}),
+            routing_key=f"{queue}.parking",
+        )
+        underlay = await channel.get_underlay_channel()
+        return broker_major_version(underlay.connection.server_properties)
+
+
+def test_show_sets_the_broker_read_counters_apart_from_the_headers(
+    rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = ["--url", rabbitmq_url]
+    topo = ["--prefix", unique, "--levels", "4"]
+    assert main([*url, "declare", *topo, "--bind", unique, "--create"]) == 0  # quorum
+    major = asyncio.run(_park_in_quorum(rabbitmq_url, unique))
+    show = [*url, "parking", "show", "seen", "--queue", unique, *topo]
+    capsys.readouterr()
+    for _look in range(2):  # each look is a read the broker counts
+        assert main([*show, "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert "x-delivery-count" not in data["headers"] and "x-parked-reason" in data["headers"]
+    if major is not None and major >= 4:  # quorum queues count returns from 4.0 on
+        assert data["broker_read_counters"]["x-delivery-count"] >= 1
+    assert main(show) == 0
+    out = capsys.readouterr().out
+    headers = out.split("headers:")[1].split("body (")[0]
+    if major is not None and major >= 4:
+        own, counted = headers.split("read counts: written by RabbitMQ on every read")
+        assert "x-delivery-count" not in own
+        assert "x-delivery-count = " in counted and "each look counts" in counted

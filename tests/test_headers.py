@@ -219,10 +219,21 @@ def test_sanitize_removes_broker_death_headers() -> None:
             "x-first-death-reason": "rejected",
             "x-last-death-exchange": "",
             "x-delivery-count": 3,
+            "x-acquired-count": 4,
             "keep": "me",
         }
     )
     assert out == {"keep": "me"}
+
+
+def test_the_broker_read_counters_are_set_apart_from_the_message_headers() -> None:
+    own, counters = h.split_read_counters(
+        {"x-delivery-count": 3, "x-acquired-count": 4, "x-retry": 2, "tenant": "acme"}
+    )
+    assert own == {"x-retry": 2, "tenant": "acme"}
+    assert counters == {"x-delivery-count": 3, "x-acquired-count": 4}
+    assert all("each look counts" in h.BROKER_READ_COUNTERS[name] for name in counters)
+    assert h.split_read_counters({"tenant": "acme"}) == ({"tenant": "acme"}, {})
 
 
 def test_sanitize_makes_awkward_values_encodable() -> None:

@@ -35,7 +35,9 @@ from delayed_retry.cli.output import (
 from delayed_retry.cli.parking_ids import ambiguous_id, match_ids, no_such_id, resolve_ids
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.headers import (
+    BROKER_READ_COUNTERS,
     X_EXCEPTION_TRACEBACK,
+    split_read_counters,
 )
 from delayed_retry.parking.lot import (
     ALL_PARKED,
@@ -222,6 +224,10 @@ def _exception(record: ParkedRecord) -> str:
 
 def _summary(record: ParkedRecord) -> dict[str, Any]:
     data = to_jsonable(record)
+    headers, counters = split_read_counters(record.headers)
+    data["headers"] = to_jsonable(headers)
+    # The broker raises these on every read, this one included: not the message's own.
+    data["broker_read_counters"] = to_jsonable(counters)
     data["body"] = to_jsonable(record.body)
     data["age_seconds"] = (
         None if record.parked_at is None else (utcnow() - record.parked_at).total_seconds()
@@ -339,10 +345,15 @@ def _print_record(record: ParkedRecord) -> None:
     ]
     for name, value in rows:
         print(f"{name:>14}: {'-' if value is None else value}")
+    headers, counters = split_read_counters(record.headers)
     print("       headers:")
-    for key, value in sorted(record.headers.items()):
+    for key, value in sorted(headers.items()):
         if key != X_EXCEPTION_TRACEBACK:
             print(f"    {key} = {to_jsonable(value)!r}")
+    if counters:
+        print(f"{'read counts':>14}: written by RabbitMQ on every read, this one included")
+        for key, value in counters.items():
+            print(f"    {key} = {to_jsonable(value)!r}  ({BROKER_READ_COUNTERS[key]})")
     if record.traceback:
         print("     traceback:")
         print("    " + record.traceback.rstrip().replace("\n", "\n    "))
