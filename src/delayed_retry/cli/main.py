@@ -22,6 +22,7 @@ import asyncio
 import importlib
 import logging
 import os
+import select
 import signal
 import sys
 from collections.abc import Sequence
@@ -105,13 +106,27 @@ def _stdout_closed() -> bool:
     """
     try:
         sys.stdout.flush()
+        # The write that failed may have dropped what it buffered, so the flush has nothing
+        # left to fail on: ask the pipe itself (its write end reports an error once the
+        # read end is closed).
+        closed = _reader_gone(sys.stdout.fileno())
     except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return True
+        closed = True
     except (OSError, ValueError):
         return False
-    return False
+    if closed:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return closed
+
+
+def _reader_gone(fd: int) -> bool:
+    """Whether ``fd`` is the write end of a pipe whose read end is closed (never blocks)."""
+    if not hasattr(select, "poll"):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(event & select.POLLERR for _fd, event in poller.poll(0))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
