@@ -153,3 +153,19 @@ def test_without_the_web_extra_the_web_command_names_it(
     line = _one_error_line(capsys)
     assert "the web view needs the 'web' extra" in line
     assert "pip install 'delayed-retry[web]'" in line
+
+
+def test_verify_words_a_missing_queue_with_the_fix_for_its_kind(
+    rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topology = ["--prefix", unique, "--levels", "4"]
+    assert main(["--url", rabbitmq_url, "declare", *topology]) == 0
+    capsys.readouterr()
+    missing = f"{unique}-nope"
+    verify = ["topology", "verify", "--queue", missing, "--no-management", *topology]
+    assert main(["--url", rabbitmq_url, *verify]) == EXIT_FAILURE
+    lines = capsys.readouterr().out.splitlines()
+    work = next(line for line in lines if line.startswith(f"✗ queue {missing!r}: missing"))
+    assert work.endswith(f"--bind {missing} --create") and "its consumer declares it" in work
+    parking = next(line for line in lines if f"queue '{missing}.parking': missing" in line)
+    assert parking.endswith(f"--bind {missing}")
