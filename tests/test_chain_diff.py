@@ -62,7 +62,12 @@ def test_missing_objects_point_to_declare_with_the_same_settings() -> None:
         )
         for line in lines
     ), lines
-    assert any("queue 'orders': missing" in line for line in lines)
+    # The work queue's fix creates it; declare --bind alone creates only its parking queue.
+    assert any(
+        line.startswith("queue 'orders': missing. Fix: check the name and the vhost, or create it")
+        and line.endswith("--bind orders --create")
+        for line in lines
+    ), lines
     assert any("queue 'orders.parking': missing" in line for line in lines)
     assert any(line.startswith("binding 'p.delivery-4' → queue 'orders'") for line in lines)
 

@@ -29,7 +29,7 @@ def _closed_port() -> int:
 def test_analyze_reports_a_missing_archive_before_spark(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["spark", "analyze", str(tmp_path / "nope")]) == 2
+    assert main(["spark", "analyze", str(tmp_path / "nope")]) == 1
     err = capsys.readouterr().err
     assert "archive" in err and "does not exist" in err and "nope" in err
 
@@ -37,11 +37,11 @@ def test_analyze_reports_a_missing_archive_before_spark(
 def test_redrive_reports_a_missing_archive_and_a_dead_broker_before_spark(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["spark", "redrive", str(tmp_path / "nope"), "--dry-run"]) == 2
+    assert main(["spark", "redrive", str(tmp_path / "nope"), "--dry-run"]) == 1
     assert "does not exist" in capsys.readouterr().err
     (tmp_path / "arch").mkdir()
     url = f"amqp://guest:secret@127.0.0.1:{_closed_port()}/"
-    assert main(["--url", url, "spark", "redrive", str(tmp_path / "arch")]) == 2
+    assert main(["--url", url, "spark", "redrive", str(tmp_path / "arch")]) == 1
     err = capsys.readouterr().err
     assert "cannot connect to the broker" in err or "cannot reach the broker" in err
     assert "secret" not in err
@@ -52,7 +52,7 @@ def test_schedule_reports_a_missing_input_before_spark(
 ) -> None:
     args = ["spark", "schedule", str(tmp_path / "rows.parquet"), "--queue", "q"]
     args += ["--due-at", "due", "--body", "body", "--schedule-id", "s", "--ledger", "l"]
-    assert main(args) == 2
+    assert main(args) == 1
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -66,7 +66,7 @@ def test_schedule_reports_a_missing_queue_before_spark(
     args = ["--url", rabbitmq_url, "spark", "schedule", str(rows), "--format", "json"]
     args += ["--queue", queue, "--due-at", "due", "--body", "body"]
     args += ["--schedule-id", "s", "--ledger", str(tmp_path / "ledger")]
-    assert main(args) == 2
+    assert main(args) == 1
     err = capsys.readouterr().err
     assert f"queue {queue!r} does not exist" in err
 

@@ -109,6 +109,7 @@ def test_epoch_ms_never_moves_a_due_time_earlier(moment: datetime) -> None:
         ("2D", 172800.0),
         ("1w", 604800.0),
         (".5s", 0.5),
+        ("-0", 0.0),
     ],
 )
 def test_parse_duration_accepts_what_people_type(text: str, seconds: float) -> None:
@@ -116,12 +117,19 @@ def test_parse_duration_accepts_what_people_type(text: str, seconds: float) -> N
 
 
 @pytest.mark.parametrize(
-    "text", ["", "  ", "-5s", "5x", "h", "1.2.3s", "s5", "1h-30m", "nan", "inf", "1e3", "5 s x"]
+    "text",
+    ["", "  ", "-", "--5s", "5x", "h", "1.2.3s", "s5", "1h-30m", "nan", "inf", "1e3", "5 s x"],
 )
 def test_parse_duration_refuses_with_the_forms_it_takes(text: str) -> None:
     with pytest.raises(ConfigurationError, match=r"--delay='.*' is not a duration.*90s, 15m") as e:
         parse_duration(text, name="--delay")
     assert repr(text) in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["-5s", " -1h30m", "-90", "-.5"])
+def test_parse_duration_says_a_negative_duration_is_negative(text: str) -> None:
+    with pytest.raises(DelayOutOfRangeError, match=r"--delay='.*' must not be negative"):
+        parse_duration(text, name="--delay")
 
 
 @pytest.mark.parametrize(

@@ -240,6 +240,16 @@ def test_every_header_name_is_spelled_once_in_the_fingerprint_too() -> None:
     assert all(a == b for a, b in spelled.items()), spelled
 
 
+def test_the_broker_read_counters_are_set_apart_from_the_message_headers() -> None:
+    own, counters = h.split_read_counters(
+        {"x-delivery-count": 3, "x-acquired-count": 4, "x-retry": 2, "tenant": "acme"}
+    )
+    assert own == {"x-retry": 2, "tenant": "acme"}
+    assert counters == {"x-delivery-count": 3, "x-acquired-count": 4}
+    assert all("each look counts" in h.BROKER_READ_COUNTERS[name] for name in counters)
+    assert h.split_read_counters({"tenant": "acme"}) == ({"tenant": "acme"}, {})
+
+
 def test_sanitize_makes_awkward_values_encodable() -> None:
     out = h.sanitize_headers(
         {

@@ -27,6 +27,7 @@ PURE_IN_SUBPACKAGES = (
     "consumer.rejections",
     "parking.records",
     "parking.moves",
+    "parking.ids",
     "admin.chain_diff",
     "admin.other_chains",
 )

@@ -97,13 +97,25 @@ def parse_duration(text: str, *, name: str = "duration") -> float:
 
     Use it for durations typed on a command line or in a configuration file.
     Plain numbers are seconds (``90``, ``1.5``); parts add up (``1h30m``,
-    ``1h 30m``); ``w`` is a week. Negative, empty, NaN and unknown units are
-    refused with a :class:`~delayed_retry.errors.ConfigurationError` naming
-    ``name`` and the accepted forms.
+    ``1h 30m``); ``w`` is a week. Empty, NaN and unknown units are refused
+    with a :class:`~delayed_retry.errors.ConfigurationError` naming ``name``
+    and the accepted forms; a negative duration (``-5s``) with a
+    :class:`~delayed_retry.errors.DelayOutOfRangeError` saying so.
     """
     if not isinstance(text, str):
         raise ConfigurationError(f"{name}={text!r} is not a duration; write it like 90s, 15m, 1h")
     raw = text.strip()
+    if raw.startswith("-") and raw != "-":
+        try:
+            magnitude = parse_duration(raw[1:], name=name)
+        except ConfigurationError:
+            magnitude = None  # not a duration with a minus: refused below as not a duration
+        if magnitude == 0:
+            return 0.0
+        if magnitude is not None:
+            raise DelayOutOfRangeError(
+                f"{name}={text!r} must not be negative; write zero or more, e.g. 90s or 0"
+            )
     if _PLAIN.fullmatch(raw):
         return float(raw)
     position = 0

@@ -2,8 +2,8 @@
 
 Two kinds live here. Errors the library raises to the caller
 (:class:`ConfigurationError`, :class:`DelayOutOfRangeError`,
-:class:`TopologyMismatchError`, :class:`PublishError`) all derive from
-:class:`DelayedRetryError`. Control-flow signals a *handler* raises to steer
+:class:`NotFoundError`, :class:`TopologyMismatchError`, :class:`PublishError`)
+all derive from :class:`DelayedRetryError`. Control-flow signals a *handler* raises to steer
 what happens to the message it got (:class:`RetryAfter`, :class:`ParkMessage`)
 derive from :class:`HandlerSignal`.
 """
@@ -17,12 +17,15 @@ __all__ = [
     "DelayOutOfRangeError",
     "DelayedRetryError",
     "HandlerSignal",
+    "NotFoundError",
     "ParkMessage",
     "PublishError",
     "PublishNotConfirmedError",
     "PublishTimeoutError",
     "RetryAfter",
     "TopologyMismatchError",
+    "parking_queue_not_found",
+    "queue_not_found",
 ]
 
 
@@ -36,6 +39,48 @@ class ConfigurationError(DelayedRetryError, ValueError):
 
 class DelayOutOfRangeError(ConfigurationError):
     """A delay is negative, not a number, or longer than the delay chain can hold."""
+
+
+class NotFoundError(ConfigurationError):
+    """A queue, exchange, file or other object the caller named does not exist.
+
+    The name is well formed but nothing by that name is there (in this vhost,
+    or at this path): the message names the object, says to check the name and
+    how the object comes to exist. Word missing queues with
+    :func:`queue_not_found` and :func:`parking_queue_not_found`, so every
+    command says it the same way. It is a :class:`ConfigurationError` for code
+    that catches those; the command line exits 1 for it (the broker is not as
+    the command needs), not 2 (the command line itself is wrong).
+    """
+
+
+def queue_not_found(name: str, *, so: str = "") -> str:
+    """The words for a missing work queue ``name`` (one that consumers read).
+
+    ``so`` says what cannot be done without it (``"nothing can be scheduled
+    for it"``). Its consumer creates such a queue, or ``declare --create``.
+    """
+    consequence = f", so {so}" if so else ""
+    return (
+        f"queue {name!r} does not exist in this vhost{consequence}; check the name and the "
+        "vhost in the URL, or create it: its consumer declares it, or run "
+        f"'delayed-retry declare --create --bind {name}' with the chain's options"
+    )
+
+
+def parking_queue_not_found(name: str) -> str:
+    """The words for a missing parking queue ``name`` (``<queue>.parking`` by default).
+
+    A parking queue is created when its work queue is bound to the chain, so
+    the fix names that queue when the name shows it.
+    """
+    queue = name.removesuffix(".parking") if name.endswith(".parking") else "QUEUE"
+    return (
+        f"parking queue {name!r} does not exist in this vhost; check the queue name "
+        "(--queue, --parking-queue) and the vhost in the URL. A queue's parking queue is "
+        "created when the queue is bound to the chain: by its consumer, or by "
+        f"'delayed-retry declare --bind {queue}' with the chain's options"
+    )
 
 
 class TopologyMismatchError(DelayedRetryError):

@@ -24,6 +24,7 @@ from delayed_retry.durations import from_epoch_ms, to_epoch_ms
 
 __all__ = [
     "BROKER_HEADERS",
+    "BROKER_READ_COUNTERS",
     "X_ACQUIRED_COUNT",
     "X_CLAIMED_QUEUE",
     "X_DEATH",
@@ -62,6 +63,7 @@ __all__ = [
     "read_epoch_ms",
     "sanitize_headers",
     "scheduled_headers",
+    "split_read_counters",
     "encode_body_preview",
     "exception_name",
 ]
@@ -132,6 +134,16 @@ X_ACQUIRED_COUNT = "x-acquired-count"
 
 BROKER_HEADERS = (X_DEATH, X_DELIVERY_COUNT, X_ACQUIRED_COUNT)
 """Broker-written headers, never re-published (nor any ``x-first-death-*``/``x-last-death-*``)."""
+
+BROKER_READ_COUNTERS = {
+    X_DELIVERY_COUNT: "times read and given back; each look counts",
+    X_ACQUIRED_COUNT: "times taken from the queue; each look counts",
+}
+"""Counters the broker writes on a message each time it is read, with what each counts.
+
+Reading a parking queue takes messages and gives them back, so every look
+(``parking show`` included) raises them: show them apart from the headers the
+sender wrote, labelled, never as the message's own (:func:`split_read_counters`)."""
 
 MAX_RETRY_COUNT = 1_000_000
 """An ``x-retry`` above this is treated as malformed, not as a real count."""
@@ -277,6 +289,19 @@ def parse_retry_state(
         broker_deaths=deaths,
         problems=tuple(problems),
     )
+
+
+def split_read_counters(
+    headers: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``headers`` without the broker's read counters, and those counters apart.
+
+    Use it wherever a parked message's headers are shown to people: the
+    counters rise with every look, so they must not read as the message's.
+    """
+    own = {k: v for k, v in headers.items() if k not in BROKER_READ_COUNTERS}
+    counters = {k: headers[k] for k in BROKER_READ_COUNTERS if k in headers}
+    return own, counters
 
 
 def _is_broker_header(name: str) -> bool:

@@ -61,7 +61,7 @@ def test_analyze_and_dry_run_redrive_commands(
     errors = _error_lines(capsys.readouterr().err)
     assert len(errors) == 1 and errors[0].startswith("delayed-retry: error: --where")
 
-    assert main(["spark", "analyze", str(tmp_path / "missing")]) == 2
+    assert main(["spark", "analyze", str(tmp_path / "missing")]) == 1
     errors = _error_lines(capsys.readouterr().err)
     assert len(errors) == 1 and "does not exist" in errors[0]
 

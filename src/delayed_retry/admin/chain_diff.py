@@ -27,6 +27,7 @@ __all__ = [
     "applying_policies",
     "compare",
     "expected_bindings",
+    "missing_queue_fix",
     "collapse_absent_chain",
     "topology_options",
 ]
@@ -175,6 +176,14 @@ def topology_options(topology: DelayTopology) -> str:
 def _declare_hint(topology: DelayTopology, queues: Iterable[str] = ()) -> str:
     binds = "".join(f" --bind {q}" for q in queues)
     return f"delayed-retry declare {topology_options(topology)}{binds}"
+
+
+def missing_queue_fix(topology: DelayTopology, queues: Iterable[str]) -> str:
+    """The fix for a work queue named to check that does not exist (``queue_not_found``'s)."""
+    return (
+        "check the name and the vhost, or create it: its consumer declares it, or run "
+        f"{_declare_hint(topology, queues)} --create"
+    )
 
 
 def expected_bindings(topology: DelayTopology, queues: Iterable[str] = ()) -> set[Binding]:
@@ -345,7 +354,7 @@ def compare(
                 Difference(
                     f"queue {queue!r}",
                     "missing",
-                    "declare it (your application does), then run " + hint,
+                    missing_queue_fix(topology, queues),
                 )
             )
     wanted_bindings = expected_bindings(topology, queues)

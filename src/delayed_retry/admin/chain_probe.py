@@ -18,7 +18,12 @@ import aiormq.abc
 from aio_pika.abc import AbstractConnection
 from pamqp import commands as amqp_commands
 
-from delayed_retry.admin.chain_diff import Difference, collapse_absent_chain, topology_options
+from delayed_retry.admin.chain_diff import (
+    Difference,
+    collapse_absent_chain,
+    missing_queue_fix,
+    topology_options,
+)
 from delayed_retry.amqp.channels import on_scratch_channel, underlay_connection
 from delayed_retry.topology import DelayTopology, QueueSpec, amqp_arguments
 
@@ -120,7 +125,10 @@ async def probe_over_amqp(
         f"the chain under prefix {topology.prefix!r} was declared with other settings; check "
         "--prefix/--levels/--unit-ms/--queue-type, or migrate its messages to a new prefix"
     )
-    declare = f"delayed-retry declare {topology_options(topology)}"
+    # With --bind for the queues named: a queue's parking queue is declared with its binding.
+    declare = f"delayed-retry declare {topology_options(topology)}" + "".join(
+        f" --bind {q}" for q in queues
+    )
     out: list[Difference] = []
     for ex in topology.exchanges():
         what = f"exchange {ex.name!r}"
@@ -159,5 +167,7 @@ async def probe_over_amqp(
             out.append(Difference(what, f"declared differently: {refused}", other_settings))
     for queue in queues:
         if await queue_depth(connection, queue) is None:
-            out.append(Difference(f"queue {queue!r}", "missing", "declare it, then run " + declare))
+            out.append(
+                Difference(f"queue {queue!r}", "missing", missing_queue_fix(topology, queues))
+            )
     return collapse_absent_chain(topology, out)

@@ -33,7 +33,7 @@ from delayed_retry.alerts.sinks import (
 )
 from delayed_retry.amqp.declare import declare_topology
 from delayed_retry.durations import Duration, to_seconds
-from delayed_retry.errors import ConfigurationError
+from delayed_retry.errors import ConfigurationError, NotFoundError
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = ["ParkingAlerts"]
@@ -112,7 +112,7 @@ class ParkingAlerts:
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
             with contextlib.suppress(Exception):
                 await channel.close()
-            raise ConfigurationError(
+            raise NotFoundError(
                 f"alert queue {name!r} does not exist; declare the topology first: run "
                 f"'delayed-retry declare {topology_options(self.topology)}', or in code call "
                 "declare_topology(channel, topology) or pass declare=True"

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.output import UsageError, duration_type
+from delayed_retry.cli.output import UsageError, count_type, duration_type, require_extra
 
 __all__ = ["register"]
 
@@ -21,14 +21,16 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--queue", required=True, help="the parking queue, e.g. orders.parking")
     p.add_argument("--to", required=True, help="folder or URI (s3://…) of the archive")
-    p.add_argument("--batch-size", type=int, default=1000, help="messages per part file")
+    p.add_argument("--batch-size", type=count_type(1), default=1000, help="messages per part file")
     p.add_argument(
         "--idle-timeout",
         type=duration_type,
         default=1.0,
         help="stop after the queue is empty this long, e.g. 1s, 500ms (1s)",
     )
-    p.add_argument("--max", type=int, default=None, help="archive at most this many messages")
+    p.add_argument(
+        "--max", type=count_type(1), default=None, help="archive at most this many messages"
+    )
     p.add_argument(
         "--force", action="store_true", help="drain a queue whose name does not end in .parking"
     )
@@ -37,14 +39,15 @@ def register(sub: Any) -> None:
 
 
 def _archive(args: argparse.Namespace) -> int:
-    from delayed_retry.spark.archive import archive
-
     if not args.queue.endswith(".parking") and not args.force:
         raise UsageError(
             f"--queue {args.queue!r} is not a parking queue (QUEUE.parking): archive drains it, "
             f"taking messages away from its consumers. Did you mean --queue {args.queue}.parking? "
             "Add --force to drain this queue anyway"
         )
+    require_extra("spark", ("pyarrow",), what="'delayed-retry archive'")
+    from delayed_retry.spark.archive import archive
+
     result = asyncio.run(
         archive(
             args.url,

@@ -11,7 +11,7 @@ from delayed_retry.admin.chain_probe import queue_depth
 from delayed_retry.amqp.declare import declare_topology
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
-from delayed_retry.cli.output import UsageError
+from delayed_retry.errors import NotFoundError, queue_not_found
 
 __all__ = ["register"]
 
@@ -44,10 +44,7 @@ async def _declare(args: argparse.Namespace) -> int:
             if await queue_depth(connection, queue) is not None:
                 continue
             if not args.create:
-                raise UsageError(
-                    f"queue {queue!r} does not exist, so it cannot be bound to the chain; "
-                    "create it first, or add --create to create it"
-                )
+                raise NotFoundError(queue_not_found(queue, so="it cannot be bound to the chain"))
             created = await connection.channel()
             await created.declare_queue(
                 queue, durable=True, arguments={"x-queue-type": topology.queue_type}

@@ -6,8 +6,13 @@ Each module in :data:`SUBCOMMAND_MODULES` is named after the command it adds
 one module and one line there. Shared output, errors and option types live in
 :mod:`delayed_retry.cli.output`, connecting in :mod:`delayed_retry.cli.connection`.
 
-Exit codes: 0 ok, 1 failure, 2 usage (bad options or values, including a
-:class:`~delayed_retry.errors.ConfigurationError` such as a queue that does not exist).
+Exit codes, one rule (the README's "Command line" states it): 2 when the
+command line itself is wrong (argparse's errors, :class:`UsageError`, a
+:class:`~delayed_retry.errors.ConfigurationError` about a value given); 1 when
+it is right but the broker or the machine is not as the command needs
+(:class:`CommandError`, :class:`~delayed_retry.errors.NotFoundError` for a
+queue or file named that does not exist, any other library error, a broker
+that cannot be reached); 0 otherwise.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from collections.abc import Sequence
 import aiormq
 
 from delayed_retry.cli.connection import check_url, explain_connection_error
-from delayed_retry.cli.output import EXIT_FAILURE, EXIT_USAGE, CommandError
-from delayed_retry.errors import ConfigurationError, DelayedRetryError
+from delayed_retry.cli.output import EXIT_FAILURE, EXIT_USAGE, CommandError, print_error
+from delayed_retry.cli.parser import CommandLineParser
+from delayed_retry.errors import ConfigurationError, DelayedRetryError, NotFoundError
 from delayed_retry.urls import redact_url
 
 __all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "run"]
@@ -57,10 +63,12 @@ DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="delayed-retry",
         description="Delayed retries, parking and scheduling in RabbitMQ: operate the chain.",
-        epilog="Exit codes: 0 ok, 1 failure, 2 usage. Durations: 250ms, 90s, 15m, 1h, 2d.",
+        epilog="Exit codes: 0 ok; 1 the broker or machine is not as the command needs (e.g. a "
+        "queue you named does not exist); 2 the command line is wrong (e.g. a bad value). "
+        "Durations: 250ms, 90s, 15m, 1h, 2d.",
     )
     parser.add_argument(
         "--url",
@@ -84,10 +92,6 @@ def _quiet_logging(verbose: bool) -> None:
     if not verbose:
         for name in ("aiormq", "aio_pika", "asyncio"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
-def _error(message: str) -> None:
-    print(f"delayed-retry: error: {message}", file=sys.stderr)
 
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
@@ -118,7 +122,7 @@ def _stdout_closed() -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the process exit code (0 ok, 1 failure, 2 usage)."""
+    """Run the command line; returns the process exit code (0 ok, 1 the world, 2 the words)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -134,13 +138,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_url(args.url)
         code: int = args.func(args)
     except CommandError as exc:
-        _error(str(exc))
+        print_error(str(exc))
         return exc.exit_code
+    except NotFoundError as exc:  # a name the user gave names nothing: the world, not the words
+        print_error(str(exc))
+        return EXIT_FAILURE
     except ConfigurationError as exc:  # a value the user gave is wrong: a usage error
-        _error(str(exc))
+        print_error(str(exc))
         return EXIT_USAGE
     except DelayedRetryError as exc:  # its message names the object and the fix already
-        _error(str(exc))
+        print_error(str(exc))
         return EXIT_FAILURE
     except BrokenPipeError:
         if _stdout_closed():  # `delayed-retry parking list | head -1`: the reader is done
@@ -150,10 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         line = explain_connection_error(exc, args.url)
         if line is None:
             line = f"the broker at {redact_url(args.url)!r} failed the command: {exc!r}"
-        _error(line)
+        print_error(line)
         return EXIT_FAILURE
     except KeyboardInterrupt:
-        _error("interrupted; nothing acted on was lost (unacked messages went back)")
+        print_error("interrupted; nothing acted on was lost (unacked messages went back)")
         return 130
     return code
 

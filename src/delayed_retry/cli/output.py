@@ -2,11 +2,16 @@
 
 Use these in every subcommand so the command line behaves one way:
 
-* raise :class:`CommandError` (exit 1) for a failure and :class:`UsageError`
-  (exit 2) for bad input, with one line naming the object, the problem and
-  the command that fixes it; ``main`` prints it as ``delayed-retry: error: ...``,
-  and prints the library's own errors the same way, word for word (so their
-  messages name the fix for both code and command line);
+* raise :class:`UsageError` (exit 2) when the command line itself is wrong,
+  whatever the broker holds (a value, a missing or contradicting option), and
+  :class:`CommandError` (exit 1) when it is right but the broker or the
+  machine is not as the command needs (a queue named that does not exist:
+  raise :class:`~delayed_retry.errors.NotFoundError` with the words of
+  :func:`~delayed_retry.errors.queue_not_found`), with one line naming the
+  object, the problem and the command that fixes it; ``main`` prints it as
+  ``delayed-retry: error: ...``, and prints the library's own errors the same
+  way, word for word (so their messages name the fix for both code and
+  command line);
 * :func:`add_json_option` on every read command, then :func:`emit_json`;
 * :func:`print_table` for human output (it fits the terminal);
 * :func:`progress_bar` around long operations (a bar only on a terminal);
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
+import importlib
 import json
 import math
 import shutil
@@ -40,34 +46,62 @@ __all__ = [
     "UsageError",
     "add_json_option",
     "confirm",
+    "count_type",
     "duration_type",
     "emit_json",
     "format_at_most",
     "header_type",
+    "print_error",
     "print_table",
     "progress_bar",
     "rate_type",
     "render_table",
+    "require_extra",
     "to_jsonable",
 ]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-"""The command ran and failed (a broker error, a mismatch, a difference found)."""
+"""The command line was right but the broker or the machine is not as the command needs (a
+queue named that does not exist, a broker error, a mismatch, a difference found)."""
 EXIT_USAGE = 2
-"""The command line itself was wrong (an unknown option, a malformed value)."""
+"""The command line itself was wrong, whatever the broker holds (an unknown option, a
+malformed value, a destructive command without --yes off a terminal)."""
 
 
 class CommandError(Exception):
-    """A failure to report as one line and exit 1; say what is wrong and what to run."""
+    """The broker or machine is not as the command needs: one line, exit 1; say what to run."""
 
     exit_code = EXIT_FAILURE
 
 
 class UsageError(CommandError):
-    """Bad input on the command line: reported as one line, exit 2."""
+    """The command line itself is wrong, whatever the broker holds: one line, exit 2."""
 
     exit_code = EXIT_USAGE
+
+
+def print_error(message: str) -> None:
+    """Print ``message`` on stderr as the one line ``delayed-retry: error: ...``."""
+    print(f"delayed-retry: error: {message}", file=sys.stderr)
+
+
+def require_extra(extra: str, modules: Sequence[str], *, what: str) -> None:
+    """Import ``modules``, or fail (exit 1) naming the extra of delayed-retry that installs them.
+
+    Call it first in a command built on optional dependencies (``web``, ``spark``,
+    ``archive``), so a missing one is named with the fix before anything connects,
+    not as Python's "No module named ..." halfway through.
+    """
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            missing = (exc.name or name).split(".")[0]
+            raise CommandError(
+                f"{what} needs the '{extra}' extra ({missing} is not installed); run: "
+                f"pip install 'delayed-retry[{extra}]'"
+            ) from exc
 
 
 # -- option types ---------------------------------------------------------------
@@ -77,6 +111,28 @@ def duration_type(text: str) -> float:
         return parse_duration(text, name="duration")
     except ConfigurationError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def count_type(minimum: int) -> Callable[[str], int]:
+    """argparse ``type=`` for a whole number of at least ``minimum`` (limits, offsets, counts).
+
+    Use it instead of ``int`` so ``--limit -1`` is refused on the command line, before
+    anything connects.
+    """
+
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number of at least {minimum}; e.g. {max(minimum, 1) * 10}"
+            )
+        return value
+
+    count.__name__ = f"count_at_least_{minimum}"
+    return count
 
 
 def rate_type(text: str) -> float:

@@ -23,6 +23,7 @@ from delayed_retry.cli.output import (
     UsageError,
     add_json_option,
     confirm,
+    count_type,
     duration_type,
     emit_json,
     header_type,
@@ -31,11 +32,15 @@ from delayed_retry.cli.output import (
     rate_type,
     to_jsonable,
 )
+from delayed_retry.cli.parking_ids import ambiguous_id, match_ids, no_such_id, resolve_ids
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.headers import (
+    BROKER_READ_COUNTERS,
     X_EXCEPTION_TRACEBACK,
+    split_read_counters,
 )
 from delayed_retry.parking.lot import (
+    ALL_PARKED,
     CanaryNews,
     MoveProgress,
     MoveReport,
@@ -60,7 +65,12 @@ def _add_filter_args(parser: argparse.ArgumentParser, *, ids: bool = True) -> No
     group = parser.add_argument_group("which parked messages (all given must match)")
     if ids:
         group.add_argument(
-            "--id", dest="ids", action="append", default=[], metavar="ID", help="a record id"
+            "--id",
+            dest="ids",
+            action="append",
+            default=[],
+            metavar="ID",
+            help="a record id as 'parking list' shows it, or its start (repeatable)",
         )
     group.add_argument("--exception", metavar="TYPE", help="exception type, e.g. TimeoutError")
     group.add_argument("--reason", help="parked reason, e.g. max-retries, not-retryable")
@@ -112,8 +122,12 @@ def register(sub: Any) -> None:
     )
     _add_queue_args(listing)
     _add_filter_args(listing)
-    listing.add_argument("--limit", type=int, default=20, help="records to show (%(default)s)")
-    listing.add_argument("--offset", type=int, default=0, help="skip this many records first")
+    listing.add_argument(
+        "--limit", type=count_type(1), default=20, help="records to show (%(default)s)"
+    )
+    listing.add_argument(
+        "--offset", type=count_type(0), default=0, help="skip this many records first"
+    )
     add_json_option(listing)
     add_topology_args(listing)
     listing.set_defaults(func=lambda args: run(_list(args)))
@@ -122,9 +136,16 @@ def register(sub: Any) -> None:
         "show",
         help="one parked message in full: record, headers, body",
         description="Show one parked message: its failure record, traceback, headers and body "
-        "(binary bodies as base64). Nothing is removed.",
+        "(binary bodies as base64). ID may be the start of a record id; when it selects more "
+        "than one message (two can share an id), they are listed, and --all shows each. "
+        "Nothing is removed.",
     )
-    show.add_argument("id", metavar="ID", help="the record id 'parking list' shows")
+    show.add_argument("id", metavar="ID", help="the record id 'parking list' shows, or its start")
+    show.add_argument(
+        "--all",
+        action="store_true",
+        help="show every parked message the id selects (without it, more than one is an error)",
+    )
     _add_queue_args(show)
     add_json_option(show)
     add_topology_args(show)
@@ -140,13 +161,19 @@ def register(sub: Any) -> None:
     _add_queue_args(replay)
     _add_filter_args(replay)
     replay.add_argument("--to", dest="to_queue", help="send to this queue instead of QUEUE")
-    replay.add_argument("--limit", type=int, help="replay at most this many (default: all)")
+    replay.add_argument(
+        "--limit", type=count_type(0), help="replay at most this many (default: all)"
+    )
     replay.add_argument("--rate", type=rate_type, help="at most this many, e.g. 50/s")
     replay.add_argument(
         "--delay", type=duration_type, default=0.0, help="come due after, e.g. 90s, 1h (now)"
     )
     replay.add_argument(
-        "--canary", type=int, default=0, metavar="N", help="replay N first; stop if one parks again"
+        "--canary",
+        type=count_type(0),
+        default=0,
+        metavar="N",
+        help="replay N first; stop if one parks again",
     )
     replay.add_argument(
         "--canary-wait",
@@ -159,6 +186,11 @@ def register(sub: Any) -> None:
     )
     replay.add_argument(
         "--dry-run", action="store_true", help="print what would move; move nothing"
+    )
+    replay.add_argument(
+        "--yes",
+        action="store_true",
+        help="do not ask for confirmation (asked when an --id selects more than one message)",
     )
     add_json_option(replay)
     add_topology_args(replay)
@@ -173,7 +205,7 @@ def register(sub: Any) -> None:
     _add_queue_args(purge)
     _add_filter_args(purge)
     purge.add_argument("--all", action="store_true", help="select every parked message")
-    purge.add_argument("--limit", type=int, help="purge at most this many")
+    purge.add_argument("--limit", type=count_type(0), help="purge at most this many")
     purge.add_argument("--rate", type=rate_type, help="at most this many, e.g. 500/s")
     purge.add_argument("--dry-run", action="store_true", help="print what would go; delete nothing")
     purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -196,6 +228,10 @@ def _exception(record: ParkedRecord) -> str:
 
 def _summary(record: ParkedRecord) -> dict[str, Any]:
     data = to_jsonable(record)
+    headers, counters = split_read_counters(record.headers)
+    data["headers"] = to_jsonable(headers)
+    # The broker raises these on every read, this one included: not the message's own.
+    data["broker_read_counters"] = to_jsonable(counters)
     data["body"] = to_jsonable(record.body)
     data["age_seconds"] = (
         None if record.parked_at is None else (utcnow() - record.parked_at).total_seconds()
@@ -209,6 +245,10 @@ async def _list(args: argparse.Namespace) -> int:
     connection = await connect(args.url)
     async with connection:
         channel = await connection.channel()
+        if where.ids:
+            where, _count, _ambiguous = await resolve_ids(
+                channel, args, where, topology=topology, quiet=args.json
+            )
         common = dict(queue=args.queue, parking_queue=args.parking_queue, topology=topology)
         groups = await group_parked(channel, where=where, **common)
         page = await browse_parked(
@@ -258,28 +298,40 @@ async def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+SHOW_AT_MOST = 20
+"""Messages ``parking show --all`` prints at most; give more of the id for the rest."""
+
+
 async def _show(args: argparse.Namespace) -> int:
     topology = topology_from_args(args)
     connection = await connect(args.url)
     async with connection:
         channel = await connection.channel()
-        page = await browse_parked(
-            channel,
-            queue=args.queue,
-            parking_queue=args.parking_queue,
-            where=ParkedFilter(ids=frozenset({args.id})),
-            limit=1,
-            topology=topology,
+        (match,) = await match_ids(
+            channel, args, [args.id], where=ALL_PARKED, topology=topology, keep=SHOW_AT_MOST
         )
-    if not page.records:
-        raise CommandError(
-            f"no parked message with id {args.id!r} in the parking lot of {args.queue!r}; "
-            f"'delayed-retry parking list --queue {args.queue}' shows the ids"
-        )
-    record = page.records[0]
+    if not match.found:
+        raise no_such_id(match, args.queue)
+    if match.ambiguous and not args.all:
+        raise ambiguous_id(match, args.queue)
+    records = match.records
     if args.json:
-        emit_json(_summary(record))
-        return 0
+        emit_json(_summary(records[0]) if not args.all else [_summary(r) for r in records])
+    else:
+        for n, record in enumerate(records, 1):
+            if args.all:
+                print(f"{'' if n == 1 else chr(10)}-- parked message {n} of {match.count} --")
+            _print_record(record)
+    if match.count > len(records):
+        print(
+            f"{match.count - len(records)} more parked message(s) match {args.id!r}; "
+            "give more of the id to see them",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _print_record(record: ParkedRecord) -> None:
     rows = [
         ("id", record.id),
         ("message id", record.message_id),
@@ -297,10 +349,15 @@ async def _show(args: argparse.Namespace) -> int:
     ]
     for name, value in rows:
         print(f"{name:>14}: {'-' if value is None else value}")
+    headers, counters = split_read_counters(record.headers)
     print("       headers:")
-    for key, value in sorted(record.headers.items()):
+    for key, value in sorted(headers.items()):
         if key != X_EXCEPTION_TRACEBACK:
             print(f"    {key} = {to_jsonable(value)!r}")
+    if counters:
+        print(f"{'read counts':>14}: written by RabbitMQ on every read, this one included")
+        for key, value in counters.items():
+            print(f"    {key} = {to_jsonable(value)!r}  ({BROKER_READ_COUNTERS[key]})")
     if record.traceback:
         print("     traceback:")
         print("    " + record.traceback.rstrip().replace("\n", "\n    "))
@@ -310,7 +367,6 @@ async def _show(args: argparse.Namespace) -> int:
         print(body)
     else:
         print(f"(binary, base64) {body['base64']}")
-    return 0
 
 
 def _who() -> str | None:
@@ -381,20 +437,32 @@ def _canary_news(news: CanaryNews) -> None:
 
 
 async def _replay(args: argparse.Namespace) -> int:
-    if args.canary < 0 or (args.limit is not None and args.limit < 0):
-        raise UsageError("--canary and --limit take zero or more messages")
+    where = _filter(args)
+    limit = args.limit
     connection = await connect(args.url)
     async with connection:
         topology = await checked_topology(connection, args, queue=args.to_queue or args.queue)
         channel = await connection.channel()
+        if where.ids:
+            where, selected, ambiguous = await resolve_ids(
+                channel, args, where, topology=topology, quiet=args.json
+            )
+            limit = selected if limit is None else min(limit, selected)
+            question = (
+                f"replay {limit} parked message(s) of {args.queue!r} (an --id selects more "
+                "than one)?"
+            )
+            if ambiguous and not args.dry_run and not confirm(question, assume_yes=args.yes):
+                print("nothing replayed", file=sys.stderr)
+                return 1
         with progress_bar("replay", total=None, enabled=None if not args.json else False) as bar:
             report = await replay_matching(
                 channel,
                 queue=args.queue,
                 parking_queue=args.parking_queue,
                 to_queue=args.to_queue,
-                where=_filter(args),
-                limit=args.limit,
+                where=where,
+                limit=limit,
                 rate=args.rate,
                 delay=args.delay,
                 canary=args.canary,
@@ -419,25 +487,31 @@ async def _purge(args: argparse.Namespace) -> int:
     connection = await connect(args.url)
     async with connection:
         channel = await connection.channel()
+        selected: int | None = None
+        if where.ids:
+            where, selected, _ambiguous = await resolve_ids(
+                channel, args, where, topology=topology, quiet=args.json
+            )
+            selected = selected if args.limit is None else min(selected, args.limit)
         common: dict[str, Any] = dict(
             queue=args.queue, parking_queue=args.parking_queue, where=where, topology=topology
         )
-        preview: MoveReport | None = None
         if not args.dry_run:
-            preview = await purge_matching(channel, dry_run=True, limit=args.limit, **common)
-            if preview.done == 0:
+            if selected is None:
+                preview = await purge_matching(channel, dry_run=True, limit=args.limit, **common)
+                selected = preview.done
+            if selected == 0:
                 print(f"no parked messages of {args.queue!r} match; nothing purged")
                 return 0
-            question = f"delete {preview.done} parked message(s) of {args.queue!r} for good?"
+            question = f"delete {selected} parked message(s) of {args.queue!r} for good?"
             if not confirm(question, assume_yes=args.yes):
                 print("nothing purged", file=sys.stderr)
                 return 1
         with progress_bar("purge", total=None, enabled=None if not args.json else False) as bar:
             # The count the operator agreed to, never more (a message parked meanwhile stays).
-            limit = args.limit if preview is None else preview.done
             report = await purge_matching(
                 channel,
-                limit=limit,
+                limit=args.limit if selected is None else selected,
                 rate=args.rate,
                 dry_run=args.dry_run,
                 progress=_reporter(args, bar),

@@ -20,6 +20,7 @@ from delayed_retry.cli.output import (
     header_type,
 )
 from delayed_retry.durations import format_duration, utcnow
+from delayed_retry.errors import NotFoundError, queue_not_found
 
 __all__ = ["register"]
 
@@ -77,11 +78,7 @@ async def _publish(args: argparse.Namespace) -> int:
     connection = await connect(args.url)
     async with connection:
         if await queue_depth(connection, args.queue) is None:
-            raise UsageError(
-                f"queue {args.queue!r} does not exist, so nothing can be scheduled for it; "
-                "create it first (start its consumer, or run 'delayed-retry declare --create "
-                f"--bind {args.queue}' with the chain's options)"
-            )
+            raise NotFoundError(queue_not_found(args.queue, so="nothing can be scheduled for it"))
         topology = await checked_topology(connection, args, queue=args.queue)
         if due_at - now > topology.max_delay:
             raise UsageError(

@@ -12,12 +12,13 @@ import aio_pika
 import tenacity
 from tenacity.wait import wait_base
 
+from delayed_retry.admin.chain_probe import queue_depth
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.startup import Startup, announce
 from delayed_retry.consumer.router import RetryRouter
 from delayed_retry.durations import parse_duration
-from delayed_retry.errors import ConfigurationError
+from delayed_retry.errors import ConfigurationError, NotFoundError, queue_not_found
 from delayed_retry.policy import DEFAULT_WAIT
 
 __all__ = ["parse_wait", "register"]
@@ -100,6 +101,11 @@ async def _router(args: argparse.Namespace) -> int:
     )
     connection = await aio_pika.connect_robust(args.url)
     async with connection:
+        for queue in retry_router.queues:
+            if await queue_depth(connection, queue) is None:
+                raise NotFoundError(
+                    queue_not_found(queue, so="its rejections cannot be sent back to it")
+                )
         channel = await connection.channel()
         await retry_router.start(channel)
         startup = Startup(

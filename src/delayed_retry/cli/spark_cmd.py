@@ -9,7 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.errors import ConfigurationError, DelayedRetryError
+from delayed_retry.cli.output import CommandError, require_extra
+from delayed_retry.errors import (
+    ConfigurationError,
+    DelayedRetryError,
+    NotFoundError,
+    queue_not_found,
+)
 
 __all__ = ["register"]
 
@@ -24,36 +30,16 @@ def _check_broker(url: str, queue: str | None = None) -> None:
     """Connect (and find ``queue``) before Spark starts: a dead broker fails in a second."""
     import asyncio
 
-    import aio_pika
+    from delayed_retry.admin.chain_probe import queue_depth
+    from delayed_retry.cli.connection import connect
 
     async def probe() -> None:
-        try:
-            connection = await asyncio.wait_for(aio_pika.connect(url), 15)
-        except Exception as exc:
-            raise ConfigurationError(
-                f"cannot connect to the broker at {_safe(url)}: {exc or type(exc).__name__}; "
-                "check --url and that RabbitMQ is running"
-            ) from exc
-        try:
-            if queue is not None:
-                channel = await connection.channel()
-                try:
-                    await channel.declare_queue(queue, passive=True)
-                except Exception as exc:
-                    raise ConfigurationError(
-                        f"queue {queue!r} does not exist on {_safe(url)}; declare it "
-                        "(start its consumer once) or fix --queue"
-                    ) from exc
-        finally:
-            await connection.close()
+        connection = await connect(url, timeout=15)
+        async with connection:
+            if queue is not None and await queue_depth(connection, queue) is None:
+                raise NotFoundError(queue_not_found(queue, so="nothing can be scheduled for it"))
 
     asyncio.run(probe())
-
-
-def _safe(url: str) -> str:
-    from delayed_retry.urls import redact_url
-
-    return repr(redact_url(url))
 
 
 def _rate(text: str) -> float:
@@ -76,26 +62,44 @@ def _header(text: str) -> tuple[str, str]:
     return name, column
 
 
-def _one_line_spark_errors(func: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
-    """Report a Spark failure as the one line saying what went wrong, not a JVM stack."""
+def _spark_command(
+    command: str, *, needs: tuple[str, ...]
+) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+    """Wrap ``spark COMMAND``: the 'spark' extra checked first, Spark failures as one line.
 
-    @functools.wraps(func)
-    def wrapper(args: argparse.Namespace) -> int:
-        try:
-            return func(args)
-        except DelayedRetryError:
-            raise
-        except Exception as exc:
-            if type(exc).__module__.startswith(("pyspark", "py4j")):
-                from delayed_retry.spark.dataset import root_cause
+    ``needs`` are the modules of the extra the command imports; a missing one is named
+    with ``pip install 'delayed-retry[spark]'`` before anything is read or connected.
+    """
 
-                raise DelayedRetryError(f"Spark failed: {root_cause(exc)}") from exc
-            raise
+    def wrap(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        @functools.wraps(func)
+        def wrapper(args: argparse.Namespace) -> int:
+            require_extra("spark", needs, what=f"'delayed-retry {command}'")
+            from delayed_retry.spark.session import SparkMissingError
 
-    return wrapper
+            try:
+                return func(args)
+            except SparkMissingError as exc:  # no Java, or Spark would not start: not the words
+                raise CommandError(str(exc)) from exc
+            except DelayedRetryError:
+                raise
+            except Exception as exc:
+                if type(exc).__module__.startswith(("pyspark", "py4j")):
+                    from delayed_retry.spark.dataset import root_cause
+
+                    raise DelayedRetryError(f"Spark failed: {root_cause(exc)}") from exc
+                raise
+
+        return wrapper
+
+    return wrap
 
 
-@_one_line_spark_errors
+SPARK_JOB = ("pyarrow", "pyspark")
+"""The modules of the 'spark' extra every Spark job imports."""
+
+
+@_spark_command("spark analyze", needs=(*SPARK_JOB, "pandas", "matplotlib"))
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Analyse archives: terminal tables plus an HTML report next to the archive."""
     from delayed_retry.spark.analyze import analyze_archive, default_report_path
@@ -114,7 +118,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-@_one_line_spark_errors
+@_spark_command("spark redrive", needs=SPARK_JOB)
 def cmd_redrive(args: argparse.Namespace) -> int:
     """Send selected archived messages back to their queues through the delay chain."""
     from delayed_retry.spark.dataset import check_archive_paths
@@ -151,7 +155,7 @@ def cmd_redrive(args: argparse.Namespace) -> int:
     return 0
 
 
-@_one_line_spark_errors
+@_spark_command("spark schedule", needs=SPARK_JOB)
 def cmd_schedule(args: argparse.Namespace) -> int:
     """Schedule one message per row of a Parquet, CSV or JSON file."""
     from delayed_retry.spark.bulk import schedule_dataframe
@@ -159,7 +163,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     from delayed_retry.spark.session import progress
 
     if not path_exists(args.input):
-        raise ConfigurationError(f"input {args.input!r} does not exist; check the path")
+        raise NotFoundError(f"input {args.input!r} does not exist; check the path")
     if args.url:
         _check_broker(args.url, args.queue)
     spark = _spark(args)
@@ -194,6 +198,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     return 0
 
 
+@_spark_command("spark generate", needs=("pyarrow",))
 def cmd_generate(args: argparse.Namespace) -> int:
     """Write a synthetic archive (no Spark, no broker): for benchmarks and trying the report."""
     from delayed_retry.spark.generate import generate_archive

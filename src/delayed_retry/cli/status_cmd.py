@@ -12,8 +12,9 @@ from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.common import add_topology_args
 from delayed_retry.cli.connection import connect
 from delayed_retry.cli.main import run
-from delayed_retry.cli.output import add_json_option, emit_json, print_table
+from delayed_retry.cli.output import CommandError, add_json_option, emit_json, print_table
 from delayed_retry.durations import format_duration
+from delayed_retry.errors import NotFoundError, queue_not_found
 
 __all__ = ["register"]
 
@@ -109,7 +110,8 @@ async def _status(args: argparse.Namespace) -> int:
                 "missing": missing,
             }
         )
-        return 1 if missing else 0
+        _raise_missing(work, missing)
+        return 0
     print(
         f"delay chain {topology.prefix!r}: {topology.levels} levels of "
         f"{format_duration(unit)}, delays up to {format_duration(topology.max_delay)} "
@@ -155,11 +157,23 @@ async def _status(args: argparse.Namespace) -> int:
         f"unroutable: {'missing' if unroutable is None else unroutable[0]}, alert copies: "
         f"{'missing' if alerts is None else alerts[0]}"
     )
-    if missing:
-        print(
-            f"{len(missing)} queue(s) missing ({', '.join(missing[:3])}"
-            f"{', …' if len(missing) > 3 else ''}): run 'delayed-retry declare' with the same "
-            "options, and check the queue names"
-        )
-        return 1
+    _raise_missing(work, missing)
     return 0
+
+
+def _raise_missing(work: dict[str, tuple[int, int] | None], missing: list[str]) -> None:
+    """Fail (exit 1) naming a missing queue, with the fix that is true for its kind.
+
+    A work queue the user named is created by its consumer (or ``declare --create``);
+    the chain's own queues by ``declare``.
+    """
+    named = [q for q, found in work.items() if found is None]
+    if named:
+        others = f"; also missing: {', '.join(named[1:])}" if named[1:] else ""
+        raise NotFoundError(queue_not_found(named[0]) + others)
+    if missing:
+        raise CommandError(
+            f"{len(missing)} queue(s) of the delay chain are missing ({', '.join(missing[:3])}"
+            f"{', …' if len(missing) > 3 else ''}); run 'delayed-retry declare' with the same "
+            "options to create them"
+        )

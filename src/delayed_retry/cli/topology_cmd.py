@@ -21,7 +21,13 @@ from delayed_retry.cli.common import (
     topology_from_args,
 )
 from delayed_retry.cli.main import run
-from delayed_retry.cli.output import add_json_option, emit_json, format_at_most, print_table
+from delayed_retry.cli.output import (
+    CommandError,
+    add_json_option,
+    emit_json,
+    format_at_most,
+    print_table,
+)
 from delayed_retry.cli.topology_migrate_cmd import register_migrate
 from delayed_retry.durations import format_duration
 from delayed_retry.topology import DelayTopology
@@ -153,12 +159,12 @@ async def _show(args: argparse.Namespace) -> int:
             {
                 "level": depth.level,
                 "queue": depth.name,
-                "holds_s": hold,
+                "holds_seconds": hold,
                 # Delays entering at this level: its bit is the highest 1.
-                "entering_delays_s": [hold, ((2 << depth.level) - 1) * unit],
+                "entering_delays_seconds": [hold, ((2 << depth.level) - 1) * unit],
                 "messages": depth.messages,
                 # Up to a full hold here, then up to every lower bit.
-                "due_within_s": ((2 << depth.level) - 1) * unit,
+                "due_within_seconds": ((2 << depth.level) - 1) * unit,
             }
         )
     if args.json:
@@ -168,12 +174,10 @@ async def _show(args: argparse.Namespace) -> int:
     missing = [r["queue"] for r in rows if r["messages"] is None]
     missing += [k for k, v in others.items() if v is None]
     if missing:
-        print(
+        raise CommandError(
             f"{len(missing)} queue(s) of the chain are missing; check --prefix/--levels, or run "
-            "'delayed-retry topology verify' with the same options",
-            file=sys.stderr,
+            "'delayed-retry topology verify' with the same options"
         )
-        return 1
     return 0
 
 
@@ -192,14 +196,14 @@ def _print_show(
     if shown:
         table = []
         for r in shown:
-            low, high = r["entering_delays_s"]
+            low, high = r["entering_delays_seconds"]
             table.append(
                 (
                     r["level"],
-                    format_duration(r["holds_s"]),
+                    format_duration(r["holds_seconds"]),
                     f"{format_duration(low)} – {format_at_most(high)}",
                     "missing" if r["messages"] is None else r["messages"],
-                    f"within {format_at_most(r['due_within_s'])}" if r["messages"] else "",
+                    f"within {format_at_most(r['due_within_seconds'])}" if r["messages"] else "",
                 )
             )
         print_table(("level", "holds", "delays entering", "messages", "due"), table, right=(0, 3))
@@ -208,7 +212,7 @@ def _print_show(
         print(f"({hidden} empty level(s) hidden; --all lists them)")
     waiting = sum(r["messages"] or 0 for r in rows)
     if waiting:
-        latest = max(r["due_within_s"] for r in rows if r["messages"])
+        latest = max(r["due_within_seconds"] for r in rows if r["messages"])
         print(f"{waiting} message(s) waiting, all due within {format_at_most(latest)}")
     else:
         print("no message waiting in the chain")

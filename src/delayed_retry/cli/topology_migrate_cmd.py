@@ -172,13 +172,15 @@ def _print_dry_run(
         if not count:
             continue
         latest = ((2 << level) - 1) * source.unit_ms / 1000
-        rows.append({"level": level, "queue": name, "messages": count, "due_within_s": latest})
+        rows.append(
+            {"level": level, "queue": name, "messages": count, "due_within_seconds": latest}
+        )
     total = sum(r["messages"] for r in rows)
     if args.json:
         emit_json({"dry_run": True, "would_move": total, "levels": rows})
         return 0
     for r in rows:
-        within = format_at_most(r["due_within_s"])
+        within = format_at_most(r["due_within_seconds"])
         print(f"{r['queue']}: {r['messages']} message(s), due within {within}")
     print(
         f"dry run: would move {total} message(s) from the {source.label} into "

@@ -17,6 +17,7 @@ from delayed_retry.cli.common import (
     topology_from_args,
 )
 from delayed_retry.cli.main import run
+from delayed_retry.cli.output import CommandError, require_extra
 from delayed_retry.cli.startup import Startup, startup_line
 from delayed_retry.errors import ConfigurationError
 
@@ -61,17 +62,13 @@ def register(sub: Any) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    try:
-        from aiohttp import web
+    require_extra("web", ("aiohttp", "jinja2"), what="the web view")
+    from aiohttp import web
 
-        from delayed_retry.web import WebSettings, create_app, parse_credentials
-        from delayed_retry.web.security import check_bind
-        from delayed_retry.web.settings import TOKEN_ENV
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"the web view needs the 'web' extra ({exc.name} is missing); "
-            "run: pip install 'delayed-retry[web]'"
-        ) from exc
+    from delayed_retry.web import WebSettings, create_app, parse_credentials
+    from delayed_retry.web.security import check_bind
+    from delayed_retry.web.settings import TOKEN_ENV
+
     if not 0 < args.port < 65536:
         raise ConfigurationError(f"--port {args.port} must be within 1..65535")
     credentials = parse_credentials(args.auth, token=os.environ.get(TOKEN_ENV))
@@ -92,7 +89,7 @@ async def _serve(args: argparse.Namespace) -> int:
         try:
             await site.start()
         except OSError as exc:
-            raise ConfigurationError(
+            raise CommandError(
                 f"cannot listen on {args.host}:{args.port}: {exc.strerror}; choose another --port"
             ) from exc
         host = f"[{args.host}]" if ":" in args.host else args.host

@@ -35,7 +35,7 @@ import aiormq
 from delayed_retry.amqp.declare import declarer_for, underlay_of
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration, to_seconds, utcnow
-from delayed_retry.errors import ConfigurationError
+from delayed_retry.errors import ConfigurationError, NotFoundError, queue_not_found
 from delayed_retry.parking.canary import CanaryLookout
 from delayed_retry.parking.canary_wait import CanaryNews, CanaryWait
 from delayed_retry.parking.mover import Canary, MoveRequest, PurgeAction, ReplayAction, move
@@ -226,10 +226,7 @@ async def _check_queue(channel: Any, name: str) -> None:
         try:
             await own.queue_declare(name, passive=True)
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
-            raise ConfigurationError(
-                f"queue {name!r} does not exist, so nothing can be replayed to it; check the "
-                "name (--queue, --to) and the vhost in the URL"
-            ) from exc
+            raise NotFoundError(queue_not_found(name, so="nothing can be replayed to it")) from exc
 
 
 async def replay_matching(

@@ -21,7 +21,7 @@ import aiormq.abc
 from delayed_retry.amqp.channels import scratch_channel
 from delayed_retry.amqp.declare import underlay_of
 from delayed_retry.checks import broker_major_version, kept_classic_queue_risk, kept_queue_risk
-from delayed_retry.errors import ConfigurationError
+from delayed_retry.errors import ConfigurationError, NotFoundError, parking_queue_not_found
 from delayed_retry.parking.records import ParkedRecord, read_record
 from delayed_retry.topology import DelayTopology, amqp_arguments
 
@@ -96,7 +96,7 @@ async def refuse_counted_reads(
 
 
 async def queue_depth(own: aiormq.abc.AbstractChannel, parking: str) -> int:
-    """Messages the broker counts in ``parking``; a missing queue is a ConfigurationError.
+    """Messages the broker counts in ``parking``; a missing queue is a :class:`NotFoundError`.
 
     On quorum queues the count leaves out messages a closed channel just
     returned: use it as a progress total, never as a bound.
@@ -104,10 +104,7 @@ async def queue_depth(own: aiormq.abc.AbstractChannel, parking: str) -> int:
     try:
         declared = await own.queue_declare(parking, passive=True)
     except aiormq.exceptions.ChannelNotFoundEntity as exc:
-        raise ConfigurationError(
-            f"parking queue {parking!r} does not exist; check the queue name (--queue, "
-            "--parking-queue) and the vhost in the URL"
-        ) from exc
+        raise NotFoundError(parking_queue_not_found(parking)) from exc
     return int(declared.message_count or 0)
 
 

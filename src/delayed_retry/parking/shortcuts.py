@@ -18,7 +18,7 @@ from delayed_retry.amqp.channels import scratch_channel
 from delayed_retry.amqp.declare import underlay_of
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration
-from delayed_retry.errors import ConfigurationError
+from delayed_retry.errors import ConfigurationError, NotFoundError, parking_queue_not_found
 from delayed_retry.parking.lot import (
     ParkedMessage,
     parse_parked,
@@ -69,9 +69,7 @@ async def peek_parked(
         try:
             await browse.queue_declare(parking, passive=True)
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
-            raise ConfigurationError(
-                f"parking queue {parking!r} does not exist; check --queue/--parking-queue"
-            ) from exc
+            raise NotFoundError(parking_queue_not_found(parking)) from exc
         await refuse_counted_peeks(underlay.connection, topology, queue, parking_queue)
         out: list[ParkedMessage] = []
         while len(out) < limit:

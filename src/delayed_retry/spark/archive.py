@@ -23,7 +23,12 @@ import aiormq
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
 from delayed_retry.durations import from_epoch_ms, utcnow
-from delayed_retry.errors import ConfigurationError, DelayedRetryError
+from delayed_retry.errors import (
+    ConfigurationError,
+    DelayedRetryError,
+    parking_queue_not_found,
+    queue_not_found,
+)
 from delayed_retry.headers import (
     X_ACQUIRED_COUNT,
     X_DELIVERY_COUNT,
@@ -207,10 +212,12 @@ async def archive_queue(
         try:
             source = await channel.declare_queue(queue, passive=True)
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
-            raise ArchiveError(
-                f"queue {queue!r} does not exist; check the name (parking queues are "
-                f"'<queue>.parking')"
-            ) from exc
+            missing = (
+                parking_queue_not_found(queue)
+                if queue.endswith(".parking")
+                else queue_not_found(queue, so="there is nothing to archive")
+            )
+            raise ArchiveError(missing) from exc
         inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         tag = await source.consume(inbox.put, no_ack=False)
         try:

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from delayed_retry.errors import ConfigurationError, DelayedRetryError
+from delayed_retry.errors import DelayedRetryError, NotFoundError
 from delayed_retry.spark.ledger import path_exists
 from delayed_retry.spark.schema import ARCHIVE_COLUMNS, PARTITION_COLUMNS, archive_spark_schema
 
@@ -24,8 +24,8 @@ class ArchiveReadError(DelayedRetryError):
     """An archive is missing, empty or unreadable."""
 
 
-class ArchiveMissingError(ArchiveReadError, ConfigurationError):
-    """No archive at the path given: a usage error (the command line exits 2)."""
+class ArchiveMissingError(ArchiveReadError, NotFoundError):
+    """No archive at the path given (the command line exits 1: check the path)."""
 
 
 def archive_columns() -> list[str]:
