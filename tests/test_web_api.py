@@ -484,3 +484,42 @@ async def test_the_page_proposes_a_replay_and_acts_only_on_its_confirmation(
         ("accepted", 1, 50.0),
         ("finished", None, None),
     ]
+
+
+async def test_read_counts_are_shown_apart_from_the_headers(
+    lot: Scenario, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    queue = lot.name("orders")
+    await park(lot, queue, ["missing"])
+    # A parked message as RabbitMQ 4.x shows it after a few looks: counters on it.
+    counted: dict[str, aio_pika.abc.FieldValue] = {
+        "x-parked-reason": "max-retries",
+        "x-exception-type": "Counted",
+        "x-delivery-count": 7,
+        "x-acquired-count": 9,
+    }
+    await lot.ch.default_exchange.publish(
+        aio_pika.Message(b"counted", message_id="counted", headers=counted),
+        routing_key=f"{queue}.parking",
+    )
+    async with (
+        serve(_settings(lot, tmp_path, url=rabbitmq_url)) as base,
+        aiohttp.ClientSession(headers={"Origin": base}) as session,
+    ):
+        async with session.get(f"{base}/api/parked", params={"queue": queue}) as response:
+            items = (await response.json())["items"]
+            key = next(i["key"] for i in items if i["message_id"] == "counted")
+        looks = []
+        for _ in range(2):  # every look is a read, which the broker counts
+            async with session.get(
+                f"{base}/api/message", params={"queue": queue, "key": key}
+            ) as response:
+                looks.append(await response.json())
+        async with session.get(f"{base}/message", params={"queue": queue, "key": key}) as page:
+            html = await page.text()
+    for record in looks:
+        assert "x-delivery-count" not in record["headers"]
+        assert "x-acquired-count" not in record["headers"]
+    assert looks[1]["broker_read_counters"]["x-acquired-count"] >= 9
+    assert 'id="read-counts"' in html and "each look counts" in html
+    assert '<th>x-delivery-count</th><td class="lines">' not in html

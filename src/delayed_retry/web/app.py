@@ -28,12 +28,14 @@ from aiohttp import web
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import (
+    BROKER_READ_COUNTERS,
     X_DEATH,
     X_LAST_ERROR,
     X_LAST_FAILURE_AT,
     X_REPLAYED_AT,
     X_REPLAYED_BY,
     read_epoch_ms,
+    split_read_counters,
 )
 from delayed_retry.parking.canary_wait import retry_span
 from delayed_retry.parking.lot import CanaryWait, ParkedFilter, ParkedRecord
@@ -361,13 +363,15 @@ async def message_page(request: web.Request) -> web.Response:
         ("original routing key", record.original_routing_key),
     ]
     deaths = h.get(X_DEATH)
+    own, counters = split_read_counters(h)
     return _render(
         request,
         "message.html",
         queue=queue,
         record=record,
         body=view_body(record.body, content_type=record.content_type),
-        headers=header_rows(h),
+        headers=header_rows(own),
+        read_counts=[(name, value, BROKER_READ_COUNTERS[name]) for name, value in counters.items()],
         history=history,
         deaths=deaths if isinstance(deaths, list) else [],
     )
@@ -560,7 +564,8 @@ async def api_message(request: web.Request) -> web.Response:
     return web.json_response(
         {
             **_record_json(record),
-            "headers": dict(header_rows(record.headers)),
+            "headers": dict(header_rows(split_read_counters(record.headers)[0])),
+            "broker_read_counters": split_read_counters(record.headers)[1],
             "body": {"kind": body.kind, "text": body.text, "size": body.size, "shown": body.shown},
             "traceback": record.traceback,
         }
