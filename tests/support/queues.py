@@ -36,10 +36,17 @@ async def depth(where: AbstractChannel | AbstractConnection, queue: str) -> int:
 async def wait_for_depth(
     where: AbstractChannel | AbstractConnection, queue: str, n: int, *, timeout: float = WAIT
 ) -> None:
-    """Wait until ``queue`` holds exactly ``n`` ready messages."""
+    """Wait until ``queue`` holds exactly ``n`` ready messages.
+
+    A queue that does not exist (yet, or again: deleted and about to be
+    declared anew by a consumer) has not reached it; the wait goes on.
+    """
 
     async def reached() -> bool:
-        return await depth(where, queue) == n
+        try:
+            return await depth(where, queue) == n
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return False
 
     await wait_until(reached, timeout=timeout, what=f"queue {queue!r} to hold {n} messages")
 
