@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -236,3 +237,22 @@ def test_the_memory_policy_command_is_an_operator_policy_for_one_vhost() -> None
         "rabbitmqctl set_operator_policy --vhost 'shop floor' --apply-to queues --priority 0 "
         "orders.levels-on-disk '^orders\\.level\\.[0-9]+$' '{\"max-in-memory-length\":0}'"
     )
+
+
+def test_nothing_declared_is_refused_or_deprecated_on_rabbitmq_4_3() -> None:
+    # 4.3 denies (or deprecates) transient non-exclusive queues, x-queue-mode and global QoS:
+    # every queue the library declares is durable, and none of them is asked for anywhere.
+    topology = DelayTopology(prefix="p")
+    specs = [
+        *topology.queues(),
+        topology.parking_queue_spec("q"),
+        topology.forward_queue_spec("x"),
+        topology.inbox_queue_spec("x.delay"),
+    ]
+    for spec in specs:
+        assert "x-queue-mode" not in amqp_arguments(spec.arguments), spec.name
+    package = Path(__file__).parent.parent / "src" / "delayed_retry"
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        for refused in ("durable=False", "x-queue-mode", "global_=True"):
+            assert refused not in text, f"{path}: {refused}"
