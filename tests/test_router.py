@@ -202,7 +202,7 @@ async def test_the_router_command_retries_and_parks(chain: Scenario, rabbitmq_ur
     try:
         assert router.stdout is not None
         line = await asyncio.wait_for(router.stdout.readline(), WAIT)
-        assert f"routing rejections of {orders}" in line.decode()
+        assert f"routing rejections of {orders!r}" in line.decode()
         rejecter = Rejecter()
         await (await chain.ch.get_queue(orders)).consume(rejecter)
         await chain.ch.default_exchange.publish(aio_pika.Message(b"x"), routing_key=orders)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 __all__ = [
+    "AccessRefusedError",
     "ConfigurationError",
     "DelayOutOfRangeError",
     "DelayedRetryError",
@@ -81,6 +82,15 @@ def parking_queue_not_found(name: str) -> str:
         "created when the queue is bound to the chain: by its consumer, or by "
         f"'delayed-retry declare --bind {queue}' with the chain's options"
     )
+
+
+class AccessRefusedError(ConfigurationError):
+    """The broker refused the user an operation (``ACCESS_REFUSED``): a permission is missing.
+
+    The message names what was refused and the permission to grant. It is a
+    :class:`ConfigurationError` for code that catches those; the command line
+    exits 1 for it (the broker is not as the command needs; the command is right).
+    """
 
 
 class TopologyMismatchError(DelayedRetryError):

@@ -30,7 +30,12 @@ from delayed_retry.checks import (
     kept_classic_queue_risk,
     kept_queue_risk,
 )
-from delayed_retry.errors import ConfigurationError, TopologyMismatchError
+from delayed_retry.errors import (
+    AccessRefusedError,
+    ConfigurationError,
+    NotFoundError,
+    TopologyMismatchError,
+)
 from delayed_retry.topology import (
     DEFAULT_TOPOLOGY,
     IN_MEMORY_ARGUMENTS,
@@ -60,12 +65,12 @@ def _explain(exc: aiormq.exceptions.ChannelClosed, what: str, wanted: Any) -> Ex
             "(after moving its messages) or use another prefix for the chain"
         )
     if isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
-        return ConfigurationError(
+        return NotFoundError(
             f"{what} refers to something that does not exist: {text}. Declare the queue "
             "before consuming from it or scheduling messages for it"
         )
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
-        return ConfigurationError(
+        return AccessRefusedError(
             f"the broker refused to declare {what}: {text}. Grant the user configure, write "
             "and read permissions on names starting with the topology prefix"
         )

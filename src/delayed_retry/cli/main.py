@@ -32,7 +32,12 @@ import aiormq
 from delayed_retry.cli.connection import check_url, explain_connection_error
 from delayed_retry.cli.output import EXIT_FAILURE, EXIT_USAGE, CommandError, print_error
 from delayed_retry.cli.parser import CommandLineParser
-from delayed_retry.errors import ConfigurationError, DelayedRetryError, NotFoundError
+from delayed_retry.errors import (
+    AccessRefusedError,
+    ConfigurationError,
+    DelayedRetryError,
+    NotFoundError,
+)
 from delayed_retry.urls import redact_url
 
 __all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "run"]
@@ -140,7 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandError as exc:
         print_error(str(exc))
         return exc.exit_code
-    except NotFoundError as exc:  # a name the user gave names nothing: the world, not the words
+    # A name the user gave names nothing, or the broker refuses the user: the world, not the words.
+    except (NotFoundError, AccessRefusedError) as exc:
         print_error(str(exc))
         return EXIT_FAILURE
     except ConfigurationError as exc:  # a value the user gave is wrong: a usage error
