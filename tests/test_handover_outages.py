@@ -18,9 +18,17 @@ from typing import Any
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractRobustConnection
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from tenacity import wait_fixed
 
-from delayed_retry import NoInstrumentation, RetryRouter, publish_delayed
+from delayed_retry import (
+    NoInstrumentation,
+    RetryRouter,
+    consume,
+    current_retry_state,
+    publish_delayed,
+    with_delayed_retry,
+)
 from delayed_retry.admin.chain_probe import exchange_exists
 from delayed_retry.delivery.forwarder import Forwarder
 from delayed_retry.delivery.front_door import FrontDoor
@@ -219,3 +227,39 @@ async def test_an_inbox_declared_without_the_limit_is_kept_with_a_warning(
     warnings = [r.getMessage() for r in caplog.records if f"{exchange}.delay'" in r.getMessage()]
     assert warnings, "no warning named the inbox declared without a delivery limit"
     assert "x-delivery-limit" in warnings[0] and "delete" in warnings[0]
+
+
+async def test_a_retrying_consumer_puts_a_deleted_chain_back_with_its_binding(
+    chain: Scenario,
+) -> None:
+    s = chain
+    q = await s.queue()
+    attempts: list[int] = []
+    done = asyncio.Event()
+
+    @with_delayed_retry(
+        topology=s.topology, wait=wait_fixed(0.3), instrumentation=NoInstrumentation()
+    )
+    async def handler(message: AbstractIncomingMessage) -> None:
+        state = current_retry_state()
+        assert state is not None
+        attempts.append(state.attempt)
+        if state.attempt == 1:
+            raise ConnectionError("the database is down")
+        done.set()
+
+    await consume(q, handler)
+    # A mistaken teardown after the consumer started: every exchange of the chain is gone,
+    # the delivery exchange (and with it the queue's binding) included.
+    await _delete_level_exchanges(s)
+    channel = await s.connection.channel()
+    await channel.exchange_delete(s.topology.delivery_exchange)
+    await channel.close()
+    await s.ch.default_exchange.publish(aio_pika.Message(b"m"), routing_key=q.name)
+    await asyncio.wait_for(done.wait(), WAIT)
+    # The refused publish closed the consumer's channel, so the broker may deliver the first
+    # attempt again (at-least-once); then the chain is back, binding included, and the retry
+    # comes through it once.
+    assert attempts in ([1, 2], [1, 1, 2]), attempts
+    assert await s.depth(s.topology.unroutable_queue) == 0
+    assert await exchange_exists(s.connection, s.topology.delivery_exchange)

@@ -226,13 +226,18 @@ class FailureHandling:
         out of the chain have no such exchange and return to the queue.
         """
         exchange = message.exchange
+        connection = message.channel.connection
         if (
             self.return_to != "exchange"
             or not exchange
             or self.topology.is_chain_exchange(exchange)
         ):
+            # Cached per connection; again after the chain was found missing and forgotten
+            # (amqp/chain.py), so the retry finds the queue's binding at the chain's end.
+            await declarer_for(connection).destination(
+                connection, self.topology, self.queue, self.parking_queue
+            )
             return self.queue, None
-        connection = message.channel.connection
         queue = await declarer_for(connection).forward_queue(connection, self.topology, exchange)
         return queue, message.routing_key or ""
 
