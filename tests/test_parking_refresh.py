@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -205,6 +206,8 @@ def test_the_command_refreshes_and_reports(
     assert main([*command, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["action"], report["done"], report["scanned"]) == ("refresh", 4, 4)
+    assert main(["--url", rabbitmq_url, "parking", "show", "old-1", "--queue", unique]) == 0
+    assert re.search(r"refreshed: \d{4}-\d\d-\d\d ", capsys.readouterr().out)
 
 
 # -- the disk it frees -----------------------------------------------------------

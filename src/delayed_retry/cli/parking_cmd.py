@@ -322,6 +322,7 @@ async def _show(args: argparse.Namespace) -> int:
         ("first failure", record.first_failure_at),
         ("parked", f"{record.parked_at} ({_age(record)} ago)"),
         ("replayed", f"{record.replays} time(s)"),
+        ("refreshed", record.refreshed_at),
         ("group", record.fingerprint),
         ("from", f"exchange {record.original_exchange!r} key {record.original_routing_key!r}"),
         ("content type", record.content_type),
