@@ -34,6 +34,7 @@ __all__ = [
     "X_HEADER_PROBLEMS",
     "X_MIGRATED_FROM",
     "X_PARKED_NOTE",
+    "X_PARKED_REFRESHED_AT",
     "X_REDRIVE_ID",
     "X_REPLAYED",
     "X_REPLAYED_AT",
@@ -88,6 +89,9 @@ X_PARKED_REASON = "x-parked-reason"
 """Why a message was parked: ``max-retries``, ``not-retryable``, ``park-requested``, …"""
 X_PARKED_AT = "x-parked-at"
 """When the message was parked, milliseconds since the Unix epoch."""
+X_PARKED_REFRESHED_AT = "x-parked-refreshed-at"
+"""When a parked message was last moved to the tail of its parking queue (``parking
+refresh``), milliseconds since the Unix epoch; ``x-parked-at`` keeps the first parking."""
 X_EXCEPTION_TYPE = "x-exception-type"
 """Qualified name of the exception that parked the message."""
 X_EXCEPTION_MESSAGE = "x-exception-message"

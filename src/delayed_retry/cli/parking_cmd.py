@@ -1,8 +1,9 @@
-"""``delayed-retry parking list|show|replay|purge``: the on-call engineer's parking lot.
+"""``delayed-retry parking list|show|replay|purge|refresh``: the on-call engineer's parking lot.
 
-Reading never removes anything. Replay and purge are at-least-once: a
-message leaves the parking queue only after its copy is confirmed (replay)
-or the operator confirmed (purge); a failing command moves nothing more.
+Reading never removes anything. Replay, purge and refresh are at-least-once:
+a message leaves its place only after its copy is confirmed (replay,
+refresh) or the operator confirmed (purge); a failing command moves nothing
+more.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import sys
 from datetime import timedelta
 from typing import Any
 
+from delayed_retry.amqp.declare import underlay_of
+from delayed_retry.checks import broker_version
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.connection import connect
@@ -52,6 +55,7 @@ from delayed_retry.parking.lot import (
     replay_matching,
 )
 from delayed_retry.parking.moves import CANARY_PARKED_AFTER_THE_REST, CANARY_PARKED_AGAIN
+from delayed_retry.parking.refresh import refresh_needed, refresh_parked
 
 __all__ = ["register"]
 
@@ -213,6 +217,33 @@ def register(sub: Any) -> None:
     add_topology_args(purge)
     purge.set_defaults(func=lambda args: run(_purge(args)))
 
+    refresh = commands.add_parser(
+        "refresh",
+        help="move long-parked messages to the tail of their parking queue (disk, RabbitMQ < 4.3)",
+        description="Move the parked messages of QUEUE that have been in its parking queue "
+        "longer than --older-than (since parked, or since their last refresh) to the tail of "
+        "the same queue: each original is acked only after the broker confirmed its copy. "
+        "Before RabbitMQ 4.3 a quorum queue's log is truncated only up to its oldest "
+        "message, so one message parked weeks ago keeps on disk everything parked and "
+        "replayed since; once it is refreshed the broker can truncate the log. Records, "
+        "ids and bodies do not change; nothing leaves the parking lot.",
+    )
+    _add_queue_args(refresh)
+    refresh.add_argument(
+        "--older-than",
+        type=duration_type,
+        metavar="AGE",
+        help="only messages in the parking queue longer than AGE, e.g. 7d (default: all)",
+    )
+    refresh.add_argument("--limit", type=int, help="refresh at most this many")
+    refresh.add_argument("--rate", type=rate_type, help="at most this many, e.g. 500/s")
+    refresh.add_argument(
+        "--dry-run", action="store_true", help="print what would move; move nothing"
+    )
+    add_json_option(refresh)
+    add_topology_args(refresh)
+    refresh.set_defaults(func=lambda args: run(_refresh(args)))
+
 
 def _age(record: ParkedRecord) -> str:
     age = record.age(now=utcnow())
@@ -343,6 +374,7 @@ def _print_record(record: ParkedRecord) -> None:
         ("first failure", record.first_failure_at),
         ("parked", f"{record.parked_at} ({_age(record)} ago)"),
         ("replayed", f"{record.replays} time(s)"),
+        ("refreshed", record.refreshed_at),
         ("group", record.fingerprint),
         ("from", f"exchange {record.original_exchange!r} key {record.original_routing_key!r}"),
         ("content type", record.content_type),
@@ -389,13 +421,14 @@ def _reporter(args: argparse.Namespace, update: Any) -> Any:
 def _report(report: MoveReport, args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report)
-    verb = {"replay": "replayed", "purge": "purged"}[report.action]
+    verb = {"replay": "replayed", "purge": "purged", "refresh": "refreshed"}[report.action]
     if report.dry_run:
         line = f"dry run: would have {verb} {report.done} of {report.scanned} parked message(s)"
     else:
         line = f"{verb} {report.done} message(s) of {report.scanned} looked at"
         if report.to_queue:
-            line += f" to {report.to_queue!r}"
+            tail = "the tail of " if report.action == "refresh" else ""
+            line += f" to {tail}{report.to_queue!r}"
     if not args.json:
         print(line)
     if CANARY_PARKED_AGAIN in (report.stopped, report.canary_verdict):
@@ -516,5 +549,36 @@ async def _purge(args: argparse.Namespace) -> int:
                 dry_run=args.dry_run,
                 progress=_reporter(args, bar),
                 **common,
+            )
+    return _report(report, args)
+
+
+async def _refresh(args: argparse.Namespace) -> int:
+    if args.limit is not None and args.limit < 0:
+        raise UsageError("--limit takes zero or more messages")
+    topology = topology_from_args(args)
+    connection = await connect(args.url)
+    async with connection:
+        channel = await connection.channel()
+        underlay = await underlay_of(channel)
+        version = broker_version(getattr(underlay.connection, "server_properties", None))
+        if not refresh_needed(version):
+            assert version is not None
+            print(
+                f"note: RabbitMQ {version[0]}.{version[1]} truncates a quorum queue's log past "
+                "long-held messages itself; refreshing frees no disk there",
+                file=sys.stderr,
+            )
+        with progress_bar("refresh", total=None, enabled=None if not args.json else False) as bar:
+            report = await refresh_parked(
+                channel,
+                queue=args.queue,
+                parking_queue=args.parking_queue,
+                older_than=args.older_than,
+                limit=args.limit,
+                rate=args.rate,
+                dry_run=args.dry_run,
+                progress=_reporter(args, bar),
+                topology=topology,
             )
     return _report(report, args)

@@ -1,10 +1,12 @@
-"""Replaying or purging parked messages: one scan, one action per selected message.
+"""Replaying, purging or refreshing parked messages: one scan, one action per selected message.
 
 :func:`move` takes the messages present in a parking queue when asked
 (:func:`~delayed_retry.parking.scan.take`), keeps those a
 :class:`MoveRequest` selects, and hands each to a :class:`MessageAction`:
-:class:`ReplayAction` (publish a copy with confirms, then ack) or
-:class:`PurgeAction` (ack). :class:`HandOvers` runs those concurrently, and a
+:class:`ReplayAction` (publish a copy with confirms, then ack),
+:class:`PurgeAction` (ack) or
+:class:`~delayed_retry.parking.refresh.RefreshAction` (a confirmed copy at
+the parking queue's tail, then ack). :class:`HandOvers` runs those concurrently, and a
 :class:`Canary` stops a replay whose first copies park again (and, once the
 rest is replayed, keeps watching them until their wait has passed). The
 counts go to a :class:`~delayed_retry.parking.moves.MoveTally`.
@@ -74,7 +76,7 @@ class MessageAction(Protocol):
     """What a move does to each selected message; it ends by acking the parked original."""
 
     @property
-    def name(self) -> Literal["replay", "purge"]: ...
+    def name(self) -> Literal["replay", "purge", "refresh"]: ...
 
     @property
     def confirms(self) -> bool:

@@ -1,4 +1,4 @@
-"""The bookkeeping of a replay or purge: counts, progress, canary slots, replayed copies. Pure.
+"""A move's bookkeeping (replay, purge, refresh): counts, progress, canaries, copies. Pure.
 
 :mod:`delayed_retry.parking.mover` does the I/O and feeds these: a
 :class:`MoveTally` counts what was looked at and acted on (and tells the
@@ -33,7 +33,7 @@ __all__ = [
     "replay_copy",
 ]
 
-MoveAction = Literal["replay", "purge"]
+MoveAction = Literal["replay", "purge", "refresh"]
 
 LIMIT_REACHED = "limit"
 """``MoveReport.stopped`` when ``limit`` messages were selected before the end of the set."""
@@ -53,7 +53,7 @@ class MoveProgress:
 
     action: MoveAction
     done: int
-    """Messages replayed or purged so far (would be, in a dry run)."""
+    """Messages replayed, purged or refreshed so far (would be, in a dry run)."""
     scanned: int
     """Messages looked at so far."""
     depth: int
@@ -65,7 +65,7 @@ class MoveProgress:
 
 @dataclass(frozen=True, kw_only=True)
 class MoveReport:
-    """What a replay or purge did (or would do, in a dry run)."""
+    """What a replay, purge or refresh did (or would do, in a dry run)."""
 
     action: MoveAction
     done: int

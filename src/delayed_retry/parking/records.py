@@ -30,6 +30,7 @@ from delayed_retry.headers import (
     X_PARKED_AT,
     X_PARKED_NOTE,
     X_PARKED_REASON,
+    X_PARKED_REFRESHED_AT,
     X_QUEUE,
     X_REPLAY_CANARY,
     X_REPLAYED,
@@ -61,6 +62,7 @@ _RECORD_HEADERS = (
     X_EXCEPTION_TRACEBACK,
     X_HEADER_PROBLEMS,
     X_PARKED_NOTE,
+    X_PARKED_REFRESHED_AT,
 )
 # A replay starts a fresh retry budget in every respect: the count and every time the
 # decorator's stop/wait policies read are dropped (the decorator writes them again).
@@ -101,6 +103,8 @@ class ParkedRecord(ParkedMessage):
     traceback: str | None = None
     replays: int = 0
     replayed_at: datetime | None = None
+    refreshed_at: datetime | None = None
+    """When ``parking refresh`` last moved it to the tail of its parking queue."""
     fingerprint: str = ""
     failure: str = ""
     """The failure group in words: ``TimeoutError in gateway.py:call: gateway did not …``."""
@@ -108,6 +112,16 @@ class ParkedRecord(ParkedMessage):
     def age(self, *, now: datetime) -> timedelta | None:
         """How long ago it was parked, or ``None`` when the record does not say."""
         return None if self.parked_at is None else now - self.parked_at
+
+    @property
+    def in_queue_since(self) -> datetime | None:
+        """When it entered the parking queue as it is now: parked, or last refreshed.
+
+        This, not the parking time, says how far back in the queue's log the
+        message sits (see :mod:`~delayed_retry.parking.refresh`).
+        """
+        times = [t for t in (self.parked_at, self.refreshed_at) if t is not None]
+        return max(times) if times else None
 
 
 def parse_parked(
@@ -172,6 +186,7 @@ def read_record(
         traceback=trace if isinstance(trace, str) else None,
         replays=replays if isinstance(replays, int) and not isinstance(replays, bool) else 0,
         replayed_at=read_epoch_ms(h.get(X_REPLAYED_AT)),
+        refreshed_at=read_epoch_ms(h.get(X_PARKED_REFRESHED_AT)),
         fingerprint=group.key,
         failure=group.label(),
     )
@@ -192,8 +207,10 @@ class ParkedFilter:
     qualified name or its last part (``TimeoutError`` matches
     ``asyncio.TimeoutError``); ``reason`` matches exactly; ``older_than`` and
     ``newer_than`` are ages since parking (a record without a parking time
-    matches neither); ``headers`` are ``(name, substring)`` pairs;
-    ``body_contains`` is a substring of the body read as UTF-8;
+    matches neither); ``in_queue_longer_than`` is the time since it entered
+    the parking queue as it is now (:attr:`ParkedRecord.in_queue_since`: parked
+    or last refreshed), what ``parking refresh`` selects by; ``headers`` are
+    ``(name, substring)`` pairs; ``body_contains`` is a substring of the body read as UTF-8;
     ``fingerprint`` is a failure group's key; ``ids`` are record ids.
     """
 
@@ -202,12 +219,13 @@ class ParkedFilter:
     reason: str | None = None
     older_than: timedelta | None = None
     newer_than: timedelta | None = None
+    in_queue_longer_than: timedelta | None = None
     headers: tuple[tuple[str, str], ...] = ()
     body_contains: str | None = None
     fingerprint: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("older_than", "newer_than"):
+        for name in ("older_than", "newer_than", "in_queue_longer_than"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, timedelta):
                 object.__setattr__(self, name, timedelta(seconds=to_seconds(value, name=name)))
@@ -243,6 +261,10 @@ class ParkedFilter:
             if self.older_than is not None and not age > self.older_than:
                 return False
             if self.newer_than is not None and not age < self.newer_than:
+                return False
+        if self.in_queue_longer_than is not None:
+            since = record.in_queue_since
+            if since is None or not (now or utcnow()) - since > self.in_queue_longer_than:
                 return False
         for name, text in self.headers:
             if name not in record.headers or text not in _header_text(record.headers[name]):

@@ -115,8 +115,9 @@ async def take(
 
     Every message taken stays unacked on ``own`` until it is acked or the
     channel closes, so none is taken twice and the scan ends when the queue
-    has nothing more to give. Messages parked or replayed after ``asked_at``
-    (their record says so) are put back untouched: the set is the one asked about.
+    has nothing more to give. Messages parked, replayed or refreshed after
+    ``asked_at`` (their record says so) are put back untouched: the set is the
+    one asked about.
     The declare-ok message count cannot bound the scan: on quorum queues it
     leaves out messages a closed channel just returned.
     """
@@ -139,4 +140,13 @@ async def take(
         # clock wrote this time, so a consumer's clock skew cannot make it look old.
         if record.replayed_at is not None and record.replayed_at >= asked_at:
             continue
+        # A copy this very refresh put at the tail. Times are written in whole
+        # milliseconds, so compare with the start truncated alike, or a copy made in the
+        # start's millisecond would be taken (and refreshed) again.
+        if record.refreshed_at is not None and record.refreshed_at >= _whole_ms(asked_at):
+            continue
         yield got, record
+
+
+def _whole_ms(moment: datetime) -> datetime:
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)

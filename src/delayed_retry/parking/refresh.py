@@ -1,0 +1,151 @@
+"""Move long-parked messages to the tail of their parking queue, so its log can shrink.
+
+Use :func:`refresh_parked` on RabbitMQ before 4.3 when a parking queue's
+disk use keeps growing while other messages are parked and replayed through
+it. A quorum queue's log can only be truncated up to its oldest message: one
+message parked weeks ago keeps every entry written since (every message
+parked and replayed after it) on disk. Refreshing publishes a copy of each
+selected message to the tail of the same parking queue, waits for the
+broker's confirm, and only then acks the original, the same at-least-once
+hand-over as a replay (:mod:`~delayed_retry.parking.mover`). Once the old
+messages are gone from the head, the broker truncates the log at its next
+snapshot. RabbitMQ 4.3 compacts the log around long-held messages itself:
+there refreshing is not needed (:func:`refresh_needed`), though harmless.
+
+A refreshed copy keeps its body, its properties and its parking record
+(``x-parked-at`` stays the first parking time, so ages and failure groups do
+not change); ``x-parked-refreshed-at`` says when it was moved, and the
+broker-written headers (``x-death``, ``x-delivery-count``) are dropped as in
+every re-publish. The copies go to the parking queue through the default
+exchange, so the alerts queue does not hear of them again. The order of the
+lot changes: refreshed messages come after those parked since.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import aiormq.abc
+
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
+from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
+from delayed_retry.headers import X_PARKED_REFRESHED_AT, sanitize_headers
+from delayed_retry.parking.mover import MoveRequest, move
+from delayed_retry.parking.moves import MoveProgress, MoveReport
+from delayed_retry.parking.records import ParkedFilter
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+
+__all__ = [
+    "COMPACTING_VERSION",
+    "RefreshAction",
+    "refresh_headers",
+    "refresh_needed",
+    "refresh_parked",
+]
+
+COMPACTING_VERSION = (4, 3)
+"""The first RabbitMQ version whose quorum queues truncate their log past a long-held message."""
+
+
+def refresh_needed(version: tuple[int, int] | None) -> bool:
+    """Whether a broker of ``version`` (major, minor) keeps a quorum log behind an old message.
+
+    ``None`` (the broker did not say) counts as needed: refreshing is harmless.
+    """
+    return version is None or version < COMPACTING_VERSION
+
+
+def refresh_headers(headers: Mapping[str, Any] | None, *, now: datetime) -> dict[str, Any]:
+    """Headers of a refreshed copy: the parked message's, with the time of this refresh.
+
+    The parking record is kept as it is; only the broker-written headers go
+    (see :func:`~delayed_retry.headers.sanitize_headers`).
+    """
+    out = sanitize_headers(headers)
+    out[X_PARKED_REFRESHED_AT] = to_epoch_ms(now)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class RefreshAction:
+    """Refresh: publish a copy to the tail of ``parking`` (default exchange, confirmed),
+    then ack the original."""
+
+    parking: str
+    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
+
+    @property
+    def name(self) -> Literal["refresh"]:
+        return "refresh"
+
+    @property
+    def confirms(self) -> bool:
+        return True
+
+    @property
+    def to_queue(self) -> str:
+        return self.parking
+
+    async def settle(
+        self,
+        own: aiormq.abc.AbstractChannel,
+        got: aiormq.abc.DeliveredMessage,
+        *,
+        canary_token: str | None,
+    ) -> None:
+        headers = refresh_headers(got.header.properties.headers, now=utcnow())
+        await publish_confirmed(
+            own,
+            exchange="",
+            routing_key=self.parking,
+            body=got.body,
+            properties=copy_properties(got.header.properties, headers),
+            timeout=self.publish_timeout,
+        )
+        await own.basic_ack(got.delivery_tag or 0)
+
+
+async def refresh_parked(
+    channel: Any,
+    *,
+    queue: str,
+    parking_queue: str | None = None,
+    older_than: Duration | None = None,
+    limit: int | None = None,
+    rate: float | None = None,
+    dry_run: bool = False,
+    progress: Callable[[MoveProgress], None] | None = None,
+    topology: DelayTopology = DEFAULT_TOPOLOGY,
+    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+) -> MoveReport:
+    """Move the parked messages of ``queue`` that sat longer than ``older_than`` to the tail.
+
+    Use it on RabbitMQ before 4.3 when the parking queue's disk use grows
+    with the traffic through it (see the module's docstring), e.g. weekly with
+    ``older_than`` a week: only messages that have been in the queue that
+    long are moved (since parking, or since their last refresh; ``None``
+    moves every parked message). Each original is acked only after the
+    broker confirmed its copy; a failure stops the refresh and leaves the
+    message where it was (at worst it is there twice). Messages parked
+    meanwhile and the copies themselves are not looked at. ``rate`` caps
+    messages per second; ``dry_run`` moves nothing and reports what would move.
+    """
+    where = ParkedFilter()
+    if older_than is not None:
+        seconds = to_seconds(older_than, name="older_than")
+        where = ParkedFilter(in_queue_longer_than=timedelta(seconds=seconds))
+    request = MoveRequest(
+        queue=queue,
+        parking_queue=parking_queue,
+        topology=topology,
+        where=where,
+        limit=limit,
+        rate=rate,
+        dry_run=dry_run,
+        progress=progress,
+    )
+    action = RefreshAction(parking=request.parking, publish_timeout=publish_timeout)
+    return await move(channel, action, request)
