@@ -48,6 +48,7 @@ MISSING_QUEUE_CASES: dict[tuple[str, ...], tuple[list[str], str]] = {
     ("parking", "show"): (["some-id", "--queue", "{q}"], "parking"),
     ("parking", "replay"): (["--queue", "{q}", "--dry-run"], "work"),
     ("parking", "purge"): (["--queue", "{q}", "--all", "--yes"], "parking"),
+    ("parking", "refresh"): (["--queue", "{q}"], "parking"),
     ("archive",): (["--queue", "{q}.parking", "--to", "{tmp}"], "parking"),
 }
 
