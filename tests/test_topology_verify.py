@@ -119,6 +119,59 @@ def test_verify_through_the_management_api(
     assert f"✗ queue '{unique}.level.00': arguments differ: x-message-ttl=1 (wants 2)" in out
 
 
+async def _rebind_as_earlier_versions(url: str, topology: DelayTopology, *, only: bool) -> None:
+    """Add the pass-through bindings earlier versions declared; with ``only``, drop this
+    version's skip-zero bindings too, leaving the chain an earlier version made."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        raw = await (await connection.channel()).get_underlay_channel()
+        for destination, source, key in topology.retired_bindings():
+            await raw.exchange_bind(destination, source, routing_key=key)
+        if not only:
+            return
+        for level in range(topology.levels):
+            for source, key in topology.level_queue_bindings(level)[1:]:
+                await raw.queue_unbind(topology.level_name(level), source, routing_key=key)
+        for destination, source, key in topology.exchange_bindings()[1:]:
+            await raw.exchange_unbind(destination, source, routing_key=key)
+
+
+def test_verify_tells_earlier_versions_bindings_apart_and_declare_moves_them_on(
+    management_node: tuple[RabbitMQNode, str], unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node, api = management_node
+    url = node.url
+    topology = DelayTopology(prefix=unique, levels=6)
+    topo = ["--prefix", unique, "--levels", "6"]
+    verify = ["--url", url, "topology", "verify", *topo, "--management-url", api]
+    assert main(["--url", url, "declare", *topo]) == 0
+    assert main(verify) == 0
+    assert "skip-zeros bindings)" in capsys.readouterr().out
+
+    # A service of an earlier version declares the chain: both kinds of bindings.
+    asyncio.run(_rebind_as_earlier_versions(url, topology, only=False))
+    assert main([*verify, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["bindings"] == "mixed"
+    (mixed,) = report["differences"]
+    assert mixed["problem"].startswith("5 pass-through binding(s) of delayed-retry before")
+    assert "once every service runs this version" in mixed["fix"]
+
+    # Only the earlier versions' chain: one line, not one per skip-zero binding.
+    asyncio.run(_rebind_as_earlier_versions(url, topology, only=True))
+    assert main([*verify, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["bindings"] == "pass-through"
+    (earlier,) = report["differences"]
+    assert earlier["object"] == f"bindings of chain {unique!r}"
+    assert earlier["fix"].startswith(f"run delayed-retry declare --prefix {unique}")
+
+    # Declaring with this version moves the chain forward.
+    assert main(["--url", url, "declare", *topo]) == 0
+    assert main(verify) == 0
+    assert "skip-zeros bindings)" in capsys.readouterr().out
+
+
 def test_verify_over_amqp_only_says_what_it_did_not_check(
     rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

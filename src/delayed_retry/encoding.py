@@ -3,7 +3,8 @@
 A delay of ``n`` units is written as ``levels`` binary digits, highest level
 first, followed by the destination queue: with 4 levels, 5 units to queue
 ``orders`` is ``0.1.0.1.orders``. Level ``k`` holds a message for ``2**k``
-units when its digit is 1 and passes it straight on when it is 0. The key
+units when its digit is 1; the 0 digits are passed over (each level's
+exchange binds the queue of the next 1 digit below it directly). The key
 always has exactly ``levels`` digit words, so a destination may contain dots
 and the key never grows across retries.
 """
@@ -21,6 +22,8 @@ __all__ = [
     "delivery_binding_key",
     "entry_level",
     "level_binding_key",
+    "drained_binding_key",
+    "skip_binding_key",
     "max_destination_bytes",
     "routing_key",
     "units_for_ms",
@@ -117,6 +120,30 @@ def level_binding_key(level: int, levels: int, bit: int) -> str:
     if not 0 <= level < levels:
         raise ValueError(f"level {level} is outside 0..{levels - 1}")
     return "*." * (levels - 1 - level) + f"{bit}.#"
+
+
+def skip_binding_key(source: int, target: int, levels: int) -> str:
+    """Binding key on level ``source``'s exchange for the queue of level ``target <= source``.
+
+    It matches the keys whose digits ``source`` … ``target + 1`` are 0 and whose
+    digit ``target`` is 1: the exchange passes the zeros over in one routing
+    step instead of one exchange per level. With ``target == source`` it is
+    :func:`level_binding_key` for a 1.
+    """
+    if not 0 <= target <= source < levels:
+        raise ValueError(f"levels {source} → {target} are not a way down within 0..{levels - 1}")
+    return "*." * (levels - 1 - source) + "0." * (source - target) + "1.#"
+
+
+def drained_binding_key(source: int, levels: int) -> str:
+    """Binding key on level ``source``'s exchange matching keys with no 1 at or below it.
+
+    Such a message has waited out its whole delay: it goes to the delivery
+    exchange. For level 0 it is :func:`level_binding_key` for a 0.
+    """
+    if not 0 <= source < levels:
+        raise ValueError(f"level {source} is outside 0..{levels - 1}")
+    return "*." * (levels - 1 - source) + "0." * (source + 1) + "#"
 
 
 def delivery_binding_key(levels: int, destination: str) -> str:

@@ -5,13 +5,23 @@ Pure: nothing here talks to a broker. :mod:`delayed_retry.amqp.declare` turns a
 
 Picture for ``prefix="delayed-retry"``::
 
-    delayed-retry.level.35 ─1─► queue delayed-retry.level.35 (TTL 2^35 units) ─dead-letter─┐
-         │0 (exchange-to-exchange)                                                        │
-         ▼                                                                                │
-    delayed-retry.level.34 ◄──────────────────────────────────────────────────────────────┘
-         …  down to level 00, whose queue dead-letters into
-    delayed-retry.delivery-36 ──(binding *.*.….Q)──► Q
+    delayed-retry.level.35 ─1──────► queue delayed-retry.level.35 (TTL 2^35 units) ─dead-letter─┐
+         ├─0 1──────────────► queue delayed-retry.level.34                                       │
+         ├─0 0 1────────────► queue delayed-retry.level.33      (the next 1 bit's queue, directly)│
+         │  …                                                                                    │
+         └─0 0 … 0 (no 1 left) ─► delayed-retry.delivery-36 ──(binding *.*.….Q)──► Q             │
+    delayed-retry.level.34 ◄───────────────────────────────────────────────────────────────────┘
+         …  (each level queue dead-letters into the exchange one level down), down to level 00
          └─ alternate-exchange ─► delayed-retry.unroutable ─► queue delayed-retry.unroutable
+
+Each level exchange binds every lower level's queue for the key that has
+zeros down to that level ("skip zeros"): a message passes one exchange per
+level queue it waits in, not one per level. The chain's earlier versions
+bound each level exchange to the next lower one instead (the pass-through
+bindings, :meth:`DelayTopology.retired_bindings`); RabbitMQ delivers a message
+once to a queue however many of its bindings match, so a chain holding both
+kinds, while services of both versions run, routes every message once.
+NServiceBus's naming keeps NServiceBus's own pass-through bindings.
     delayed-retry.parking ──(key Q)──► Q.parking
                           └──(#)────► delayed-retry.parking.alerts
     delayed-retry.rejected ──► queue delayed-retry.rejected ──► RetryRouter
@@ -408,9 +418,15 @@ class DelayTopology:
         return units
 
     def route(self, units: int, destination: str) -> Route:
-        """Where to publish ``units`` of delay to ``destination``: its entry level."""
+        """Where to publish ``units`` of delay to ``destination``: its entry level.
+
+        No delay goes straight to the delivery exchange, with the same key: it
+        reaches ``destination`` (or the unroutable queue) in one routing step.
+        """
         self.check_destination(destination)
         key = encoding.routing_key(units, self.levels, destination)
+        if units == 0:
+            return Route(self.delivery_exchange, key, 0)
         return Route(self.level_name(encoding.entry_level(units)), key, units)
 
     def check_destination(self, destination: str) -> None:
@@ -456,14 +472,64 @@ class DelayTopology:
         ]
         return specs
 
+    @property
+    def skips_zeros(self) -> bool:
+        """Whether each level exchange routes straight to the next 1 bit's queue.
+
+        True for the chain's own naming. NServiceBus.RabbitMQ's chain keeps its
+        pass-through bindings (one exchange per level), so that the endpoints
+        that declare it agree with this library on every binding.
+        """
+        return self.naming == "delayed-retry"
+
     def exchange_bindings(self) -> list[tuple[str, str, str]]:
-        """(destination, source, routing key): each level passes 0 digits one level down."""
+        """(destination, source, routing key) of the exchange-to-exchange bindings.
+
+        Skipping zeros: each level exchange sends a message with no 1 bit left
+        at or below its level to the delivery exchange. NServiceBus naming:
+        each level passes 0 digits one level down.
+        """
         out = []
         for level in range(self.levels):
+            if self.skips_zeros:
+                key = encoding.drained_binding_key(level, self.levels)
+                out.append((self.delivery_exchange, self.level_name(level), key))
+                continue
             lower = self.level_name(level - 1) if level else self.delivery_exchange
             key = encoding.level_binding_key(level, self.levels, 0)
             out.append((lower, self.level_name(level), key))
         return out
+
+    def retired_bindings(self) -> list[tuple[str, str, str]]:
+        """(destination, source, routing key) of the pass-through bindings earlier versions made.
+
+        Level ``j``'s exchange bound to level ``j - 1``'s for a 0 digit. They
+        route nothing wrong next to the skip-zero bindings (a message reaches
+        each queue once), but every message then passes every level exchange
+        again. Declaring the chain removes them, after its own bindings are in
+        place; a service of an earlier version adds them back when it declares.
+        Empty for NServiceBus naming, whose chain these bindings are.
+        """
+        if not self.skips_zeros:
+            return []
+        return [
+            (
+                self.level_name(level - 1),
+                self.level_name(level),
+                encoding.level_binding_key(level, self.levels, 0),
+            )
+            for level in range(1, self.levels)
+        ]
+
+    def level_queue_bindings(self, level: int) -> tuple[tuple[str, str], ...]:
+        """(exchange, routing key) pairs binding level ``level``'s queue."""
+        if not self.skips_zeros:
+            name = self.level_name(level)
+            return ((name, encoding.level_binding_key(level, self.levels, 1)),)
+        return tuple(
+            (self.level_name(source), encoding.skip_binding_key(source, level, self.levels))
+            for source in range(level, self.levels)
+        )
 
     def queues(self) -> list[QueueSpec]:
         """Every shared queue of the topology with its bindings."""
@@ -474,7 +540,7 @@ class DelayTopology:
                 QueueSpec(
                     self.level_name(level),
                     self._queue_arguments(lower, (1 << level) * self.unit_ms),
-                    ((self.level_name(level), encoding.level_binding_key(level, self.levels, 1)),),
+                    self.level_queue_bindings(level),
                 )
             )
         specs.append(

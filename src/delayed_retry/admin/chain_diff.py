@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from delayed_retry.checks import keeps_bodies_in_memory
 from delayed_retry.topology import IN_MEMORY_ARGUMENTS, DelayTopology, amqp_arguments
@@ -24,7 +24,9 @@ __all__ = [
     "LiveExchange",
     "LiveQueue",
     "Policy",
+    "BindingStyle",
     "applying_policies",
+    "binding_style",
     "compare",
     "expected_bindings",
     "missing_queue_fix",
@@ -212,6 +214,68 @@ def expected_bindings(topology: DelayTopology, queues: Iterable[str] = ()) -> se
     return out
 
 
+BindingStyle = Literal["skip-zeros", "pass-through", "mixed", "incomplete"]
+"""How a live chain's level exchanges are bound (see :func:`binding_style`)."""
+
+
+def _as_binding(destination_type: str, destination: str, source: str, key: str) -> Binding:
+    return Binding(
+        source=source, destination_type=destination_type, destination=destination, routing_key=key
+    )
+
+
+def _chain_bindings(topology: DelayTopology) -> set[Binding]:
+    """The bindings of the chain itself (level queues and exchange-to-exchange), this version's."""
+    out = {
+        _as_binding("queue", spec.name, exchange, key)
+        for spec in topology.queues()
+        if topology.is_level_queue(spec.name)
+        for exchange, key in spec.bindings
+    }
+    out |= {_as_binding("exchange", *binding) for binding in topology.exchange_bindings()}
+    return out
+
+
+def _retired_bindings(topology: DelayTopology) -> set[Binding]:
+    return {_as_binding("exchange", *binding) for binding in topology.retired_bindings()}
+
+
+def _skip_only_bindings(topology: DelayTopology) -> set[Binding]:
+    """This version's chain bindings that the pass-through chain of earlier versions lacks."""
+    previous = {
+        _as_binding("queue", topology.level_name(level), *topology.level_queue_bindings(level)[0])
+        for level in range(topology.levels)
+    }
+    previous.add(_as_binding("exchange", *topology.exchange_bindings()[0]))
+    return _chain_bindings(topology) - previous
+
+
+def binding_style(topology: DelayTopology, bindings: frozenset[Binding]) -> BindingStyle:
+    """How the live ``bindings`` route ``topology``'s chain.
+
+    ``skip-zeros``: this version's bindings only. ``pass-through``: the
+    bindings earlier versions made (each level exchange bound to the next
+    lower one), none of this version's own. ``mixed``: both, as while services
+    of both versions run; every message still reaches its queue once (the
+    broker delivers a message once to a queue however many bindings match),
+    but it passes every level exchange again. ``incomplete``: anything else.
+    NServiceBus naming is always ``pass-through``, its own design, when whole.
+    """
+    chain = _chain_bindings(topology)
+    retired = _retired_bindings(topology)
+    if not topology.skips_zeros:
+        return "pass-through" if chain <= bindings else "incomplete"
+    has_chain = chain <= bindings
+    skip_only = _skip_only_bindings(topology)
+    if has_chain and not retired & bindings:
+        return "skip-zeros"
+    if has_chain and retired <= bindings:
+        return "mixed"
+    if not skip_only & bindings and retired <= bindings and (chain - skip_only) <= bindings:
+        return "pass-through"
+    return "incomplete"
+
+
 def _mismatched(
     wanted: Mapping[str, Any], live: Mapping[str, Any], *, tolerated: Iterable[str] = ()
 ) -> list[str]:
@@ -358,9 +422,38 @@ def compare(
                 )
             )
     wanted_bindings = expected_bindings(topology, queues)
-    for binding in sorted(wanted_bindings - live.bindings, key=_order):
+    missing = wanted_bindings - live.bindings
+    retired = _retired_bindings(topology)
+    style = binding_style(topology, live.bindings)
+    if style == "pass-through" and topology.skips_zeros:
+        # One line for the earlier versions' chain, not one per skip-zero binding it lacks.
+        out.append(
+            Difference(
+                f"bindings of chain {topology.prefix!r}",
+                "are those of delayed-retry before skip-zero routing: each level exchange "
+                "passes a message on to the next lower one, so every delayed message passes "
+                "every level exchange below its entry (correct, but up to three times the "
+                "broker's routing work)",
+                f"run {hint} (it adds the skip-zero bindings, then removes these); services of "
+                "an earlier version still running add them back when they reconnect, without "
+                "harm",
+            )
+        )
+        missing -= _skip_only_bindings(topology)
+    elif live.bindings & retired:
+        out.append(
+            Difference(
+                f"bindings of chain {topology.prefix!r}",
+                f"{len(live.bindings & retired)} pass-through binding(s) of delayed-retry before "
+                "skip-zero routing are still there, beside this version's: services of an "
+                "earlier version declared them. Every message still reaches its queue once, "
+                "but passes every level exchange again",
+                f"once every service runs this version, run {hint}, which removes them",
+            )
+        )
+    for binding in sorted(missing, key=_order):
         out.append(Difference(binding.describe(), "missing", f"run {hint}"))
-    out += _stray_bindings(topology, live.bindings - wanted_bindings)
+    out += _stray_bindings(topology, live.bindings - wanted_bindings - retired)
     out += _memory_differences(topology, live, broker_version)
     if all(ex.name not in live.exchanges for ex in topology.exchanges()):
         # Nothing of it exists: its missing bindings say nothing more.

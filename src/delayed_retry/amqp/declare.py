@@ -136,7 +136,9 @@ async def _declare_level_queue(
     )
 
 
-async def _declare_queue(channel: aiormq.abc.AbstractChannel, spec: QueueSpec) -> None:
+async def _declare_queue(
+    channel: aiormq.abc.AbstractChannel, spec: QueueSpec, *, bind: bool = True
+) -> None:
     args: dict[str, Any] = dict(amqp_arguments(spec.arguments))
     if "x-delivery-limit" in args:
         # A queue declared by an older version without the limit refuses the new
@@ -147,7 +149,8 @@ async def _declare_queue(channel: aiormq.abc.AbstractChannel, spec: QueueSpec) -
             await channel.queue_declare(spec.name, durable=True, arguments=args)
         except aiormq.exceptions.ChannelClosed as exc:
             raise _explain(exc, f"queue {spec.name!r}", args) from exc
-    await _bind_queue(channel, spec)
+    if bind:
+        await _bind_queue(channel, spec)
 
 
 async def _bind_queue(channel: aiormq.abc.AbstractChannel, spec: QueueSpec) -> None:
@@ -202,13 +205,12 @@ async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: Delay
             )
         except aiormq.exceptions.ChannelClosed as exc:
             raise _explain(exc, f"exchange {ex.name!r} ({ex.type})", args) from exc
-    for destination, source, key in topology.exchange_bindings():
-        await channel.exchange_bind(destination, source, routing_key=key)
     tolerated: dict[str, dict[str, int]] = {}
+    specs = topology.queues()
     async with contextlib.AsyncExitStack() as replaced:
-        for spec in topology.queues():
+        for spec in specs:
             if not topology.is_level_queue(spec.name):
-                await _declare_queue(channel, spec)
+                await _declare_queue(channel, spec, bind=False)
                 continue
             kept: dict[str, int] = {}
             replacement = await _declare_level_queue(channel, spec, kept)
@@ -217,7 +219,7 @@ async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: Delay
                 replaced.push_async_callback(close_quietly, replacement)
                 channel = replacement
                 tolerated[spec.name] = kept
-            await _bind_queue(channel, spec)
+        await _bind_chain(channel, topology, specs)
     if tolerated:
         log.warning("%s", _tolerated_message(topology, tolerated))
     if topology.queue_type == "quorum":
@@ -227,6 +229,47 @@ async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: Delay
         )
         if hint is not None and not tolerated:
             log.info("%s", hint)
+
+
+async def _bind_chain(
+    channel: aiormq.abc.AbstractChannel, topology: DelayTopology, specs: Iterable[QueueSpec]
+) -> None:
+    """Make every binding of ``topology``, then remove the pass-through bindings it retired.
+
+    Hundreds of bindings (a 36-level chain that skips zeros has 702): they
+    are sent without waiting for each answer, and one synchronous request
+    after them returns once the broker has made them all, or fails with its
+    first refusal (the broker handles a channel's requests in order). The
+    retired bindings go only after the new ones are in place, so a message
+    routed meanwhile always finds its way.
+    """
+    what = f"the bindings of the delay chain {topology.prefix!r}"
+    try:
+        for destination, source, key in topology.exchange_bindings():
+            await channel.exchange_bind(destination, source, routing_key=key, nowait=True)
+        for spec in specs:
+            for exchange, key in spec.bindings:
+                await channel.queue_bind(spec.name, exchange, routing_key=key, nowait=True)
+        await channel.exchange_declare(topology.delivery_exchange, passive=True)
+        for destination, source, key in topology.retired_bindings():
+            await channel.exchange_unbind(destination, source, routing_key=key, nowait=True)
+        await channel.exchange_declare(topology.delivery_exchange, passive=True)
+    except (aiormq.exceptions.ChannelClosed, aiormq.exceptions.ChannelInvalidStateError) as exc:
+        refusal = _close_reason(channel) or exc
+        if isinstance(refusal, aiormq.exceptions.ChannelClosed):
+            raise _explain(refusal, what, "") from exc
+        raise
+
+
+def _close_reason(channel: aiormq.abc.AbstractChannel) -> BaseException | None:
+    """The broker's reason for closing ``channel`` (a no-wait request it refused), if known."""
+    closing = channel.closing
+    if closing.done() and not closing.cancelled():
+        reason = closing.exception()
+        if isinstance(reason, aiormq.exceptions.ChannelClosed):
+            return reason
+    reason = getattr(channel, "_close_exception", None)
+    return reason if isinstance(reason, BaseException) else None
 
 
 def _tolerated_message(topology: DelayTopology, tolerated: dict[str, dict[str, int]]) -> str:

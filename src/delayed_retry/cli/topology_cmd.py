@@ -11,7 +11,7 @@ from typing import Any
 
 import aio_pika
 
-from delayed_retry.admin.chain_diff import Difference, compare
+from delayed_retry.admin.chain_diff import Difference, binding_style, compare
 from delayed_retry.admin.chain_probe import level_depths, probe_over_amqp, queue_depth
 from delayed_retry.admin.management import ManagementError
 from delayed_retry.cli.common import (
@@ -94,7 +94,10 @@ async def _verify(args: argparse.Namespace) -> int:
             note = f"{exc}. Checked existence and arguments over AMQP only"
         else:
             differences = compare(topology, live, queues=queues)
-            return _report(args, topology, differences, checked="management API", note=None)
+            style = binding_style(topology, live.bindings)
+            return _report(
+                args, topology, differences, checked="management API", note=None, bindings=style
+            )
     else:
         note = "--no-management: checked existence and arguments over AMQP only"
     connection = await aio_pika.connect(args.url)
@@ -111,6 +114,7 @@ def _report(
     *,
     checked: str,
     note: str | None,
+    bindings: str | None = None,
 ) -> int:
     if args.json:
         emit_json(
@@ -119,6 +123,8 @@ def _report(
                 "checked_through": checked,
                 "complete": note is None,
                 "note": note,
+                # skip-zeros | pass-through | mixed | incomplete; null when not read.
+                "bindings": bindings,
                 "differences": differences,
             }
         )
@@ -135,7 +141,9 @@ def _report(
         else:
             print(
                 f"✓ the live chain {topology.prefix!r} matches the configuration "
-                f"({topology.levels} levels of {topology.unit_ms} ms, {topology.queue_type})"
+                f"({topology.levels} levels of {topology.unit_ms} ms, {topology.queue_type}"
+                + ("" if bindings is None else f", {bindings} bindings")
+                + ")"
                 + ("" if note is None else ", as far as AMQP can tell")
             )
     return 1 if differences else 0
