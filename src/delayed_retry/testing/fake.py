@@ -204,6 +204,11 @@ class FakeChannel:
     ) -> None:
         await self._declare("exchange-binding", f"{source}->{destination}", {"key": routing_key})
 
+    async def exchange_unbind(
+        self, destination: str = "", source: str = "", routing_key: str = "", **_: Any
+    ) -> None:
+        await self._declare("exchange-unbinding", f"{source}->{destination}", {"key": routing_key})
+
     async def queue_declare(self, queue: str = "", **kwargs: Any) -> None:
         await self._declare("queue", queue, kwargs.get("arguments"))
 
