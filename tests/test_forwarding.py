@@ -15,6 +15,7 @@ import pytest
 
 from delayed_retry import ConfigurationError, publish_delayed
 from delayed_retry.delivery.forwarder import Forwarder
+from delayed_retry.durations import to_epoch_ms
 from delayed_retry.headers import (
     X_DUE_AT,
     X_FORWARD_ROUTING_KEY,
@@ -86,6 +87,37 @@ async def test_delay_to_an_exchange_reaches_every_bound_queue_not_early(quorum: 
             assert X_FORWARD_ROUTING_KEY not in arrival.headers
         assert fwd.forwarded == 1
     assert await s.depth(other.name) == 0
+
+
+async def test_a_delay_to_an_exchange_is_held_by_default_and_never_forwarded_early(
+    quorum: Scenario,
+) -> None:
+    s = quorum
+    exchange = await _exchange(s)
+    forward = _track_forward(s, exchange)
+    q = await s.queue()
+    await q.bind(exchange, routing_key="k")
+    inbox = Inbox()
+    await q.consume(inbox)
+    # Shorter than the default hold's 1 s limit: no hop at all, straight to the forward
+    # queue, where a holding forwarder keeps it until due.
+    due = await publish_delayed(
+        s.ch,
+        aio_pika.Message(b"held"),
+        exchange=exchange,
+        routing_key="k",
+        delay=0.6,
+        topology=s.topology,
+    )
+    await s.wait_for_depth(forward, 1)
+    for level in range(s.topology.levels):
+        assert await s.depth(s.topology.level_name(level)) == 0
+    # A forwarder that holds nothing sends it back into the chain for the rest of its wait.
+    async with Forwarder(s.connection, exchanges=[exchange], topology=s.topology, hold=None):
+        arrival = await inbox.get()
+    assert arrival.message.body == b"held"
+    assert arrival.at * 1000 >= to_epoch_ms(due), "forwarded before its due time"
+    assert inbox.pending() == 0
 
 
 async def test_missing_exchange_is_an_error_at_the_call(quorum: Scenario) -> None:

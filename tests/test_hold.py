@@ -11,7 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from delayed_retry import DEFAULT_HOLD, ConfigurationError, DelayTopology, Hold
-from delayed_retry.hold import chain_units
+from delayed_retry.hold import chain_units, fewest_hops
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 FINE = DelayTopology(prefix="fine", levels=36)
@@ -66,12 +66,39 @@ def test_a_short_delay_is_held_entirely_by_the_consumer() -> None:
     assert _units(FINE, 20_000, DEFAULT_HOLD) == 0
 
 
-def test_the_granularity_takes_hops_off_the_chain() -> None:
+def test_the_hold_takes_hops_off_the_chain() -> None:
     rng = random.Random(5)
     gaps = [rng.randrange(500_000, 3_000_000) for _ in range(2000)]
     exact = sum(_units(FINE, gap, None).bit_count() for gap in gaps) / len(gaps)
     held = sum(_units(FINE, gap, DEFAULT_HOLD).bit_count() for gap in gaps) / len(gaps)
-    assert held < 0.7 * exact, (held, exact)
+    # About 6 hops exact; 0.8 with the fewest hops within the default 1 s limit.
+    assert held < 0.2 * exact, (held, exact)
+    assert held < 1.0
+
+
+@given(gap_us=st.integers(0, 10**10))
+def test_the_default_hold_leaves_the_chain_within_its_limit(gap_us: int) -> None:
+    units = _units(FINE, gap_us, DEFAULT_HOLD)
+    exit_us = units * FINE.unit_ms * 1000
+    assert gap_us - exit_us <= DEFAULT_HOLD.limit_us
+    assert exit_us <= max(gap_us - DEFAULT_HOLD.lead_for(units.bit_count()), 0)
+    if gap_us <= DEFAULT_HOLD.limit_us:
+        assert units == 0  # held by the consumer entirely: no hop at all
+
+
+@given(low=st.integers(0, 5000), width=st.integers(0, 300))
+def test_fewest_hops_is_the_fewest_1_bits_in_the_range(low: int, width: int) -> None:
+    high = low + width
+    units = fewest_hops(low, high)
+    assert low <= units <= high
+    fewest = min(n.bit_count() for n in range(low, high + 1))
+    assert units.bit_count() == fewest
+    assert units == max(n for n in range(low, high + 1) if n.bit_count() == fewest)
+
+
+def test_fewest_hops_refuses_an_empty_range() -> None:
+    with pytest.raises(ValueError, match=r"\[5, 4\] is not a range"):
+        fewest_hops(5, 4)
 
 
 @pytest.mark.parametrize(

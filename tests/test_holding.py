@@ -79,9 +79,10 @@ async def test_a_message_earlier_than_the_limit_goes_back_into_the_chain() -> No
     units, destination = decode_routing_key(copy.routing_key, TOPOLOGY.levels)
     assert destination == QUEUE
     assert copy.headers[X_DUE_AT] == due_ms
-    # It leaves the chain early again, by the lead, and is held for the rest next time.
+    # It leaves the chain early again, within the limit, by the fewest hops (2,048 units).
     assert units % 32 == 0
-    assert 2_800 < units < 3_000 - DEFAULT_HOLD.lead_us // 1000
+    assert 3_000 - DEFAULT_HOLD.limit_us // 1000 <= units < 3_000 - DEFAULT_HOLD.lead_us // 1000
+    assert units.bit_count() == 1
     assert channel.settlement_of(message) == [("ack", False)]
 
 

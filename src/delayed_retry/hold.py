@@ -1,20 +1,21 @@
-"""Leaving the chain just before the due time, for a consumer that holds a message until due.
+"""Leaving the chain before the due time, for a consumer that holds a message until due.
 
 Each TTL hop of the chain adds a few milliseconds (about 2.5 ms on classic and
-4 ms on quorum queues at p50, measured on an idle node), so a message that
-waits in ``k`` level queues arrives a few ``k`` milliseconds late, and later
-still when the broker is busy. With a :class:`Hold`, the chain lets the message
-out a little before its due time (the *lead*: a base plus a share per hop) and
-the consumer, a ``@with_delayed_retry`` handler, holds it in memory for the rest:
-it is handled within about a millisecond of its due time and never before it.
+4 ms on quorum queues at p50, measured on an idle node), and costs the broker
+about as much as a plain publish and consume. With a :class:`Hold`, the chain
+lets the message out before its due time and the consumer, a
+``@with_delayed_retry`` handler or a forwarder, holds it in memory for the
+rest: it is handled within about a millisecond of its due time and never
+before it.
 
-The chain also skips its lowest levels (the *granularity*): a delay is rounded
-down to a multiple of it and the consumer holds the difference. With 1 ms units
-and a 32 ms granularity, a delay of 0.5–3 s makes about three hops instead of
-six, and arrives within a few milliseconds of its due time at 100 messages a
-second. (At 1,000 a second on two cores the chain falls behind either way: the
-broker's topic routing through each level exchange, not the hops, is the limit;
-see ``docs/performance.md``.)
+How early: of the delays that leave the chain at least the *lead* (a base
+plus a share per hop) and at most the *limit* before the due time, the one
+that waits in the fewest level queues. With the default 1 s limit, a delay
+of 0.5–3 s makes 0.8 hops on average instead of 3.5 with a fixed 32 ms step,
+and one shorter than about a second makes none: it goes straight to its
+queue and waits there, held. The price is held messages: about
+rate x limit / 2 at once (550 at 1,000 a second), each an unacked delivery
+that counts against the channel's prefetch.
 
 Pure: :func:`chain_units` turns a due time into the units to publish with.
 """
@@ -28,7 +29,7 @@ from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.topology import DelayTopology
 
-__all__ = ["DEFAULT_HOLD", "Hold", "chain_units", "check_hold"]
+__all__ = ["DEFAULT_HOLD", "Hold", "chain_units", "check_hold", "fewest_hops"]
 
 _US = timedelta(microseconds=1)
 
@@ -50,25 +51,31 @@ class Hold:
     never-early promise for a message that leaves the chain early.
 
     Publisher side (the chain):
-      lead: how long before the due time the message leaves the chain, plus
-        ``lead_per_hop`` for each level queue it waits in. Raise them on a busy
-        or clustered broker, where a hop takes longer.
+      lead: how long before the due time the message leaves the chain at
+        least, plus ``lead_per_hop`` for each level queue it waits in. Raise
+        them on a busy or clustered broker, where a hop takes longer.
       granularity: the chain skips the levels below it; the consumer holds the
-        rest. Larger means fewer hops and longer holds.
+        rest.
+    Both sides:
+      limit: the longest a consumer holds a message. The chain lets a message
+        out at most this long before its due time, choosing within it the
+        delay with the fewest hops: a longer limit means fewer hops (less
+        broker work) and more messages held. One that arrives earlier than
+        that anyway (a limit changed meanwhile) goes back into the chain.
     Consumer side:
-      limit: the longest a consumer holds a message; one that came out earlier
-        than that goes back into the chain for the rest of its wait.
       max_messages: how many messages one handler holds at once; past it, an
         early message goes back into the chain instead. Held messages are
         unacked deliveries, so they count against the channel's prefetch:
-        keep prefetch above rate x (lead + lead_per_hop x hops + granularity).
+        keep prefetch above rate x limit (1,000 at 1,000 messages a second
+        with the default), or the consumer waits for held messages to fall
+        due before it gets new ones.
     """
 
     lead: Duration = timedelta(milliseconds=10)
     lead_per_hop: Duration = timedelta(milliseconds=10)
     granularity: Duration = timedelta(milliseconds=32)
-    limit: Duration = timedelta(milliseconds=500)
-    max_messages: int = 1000
+    limit: Duration = timedelta(seconds=1)
+    max_messages: int = 2000
     lead_us: int = field(init=False, repr=False, compare=False)
     lead_per_hop_us: int = field(init=False, repr=False, compare=False)
     granularity_us: int = field(init=False, repr=False, compare=False)
@@ -92,22 +99,30 @@ class Hold:
             )
 
     def longest_hold_us(self, topology: DelayTopology) -> int:
-        """The longest a message routed with this hold can come out before its due time."""
+        """The longest a message routed with this hold can come out before its due time.
+
+        The limit, for a hold :meth:`check` accepts for ``topology``.
+        """
+        return max(self.limit_us, self._needed_us(topology))
+
+    def _needed_us(self, topology: DelayTopology) -> int:
+        """The shortest limit that leaves every delay a choice: the lead of the longest way
+        through the chain, plus one step of the granularity."""
         unit_us = topology.unit_ms * 1000
         # A coarse unit is rounded up (early by the lead at most); a fine one down to a step.
         step_us = 0 if self.granularity_us < unit_us else self._step_units(topology) * unit_us
         return self.lead_for(topology.levels) + step_us
 
     def check(self, topology: DelayTopology) -> None:
-        """Raise :class:`ConfigurationError` if a message could come out earlier than ``limit``.
+        """Raise :class:`ConfigurationError` if the limit leaves some delay no way to be held.
 
-        Such a message would be sent back into the chain for the rest of its
-        wait: extra hops, and late after all.
+        The chain must be able to let a message out at least the lead (for
+        every hop it may make) and at most ``limit`` before its due time.
         """
-        longest = self.longest_hold_us(topology)
-        if longest > self.limit_us:
+        needed = self._needed_us(topology)
+        if needed > self.limit_us:
             raise ConfigurationError(
-                f"Hold(limit={self.limit!r}) is shorter than the {longest / 1000:.0f} ms a "
+                f"Hold(limit={self.limit!r}) is shorter than the {needed / 1000:.0f} ms a "
                 f"message can come out of the delay chain {topology.prefix!r} "
                 f"({topology.levels} levels) before its due time with lead={self.lead!r}, "
                 f"lead_per_hop={self.lead_per_hop!r} and granularity={self.granularity!r}; "
@@ -127,7 +142,7 @@ class Hold:
 
 
 DEFAULT_HOLD = Hold()
-"""Lead 10 ms + 10 ms per hop, granularity 32 ms, held at most 500 ms, 1,000 at a time."""
+"""Lead 10 ms + 10 ms per hop, granularity 32 ms, held at most 1 s, 2,000 at a time."""
 
 
 def check_hold(hold: object, topology: DelayTopology, *, name: str = "hold") -> None:
@@ -140,17 +155,37 @@ def check_hold(hold: object, topology: DelayTopology, *, name: str = "hold") -> 
     hold.check(topology)
 
 
+def fewest_hops(low: int, high: int) -> int:
+    """The number in ``[low, high]`` with the fewest 1 bits, the largest if several (``low >= 0``).
+
+    Clearing the lowest 1 bit of ``high`` while the result stays at least
+    ``low`` ends at the common leading bits of ``low`` and ``high`` plus at
+    most one more 1: no number of the range has fewer.
+    """
+    if not 0 <= low <= high:
+        raise ValueError(f"[{low}, {high}] is not a range of non-negative units")
+    units = high
+    while units:
+        lower = units & (units - 1)
+        if lower < low:
+            break
+        units = lower
+    return units
+
+
 def chain_units(
     topology: DelayTopology, due_at: datetime, *, now: datetime, hold: Hold | None
 ) -> int:
     """The delay in units to publish with, for a message due at ``due_at``.
 
-    Without ``hold``: the gap rounded up, never early. With ``hold``: the gap
-    less the lead, rounded down to the granularity's step, so the message
-    leaves the chain at most lead + one step before ``due_at`` and the
-    consumer holds it for the rest. A unit coarser than the granularity is
-    rounded up instead: such a message leaves at most the lead early.
-    Raises :class:`~delayed_retry.errors.DelayOutOfRangeError` like
+    Without ``hold``: the gap rounded up, never early. With ``hold``: of the
+    delays that leave the chain at least the lead before ``due_at`` and at
+    most ``limit`` before it, the one that waits in the fewest level queues
+    (in multiples of the granularity's step); the consumer holds the rest. A
+    gap shorter than that does not enter the chain: it goes straight to the
+    queue and is held there. A unit coarser than the granularity is rounded
+    up instead: such a message leaves at most the lead early. Raises
+    :class:`~delayed_retry.errors.DelayOutOfRangeError` like
     :meth:`DelayTopology.units_until`.
     """
     exact = topology.units_until(due_at, now=now)
@@ -160,6 +195,8 @@ def chain_units(
     unit_us = topology.unit_ms * 1000
     step = hold._step_units(topology)
     coarse = hold.granularity_us < unit_us
+    # In steps: the fewest a message may wait (or it is held longer than the limit).
+    low = max(-(-(gap_us - hold.limit_us) // (unit_us * step)), 0)
 
     def units(lead_us: int) -> int:
         target_us = gap_us - lead_us
@@ -167,7 +204,10 @@ def chain_units(
             return 0
         if coarse:
             return min(-(-target_us // unit_us), exact)
-        return target_us // (unit_us * step) * step
+        high = target_us // (unit_us * step)
+        if low > high:  # a limit Hold.check refuses; leave the lead early, held longer
+            return high * step
+        return fewest_hops(low, high) * step
 
     # The lead depends on the hops, which depend on the units. Raise the hops the lead
     # is computed for until the units it gives make no more hops than that: the lead

@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
     fwd.add_argument(
         "--exchange", action="append", required=True, help="an exchange to forward to (repeat)"
     )
-    fwd.add_argument("--prefetch", type=int, default=100, help="unacked at once (%(default)s)")
+    fwd.add_argument("--prefetch", type=int, default=1000, help="unacked at once (%(default)s)")
     add_topology_args(fwd)
     fwd.set_defaults(func=lambda args: run(_forwarder(args)))
 

@@ -34,7 +34,7 @@ def register(sub: Any) -> None:
         default="topic",
         help="type of EXCHANGE, the plugin exchange's x-delayed-type (%(default)s)",
     )
-    door.add_argument("--prefetch", type=int, default=100, help="unacked at once (%(default)s)")
+    door.add_argument("--prefetch", type=int, default=1000, help="unacked at once (%(default)s)")
     add_topology_args(door)
     door.set_defaults(func=lambda args: run(_front_door(args)))
 

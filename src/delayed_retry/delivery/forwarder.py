@@ -81,8 +81,14 @@ class Forwarder:
     ``hold`` (default :data:`~delayed_retry.hold.DEFAULT_HOLD`): a message that
     left the chain a little before its due time (``publish_delayed(...,
     hold=...)``, the front door) is held until due, then forwarded; one more
-    than ``hold.limit`` early goes back into the chain. ``None`` forwards
-    what arrives at once.
+    than ``hold.limit`` early goes back into the chain. ``None`` holds
+    nothing: an early message goes back into the chain for the rest of its
+    wait, rounded up, so nothing is forwarded before it is due either way.
+
+    ``prefetch``: deliveries unacked at once, held ones included. Keep it
+    above rate x ``hold.limit`` (the default 1,000 covers 1,000 messages a
+    second held up to the default 1 s), or the forwarder waits for held
+    messages to fall due before it gets the next ones.
 
     Counters, for logs and metrics: ``forwarded``, ``parked`` and
     ``given_back`` (messages returned to their queue after a hand-over that
@@ -95,7 +101,7 @@ class Forwarder:
         *,
         exchanges: Sequence[str],
         topology: DelayTopology = DEFAULT_TOPOLOGY,
-        prefetch: int = 100,
+        prefetch: int = 1000,
         publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
         hold: Hold | None = DEFAULT_HOLD,
     ) -> None:
@@ -184,7 +190,7 @@ class Forwarder:
     async def _forward(
         self, message: AbstractIncomingMessage, *, exchange: str, queue: str
     ) -> None:
-        if self.hold is not None and not await self._until_due(message, queue):
+        if not await self._until_due(message, queue):
             return
         key = message.headers.get(X_FORWARD_ROUTING_KEY) if message.headers else None
         if isinstance(key, bytes):
@@ -210,17 +216,20 @@ class Forwarder:
 
     async def _until_due(self, message: AbstractIncomingMessage, queue: str) -> bool:
         """Hold an early message until due; ``False`` when it went back (chain or queue)."""
-        assert self.hold is not None
         due_at = parse_retry_state(
             message.headers, exchange=message.exchange, routing_key=message.routing_key, queue=queue
         ).due_at
         if due_at is None:
             return True
-        outcome = await hold_until_due(
-            self._held, self.hold, message, due_at, max_delay=self.topology.max_delay
-        )
-        if outcome != "early":
-            return outcome == "due"
+        if self.hold is None:
+            if due_at <= utcnow():
+                return True
+        else:
+            outcome = await hold_until_due(
+                self._held, self.hold, message, due_at, max_delay=self.topology.max_delay
+            )
+            if outcome != "early":
+                return outcome == "due"
 
         # More than the hold's limit early: back into the chain for the rest of the wait.
         async def redelay() -> bool:

@@ -138,7 +138,7 @@ class FrontDoor:
         exchange: str,
         exchange_type: ExchangeType = "topic",
         topology: DelayTopology = DEFAULT_TOPOLOGY,
-        prefetch: int = 100,
+        prefetch: int = 1000,
         publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
         hold: Hold | None = DEFAULT_HOLD,
     ) -> None:

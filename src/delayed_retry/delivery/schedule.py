@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from types import EllipsisType
 from typing import Any
 
 import aio_pika
@@ -19,7 +20,7 @@ from delayed_retry.headers import (
     X_ORIGINAL_ROUTING_KEY,
     scheduled_headers,
 )
-from delayed_retry.hold import Hold, chain_units, check_hold
+from delayed_retry.hold import DEFAULT_HOLD, Hold, chain_units, check_hold
 from delayed_retry.observability.instrumentation import Instrumentation, NoInstrumentation
 from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
@@ -41,7 +42,7 @@ async def publish_delayed(
     topology: DelayTopology = DEFAULT_TOPOLOGY,
     publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
     instrumentation: Instrumentation | None = None,
-    hold: Hold | None = None,
+    hold: Hold | EllipsisType | None = ...,
     now: datetime | None = None,
 ) -> datetime:
     """Deliver ``message`` to ``queue``, or to ``exchange`` with ``routing_key``, after ``delay``.
@@ -67,12 +68,15 @@ async def publish_delayed(
     while the message waits, the forwarder parks it with a record.
 
     ``hold`` (a :class:`~delayed_retry.hold.Hold`, e.g. ``DEFAULT_HOLD``) lets
-    the message leave the chain a few milliseconds before its due time, for a
-    ``queue`` consumed by a ``@with_delayed_retry`` handler, or an ``exchange``
-    whose :class:`~delayed_retry.delivery.forwarder.Forwarder` holds (the default),
-    which hold it until due: about a millisecond late instead of a few per
-    hop, and fewer hops. Give it only then; any other consumer would get the
-    message early.
+    the message leave the chain before its due time (up to the hold's limit)
+    for a consumer that holds it until due: about a millisecond late instead
+    of a few per hop, and a fraction of the hops (see :mod:`delayed_retry.hold`).
+    With ``exchange`` it is ``DEFAULT_HOLD`` unless given: a
+    :class:`~delayed_retry.delivery.forwarder.Forwarder` always consumes
+    those, and never forwards a message before it is due. With ``queue`` it
+    is ``None`` unless given: pass ``hold=DEFAULT_HOLD`` when a
+    ``@with_delayed_retry`` handler consumes ``queue``, and only then; any
+    other consumer would get the message early.
     """
     if not isinstance(message, aio_pika.Message):
         raise ConfigurationError(f"message={message!r} must be an aio_pika.Message")
@@ -83,6 +87,8 @@ async def publish_delayed(
         )
     if exchange is not None and not isinstance(routing_key, str):
         raise ConfigurationError(f"routing_key={routing_key!r} must be a str")
+    if isinstance(hold, EllipsisType):
+        hold = DEFAULT_HOLD if exchange is not None else None
     check_hold(hold, topology)
     start = now or utcnow()
     due_at = resolve_due_at(delay, now=start)
