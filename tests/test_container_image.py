@@ -96,7 +96,7 @@ def compose(image: str) -> Iterator[tuple[list[str], dict[str, str]]]:
         yield command, env
     finally:
         logs = subprocess.run(
-            [*command, "logs", "--no-color"],
+            [*command, "logs", "--no-color", "front-door", "forwarder", "alerts"],
             capture_output=True,
             text=True,
             env={**os.environ, **env},
