@@ -123,6 +123,11 @@ class ParkingAlerts:
         self._tag = await queue.consume(self._on_message, no_ack=False)
         log.info("parking alerts: consuming %r with %d sink(s)", name, len(self.sinks))
 
+    @property
+    def consuming(self) -> bool:
+        """Whether it consumes the alert queue right now (false while the connection recovers)."""
+        return self._tag is not None and self._channel is not None and not self._channel.is_closed
+
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         arrival = arrival_from(
             message.headers,

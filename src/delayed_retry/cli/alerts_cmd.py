@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import signal
 from typing import Any
 
-import aio_pika
+from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.alerts import AlertSink, LoggingSink, ParkingAlerts, WebhookSink
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import duration_type
-from delayed_retry.cli.startup import Startup, announce
+from delayed_retry.cli.service import Running, add_service_args, run_service
+from delayed_retry.cli.startup import Startup
 from delayed_retry.errors import ConfigurationError
 
 __all__ = ["register", "run_alerts"]
@@ -52,6 +50,7 @@ def register(sub: Any) -> None:
         "--once", action="store_true", help="exit after the first alert is delivered"
     )
     add_topology_args(parser)
+    add_service_args(parser)
     parser.set_defaults(func=lambda args: run(run_alerts(args)))
 
 
@@ -70,8 +69,9 @@ async def run_alerts(args: argparse.Namespace) -> int:
     """The command: consume until SIGINT/SIGTERM (or the first alert with ``--once``)."""
     sinks = _sinks(args)
     topology = topology_from_args(args)
-    connection = await aio_pika.connect_robust(args.url)
-    async with connection:
+
+    async def start(connection: AbstractRobustConnection | None) -> Running:
+        assert connection is not None
         alerts = ParkingAlerts(
             connection,
             sinks=sinks,
@@ -80,26 +80,19 @@ async def run_alerts(args: argparse.Namespace) -> int:
             retry_after=args.retry_after,
             declare=False,
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
-        async with alerts:
-            startup = Startup(
-                command="alerts", topology=topology, consumes=(topology.alerts_queue,)
-            )
-            sinks_clause = f"alerting to {', '.join(map(repr, sinks))}"
-            await announce(args, connection, startup, extra=[sinks_clause, "Ctrl-C to stop"])
-            waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
-            if args.once:
-                waiters.append(asyncio.ensure_future(alerts.wait_delivered(1)))
-            try:
-                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in waiters:
-                    waiter.cancel()
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    with contextlib.suppress(NotImplementedError, RuntimeError):
-                        loop.remove_signal_handler(sig)
-    return 0
+        await alerts.start()
+
+        async def stop(grace: float) -> None:
+            del grace  # stop() alerts on what arrived with one round of sink tries
+            await alerts.stop()
+
+        return Running(
+            startup=Startup(command="alerts", topology=topology, consumes=(topology.alerts_queue,)),
+            stop=stop,
+            checks=lambda: {"consuming": alerts.consuming},
+            counts=lambda: {"alerts_delivered": alerts.alerts_delivered},
+            extra=(f"alerting to {', '.join(map(repr, sinks))}", "Ctrl-C to stop"),
+            finished=alerts.wait_delivered(1) if args.once else None,
+        )
+
+    return await run_service(args, command="alerts", start=start)

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import os
-import signal
 from datetime import timedelta
 
 from delayed_retry.admin.management import (
@@ -24,7 +21,6 @@ __all__ = [
     "management_client",
     "management_url_from",
     "topology_from_args",
-    "until_stopped",
 ]
 
 MANAGEMENT_URL_ENV = "RABBITMQ_MANAGEMENT_URL"
@@ -110,14 +106,3 @@ def management_client(
     return ManagementClient.for_broker(
         args.url, management_url=management_url_from(args), timeout=timeout
     )
-
-
-async def until_stopped() -> None:
-    """Wait for SIGINT or SIGTERM: the body of a long-running command such as ``forwarder``."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    print("running; stop with Ctrl-C or SIGTERM", flush=True)
-    await stop.wait()

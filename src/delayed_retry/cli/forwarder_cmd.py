@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import aio_pika
+from aio_pika.abc import AbstractRobustConnection
 
-from delayed_retry.cli.common import add_topology_args, topology_from_args, until_stopped
+from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
-from delayed_retry.cli.startup import Startup, announce
+from delayed_retry.cli.service import Running, add_service_args, run_service
+from delayed_retry.cli.startup import Startup
 from delayed_retry.delivery.forwarder import Forwarder
 
 __all__ = ["register"]
@@ -32,30 +33,34 @@ def register(sub: Any) -> None:
     )
     fwd.add_argument("--prefetch", type=int, default=1000, help="unacked at once (%(default)s)")
     add_topology_args(fwd)
+    add_service_args(fwd)
     fwd.set_defaults(func=lambda args: run(_forwarder(args)))
 
 
 async def _forwarder(args: argparse.Namespace) -> int:
     topology = topology_from_args(args)
-    connection = await aio_pika.connect_robust(args.url)
-    async with connection:
+
+    async def start(connection: AbstractRobustConnection | None) -> Running:
+        assert connection is not None
         forwarder = Forwarder(
-            connection,
-            exchanges=args.exchange,
-            topology=topology,
-            prefetch=args.prefetch,
+            connection, exchanges=args.exchange, topology=topology, prefetch=args.prefetch
         )
-        startup = Startup(
-            command="forwarder",
-            topology=topology,
-            consumes=tuple(topology.forward_queue(x) for x in args.exchange),
-            delivers_to=tuple(args.exchange),
+        await forwarder.start()
+        return Running(
+            startup=Startup(
+                command="forwarder",
+                topology=topology,
+                consumes=tuple(topology.forward_queue(x) for x in args.exchange),
+                delivers_to=tuple(args.exchange),
+            ),
+            stop=lambda grace: forwarder.close(grace=grace),
+            checks=lambda: {"consuming": forwarder.consuming},
+            counts=lambda: {
+                "forwarded": forwarder.forwarded,
+                "parked": forwarder.parked,
+                "given_back": forwarder.given_back,
+            },
+            held=lambda: forwarder.held_until_due,
         )
-        await announce(args, connection, startup)
-        async with forwarder:
-            await until_stopped()
-        print(
-            f"forwarded {forwarder.forwarded}, parked {forwarder.parked}, "
-            f"given back {forwarder.given_back}"
-        )
-    return 0
+
+    return await run_service(args, command="forwarder", start=start)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import aio_pika
+from aio_pika.abc import AbstractRobustConnection
 
-from delayed_retry.cli.common import add_topology_args, topology_from_args, until_stopped
+from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
-from delayed_retry.cli.startup import Startup, announce
+from delayed_retry.cli.service import Running, add_service_args, run_service
+from delayed_retry.cli.startup import Startup
 from delayed_retry.delivery.front_door import FrontDoor
 
 __all__ = ["register"]
@@ -36,13 +37,15 @@ def register(sub: Any) -> None:
     )
     door.add_argument("--prefetch", type=int, default=1000, help="unacked at once (%(default)s)")
     add_topology_args(door)
+    add_service_args(door)
     door.set_defaults(func=lambda args: run(_front_door(args)))
 
 
 async def _front_door(args: argparse.Namespace) -> int:
     topology = topology_from_args(args)
-    connection = await aio_pika.connect_robust(args.url)
-    async with connection:
+
+    async def start(connection: AbstractRobustConnection | None) -> Running:
+        assert connection is not None
         door = FrontDoor(
             connection,
             exchange=args.exchange,
@@ -50,17 +53,24 @@ async def _front_door(args: argparse.Namespace) -> int:
             topology=topology,
             prefetch=args.prefetch,
         )
-        startup = Startup(
-            command="front-door",
-            topology=topology,
-            consumes=(door.inbox_queue, door.forward_queue),
-            delivers_to=(args.exchange,),
+        await door.start()
+        forwarder = door.forwarder
+        return Running(
+            startup=Startup(
+                command="front-door",
+                topology=topology,
+                consumes=(door.inbox_queue, door.forward_queue),
+                delivers_to=(args.exchange,),
+            ),
+            stop=lambda grace: door.close(grace=grace),
+            checks=lambda: {"consuming": door.consuming},
+            counts=lambda: {
+                "accepted": door.accepted,
+                "forwarded": forwarder.forwarded,
+                "parked": forwarder.parked,
+                "given_back": door.given_back + forwarder.given_back,
+            },
+            held=lambda: forwarder.held_until_due,
         )
-        await announce(args, connection, startup)
-        async with door:
-            await until_stopped()
-        print(
-            f"accepted {door.accepted}, forwarded {door.forwarder.forwarded}, parked "
-            f"{door.forwarder.parked}, given back {door.given_back + door.forwarder.given_back}"
-        )
-    return 0
+
+    return await run_service(args, command="front-door", start=start)

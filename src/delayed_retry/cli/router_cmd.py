@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import signal
 from typing import Any
 
-import aio_pika
 import tenacity
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from tenacity.wait import wait_base
 
 from delayed_retry.admin.chain_probe import queue_depth
+from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
-from delayed_retry.cli.startup import Startup, announce
+from delayed_retry.cli.service import Running, add_service_args, run_service
+from delayed_retry.cli.startup import Startup
 from delayed_retry.consumer.router import RetryRouter
 from delayed_retry.durations import parse_duration
 from delayed_retry.errors import ConfigurationError, NotFoundError, queue_not_found
@@ -87,6 +87,7 @@ def register(sub: Any) -> None:
     router.add_argument(
         "--prefetch", type=int, default=32, help="rejected messages in flight (%(default)s)"
     )
+    add_service_args(router)
     router.set_defaults(func=lambda args: run(_router(args)))
 
 
@@ -99,26 +100,39 @@ async def _router(args: argparse.Namespace) -> int:
         topology=topology_from_args(args),
         prefetch=args.prefetch,
     )
-    connection = await aio_pika.connect_robust(args.url)
-    async with connection:
+
+    async def start(connection: AbstractRobustConnection | None) -> Running:
+        assert connection is not None
         for queue in retry_router.queues:
             if await queue_depth(connection, queue) is None:
                 raise NotFoundError(
                     queue_not_found(queue, so="its rejections cannot be sent back to it")
                 )
         channel = await connection.channel()
-        await retry_router.start(channel)
-        startup = Startup(
-            command="router",
-            topology=retry_router.topology,
-            consumes=(retry_router.topology.rejected_queue,),
-        )
+        tag = await retry_router.start(channel)
+
+        async def stop(grace: float) -> None:
+            with contextlib.suppress(Exception):  # channel gone: nothing to cancel
+                await _cancel(channel, tag)
+            await retry_router.in_flight.wait_idle(grace)
+            await close_quietly(channel)
+
         routes = f"routing rejections of {', '.join(map(repr, retry_router.queues))}"
-        await announce(args, connection, startup, extra=[routes, "Ctrl-C to stop"])
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-    return 0
+        return Running(
+            startup=Startup(
+                command="router",
+                topology=retry_router.topology,
+                consumes=(retry_router.topology.rejected_queue,),
+            ),
+            stop=stop,
+            checks=lambda: {"consuming": not channel.is_closed},
+            extra=(routes, "Ctrl-C to stop"),
+        )
+
+    return await run_service(args, command="router", start=start)
+
+
+async def _cancel(channel: AbstractChannel, tag: str) -> None:
+    """Stop the consumer ``tag`` of ``channel``: no new rejected messages arrive."""
+    underlay = await channel.get_underlay_channel()
+    await underlay.basic_cancel(tag)

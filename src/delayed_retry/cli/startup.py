@@ -17,9 +17,10 @@ strands messages silently:
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from aio_pika.abc import AbstractConnection
@@ -32,6 +33,8 @@ from delayed_retry.durations import format_duration
 from delayed_retry.topology import DelayTopology
 
 __all__ = ["Startup", "announce", "startup_line", "stranded_forward_queues"]
+
+log = logging.getLogger("delayed_retry.service")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,10 +91,12 @@ def stranded_forward_queues(
 
 
 async def _checks(
-    args: argparse.Namespace, connection: AbstractConnection, startup: Startup
+    args: argparse.Namespace, connection: AbstractConnection | None, startup: Startup
 ) -> tuple[list[str], str | None]:
     """(warnings, a note on a check that could not run) before ``startup`` consumes."""
     warnings: list[str] = []
+    if connection is None:  # a service that connects per request (web): nothing to check
+        return warnings, None
     for exchange in startup.delivers_to:
         if not await exchange_exists(connection, exchange):
             warnings.append(
@@ -122,15 +127,25 @@ async def _checks(
 
 async def announce(
     args: argparse.Namespace,
-    connection: AbstractConnection,
+    connection: AbstractConnection | None,
     startup: Startup,
     *,
     extra: Sequence[str] = (),
+    say: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """Print the start-up line (with ``extra`` clauses) and the warnings; return the warnings."""
+    """Print the start-up line (with ``extra`` clauses) and the warnings; return the warnings.
+
+    ``say`` writes the line instead of ``print`` (the service runner's JSON logs);
+    warnings then go through it too, prefixed ``warning:``.
+    """
     warnings, note = await _checks(args, connection, startup)
     line = "; ".join([startup_line(startup), *extra, *([note] if note else [])])
-    print(line, flush=True)
-    for warning in warnings:
-        print(f"delayed-retry: warning: {warning}", file=sys.stderr, flush=True)
+    if say is None:
+        print(line, flush=True)
+        for warning in warnings:
+            print(f"delayed-retry: warning: {warning}", file=sys.stderr, flush=True)
+    else:
+        say(line)
+        for warning in warnings:
+            log.warning("%s", warning)
     return warnings

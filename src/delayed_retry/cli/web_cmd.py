@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import os
-import signal
 from pathlib import Path
 from typing import Any
+
+from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.cli.common import (
     add_management_option,
@@ -18,7 +17,8 @@ from delayed_retry.cli.common import (
 )
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import CommandError, require_extra
-from delayed_retry.cli.startup import Startup, startup_line
+from delayed_retry.cli.service import Running, add_service_args, run_service
+from delayed_retry.cli.startup import Startup
 from delayed_retry.errors import ConfigurationError
 
 __all__ = ["register"]
@@ -58,6 +58,7 @@ def register(sub: Any) -> None:
     )
     add_management_option(parser, purpose="finding the parking queues when no --queue is given")
     add_topology_args(parser)
+    add_service_args(parser)
     parser.set_defaults(func=lambda args: run(_serve(args)))
 
 
@@ -83,12 +84,15 @@ async def _serve(args: argparse.Namespace) -> int:
         management_url=management_url_from(args),
     )
     runner = web.AppRunner(create_app(settings), access_log=None, shutdown_timeout=5)
-    await runner.setup()
-    try:
+
+    async def start(connection: AbstractRobustConnection | None) -> Running:
+        del connection  # the web view connects per request
+        await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)
         try:
             await site.start()
         except OSError as exc:
+            await runner.cleanup()
             raise CommandError(
                 f"cannot listen on {args.host}:{args.port}: {exc.strerror}; choose another --port"
             ) from exc
@@ -97,15 +101,16 @@ async def _serve(args: argparse.Namespace) -> int:
         parking = tuple(topology.default_parking_queue(q) for q in settings.queues) or (
             "the parking queues it finds",
         )
-        startup = Startup(command="web", topology=topology, consumes=parking, verb="reading")
-        line = f"{startup_line(startup)}; on http://{host}:{args.port}/ (Ctrl-C to stop)"
-        print(line, flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-    return 0
+
+        async def stop(grace: float) -> None:
+            del grace  # aiohttp's shutdown_timeout bounds the requests in flight
+            await runner.cleanup()
+
+        return Running(
+            startup=Startup(command="web", topology=topology, consumes=parking, verb="reading"),
+            stop=stop,
+            checks=lambda: {"serving": bool(runner.sites)},
+            extra=(f"on http://{host}:{args.port}/ (Ctrl-C to stop)",),
+        )
+
+    return await run_service(args, command="web", start=start, connect=False)

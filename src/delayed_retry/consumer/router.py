@@ -32,6 +32,7 @@ from delayed_retry.amqp.declare import declarer_for, underlay_of
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
+from delayed_retry.consumer.in_flight import InFlight
 from delayed_retry.consumer.rejections import RETRIED_REASONS, Rejection, read_rejection
 from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
@@ -117,6 +118,8 @@ class RetryRouter:
         self.instrumentation = instrumentation or default_instrumentation()
         self._known = frozenset(names)
         self._trouble = Trouble()
+        self.in_flight = InFlight()
+        """Rejected messages being handed over now (a stopping service waits for them)."""
 
     def __repr__(self) -> str:
         return f"<RetryRouter prefix={self.topology.prefix!r} queues={list(self.queues)!r}>"
@@ -157,7 +160,8 @@ class RetryRouter:
         never spinning.
         """
         try:
-            await self._handle(message)
+            with self.in_flight.track():
+                await self._handle(message)
         except Exception as exc:
             log.exception("router failed on message %s", message.message_id)
             await give_back_later(message, self.topology.rejected_queue, exc, self._trouble)

@@ -23,6 +23,7 @@ once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
@@ -30,13 +31,19 @@ from typing import Any
 
 import aiormq
 import aiormq.abc
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractIncomingMessage,
+    AbstractQueue,
+)
 
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.channels import close_quietly, underlay_connection
 from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, publish_copy
 from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
+from delayed_retry.consumer.in_flight import InFlight
 from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError, PublishError
@@ -121,6 +128,8 @@ class Forwarder:
         self._held = HeldUntilDue()
         self._trouble = Trouble()
         self._consume: AbstractChannel | None = None
+        self._consumers: list[tuple[AbstractQueue, str]] = []
+        self.in_flight = InFlight()
         self._publish: AbstractChannel | None = None
         self._publish_lock = asyncio.Lock()
         self.forwarded = 0
@@ -146,21 +155,47 @@ class Forwarder:
         await self._consume.set_qos(prefetch_count=self._prefetch)
         for exchange, name in zip(self.exchanges, queues, strict=True):
             queue = await self._consume.get_queue(name, ensure=False)
-            await queue.consume(self._handler(exchange, name))
+            self._consumers.append((queue, await queue.consume(self._handler(exchange, name))))
         log.info(
             "forwarding %s",
             ", ".join(f"{q} -> {x!r}" for q, x in zip(queues, self.exchanges, strict=True)),
         )
 
-    async def close(self) -> None:
-        """Stop consuming; messages waiting until due and other unacked ones go back."""
+    @property
+    def held_until_due(self) -> int:
+        """Messages it holds right now because they left the chain a little early."""
+        return len(self._held)
+
+    @property
+    def consuming(self) -> bool:
+        """Whether its consumers are running (false while the connection is being recovered)."""
+        return bool(self._consumers) and self._consume is not None and not self._consume.is_closed
+
+    async def stop_consuming(self) -> None:
+        """Cancel its consumers and give back what it holds until due; forwards in flight go on."""
+        consumers, self._consumers = self._consumers, []
+        for queue, tag in consumers:
+            with contextlib.suppress(Exception):  # channel gone: nothing to cancel
+                await queue.cancel(tag)
+        self._held.release()
+
+    async def close(self, *, grace: float = 0.0) -> None:
+        """Stop consuming; messages waiting until due and other unacked ones go back.
+
+        ``grace``: seconds to let forwards in flight finish (their confirms
+        arrive and they are acked) before the channels close; what is still
+        in flight then goes back to its queue and is delivered again later.
+        """
+        await self.stop_consuming()
+        await self.in_flight.wait_idle(grace)
         self._held.release()
         await close_quietly(self._consume)
         await close_quietly(self._publish)
 
     def _handler(self, exchange: str, queue: str) -> Any:
         async def on_message(message: AbstractIncomingMessage) -> None:
-            await self.forward(message, exchange=exchange, queue=queue)
+            with self.in_flight.track():
+                await self.forward(message, exchange=exchange, queue=queue)
 
         return on_message
 

@@ -29,20 +29,28 @@ Every hand-over is confirmed before the ack: at-least-once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
+import time
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any, Literal
 
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractIncomingMessage,
+    AbstractQueue,
+)
 
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.channels import close_quietly, on_scratch_channel, underlay_connection
 from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
+from delayed_retry.consumer.in_flight import InFlight
 from delayed_retry.delivery.forwarder import Forwarder, ForwardingFailed
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
@@ -170,6 +178,8 @@ class FrontDoor:
             hold=hold,
         )
         self._channel: AbstractChannel | None = None
+        self._inbox: tuple[AbstractQueue, str] | None = None
+        self.in_flight = InFlight()
         self._trouble = Trouble()
         self.accepted = 0
         self.given_back = 0
@@ -218,13 +228,39 @@ class FrontDoor:
         self._channel = await self._connection.channel(publisher_confirms=False)
         await self._channel.set_qos(prefetch_count=self._prefetch)
         inbox = await self._channel.get_queue(self.inbox_queue, ensure=False)
-        await inbox.consume(self.on_message)
+        self._inbox = (inbox, await inbox.consume(self._on_delivery))
         log.info("front door open: %r -> %r", self.delay_exchange, self.exchange)
 
-    async def close(self) -> None:
-        """Stop consuming; unacked messages go back to their queues."""
+    @property
+    def consuming(self) -> bool:
+        """Whether it consumes ``X.delay`` and its forwarder the forward queue right now."""
+        channel = self._channel
+        return (
+            self._inbox is not None
+            and channel is not None
+            and not channel.is_closed
+            and self.forwarder.consuming
+        )
+
+    async def close(self, *, grace: float = 0.0) -> None:
+        """Stop consuming; unacked messages go back to their queues.
+
+        ``grace``: seconds to let hand-overs in flight finish (confirmed, then
+        acked) before the channels close; see :meth:`Forwarder.close`.
+        """
+        inbox, self._inbox = self._inbox, None
+        if inbox is not None:
+            with contextlib.suppress(Exception):  # channel gone: nothing to cancel
+                await inbox[0].cancel(inbox[1])
+        await self.forwarder.stop_consuming()
+        started = time.monotonic()
+        await self.in_flight.wait_idle(grace)
+        await self.forwarder.close(grace=max(0.0, grace - (time.monotonic() - started)))
         await close_quietly(self._channel)
-        await self.forwarder.close()
+
+    async def _on_delivery(self, message: AbstractIncomingMessage) -> None:
+        with self.in_flight.track():
+            await self.on_message(message)
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         """Hand one ``x-delay`` message on: into the chain, to ``X`` now, or to parking.

@@ -1,0 +1,304 @@
+"""The service runner: what every long-running command does around its own work, once.
+
+``front-door``, ``forwarder``, ``router``, ``alerts`` and ``web`` each say
+how to start (a function returning a :class:`Running`); :func:`run_service`
+does the rest, the same way for all of them:
+
+1. logs as text or JSON (``--log-format``);
+2. opens the health port (``--health-port``: ``/livez``, ``/readyz``) and the
+   metrics port (``--metrics-port``: ``/metrics``), before connecting, so a
+   probe gets an answer (not ready) while the broker is still being reached;
+3. connects (a robust connection: it reconnects and restores its consumers);
+4. starts the service, prints the start-up line and its warnings, then
+   ``running; stop with Ctrl-C or SIGTERM``;
+5. on SIGTERM or SIGINT: readiness turns 503, the service stops consuming,
+   lets hand-overs in flight finish for up to ``--stop-timeout`` (their
+   confirms arrive and they are acked), gives back what it holds, closes;
+   prints its counts and exits 0. A message still in flight after the bound
+   goes back to its queue when the connection closes (delivered again: at
+   least once, never lost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractRobustConnection
+
+from delayed_retry.cli.json_logs import JsonFormatter
+from delayed_retry.cli.output import duration_type
+from delayed_retry.cli.service_http import Reply, Route, serve_routes
+from delayed_retry.cli.service_metrics import ServiceMetrics
+from delayed_retry.cli.startup import Startup, announce
+
+__all__ = [
+    "LIVENESS_PATH",
+    "METRICS_PATH",
+    "READINESS_PATH",
+    "STOP_TIMEOUT",
+    "Running",
+    "add_service_args",
+    "run_service",
+]
+
+LIVENESS_PATH = "/livez"
+READINESS_PATH = "/readyz"
+METRICS_PATH = "/metrics"
+STOP_TIMEOUT = 10.0
+"""Default ``--stop-timeout``: seconds a stopping service lets hand-overs in flight finish."""
+CLOSE_ALLOWANCE = 5.0
+"""Seconds beyond ``--stop-timeout`` for closing channels and the connection; then it exits."""
+
+log = logging.getLogger("delayed_retry.service")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port; use 1..65535, e.g. 9464")
+    return port
+
+
+def add_service_args(parser: argparse.ArgumentParser) -> None:
+    """Add the options every service command shares: ports, logs, the stop bound."""
+    group = parser.add_argument_group("running as a service")
+    group.add_argument(
+        "--health-port",
+        type=_port,
+        metavar="PORT",
+        help=f"serve {LIVENESS_PATH} and {READINESS_PATH} (200 or 503, JSON) on PORT",
+    )
+    group.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help=f"serve Prometheus metrics on PORT at {METRICS_PATH} (needs the 'service' extra); "
+        "may equal --health-port",
+    )
+    group.add_argument(
+        "--service-host",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="address the health and metrics ports listen on (%(default)s)",
+    )
+    group.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text lines, or one JSON object per line on standard output (%(default)s)",
+    )
+    group.add_argument(
+        "--stop-timeout",
+        type=duration_type,
+        default=STOP_TIMEOUT,
+        metavar="DURATION",
+        help="on SIGTERM, let messages in flight finish for this long, then give the rest "
+        "back and exit (10s)",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Running:
+    """A started service, as the runner needs it: what to print, probe, count and stop."""
+
+    startup: Startup
+    stop: Callable[[float], Awaitable[None]]
+    """Stop consuming, let what is in flight finish for up to the seconds given, close."""
+    checks: Callable[[], Mapping[str, bool]]
+    """Readiness checks of its own, e.g. ``{"consuming": True}``."""
+    counts: Callable[[], Mapping[str, int]] = dict
+    held: Callable[[], int] = lambda: 0
+    extra: Sequence[str] = ()
+    """Clauses added to the start-up line."""
+    finished: Awaitable[Any] | None = None
+    """Ends the service without a signal (``alerts --once``)."""
+
+
+Start = Callable[[AbstractRobustConnection | None], Awaitable[Running]]
+
+
+@dataclass
+class _State:
+    """What the probes read: the connection and the service, as they are now."""
+
+    service: str
+    connection: AbstractRobustConnection | None = None
+    connects: bool = True
+    running: Running | None = None
+    stopping: bool = False
+    checks_at_start: dict[str, bool] = field(default_factory=dict)
+
+    def connected(self) -> bool:
+        c = self.connection
+        return c is not None and c.connected.is_set() and not c.is_closed
+
+    def checks(self) -> dict[str, bool]:
+        found = {"started": self.running is not None, "stopping": self.stopping}
+        if self.connects:
+            found["connected"] = self.connected()
+        if self.running is not None:
+            found.update(self.running.checks())
+        return found
+
+    def ready(self) -> bool:
+        checks = self.checks()
+        return not checks.pop("stopping") and all(checks.values())
+
+    def counts(self) -> Mapping[str, int]:
+        return self.running.counts() if self.running is not None else {}
+
+    def held(self) -> int:
+        return self.running.held() if self.running is not None else 0
+
+
+def _json(status: int, body: Mapping[str, Any]) -> Reply:
+    return Reply(status=status, body=(json.dumps(body) + "\n").encode())
+
+
+def _routes(state: _State) -> dict[str, Route]:
+    def live() -> Reply:
+        return _json(200, {"status": "alive", "service": state.service})
+
+    def ready() -> Reply:
+        ok = state.ready()
+        return _json(
+            200 if ok else 503,
+            {
+                "status": "ready" if ok else "not ready",
+                "service": state.service,
+                "checks": state.checks(),
+            },
+        )
+
+    return {LIVENESS_PATH: live, READINESS_PATH: ready}
+
+
+def _configure_logs(log_format: str) -> Callable[[str], None]:
+    """Set up JSON logs when asked; return how the runner writes its own lines."""
+    if log_format != "json":
+        return lambda line: print(line, flush=True)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    log.setLevel(logging.INFO)
+    return lambda line: log.info(line)
+
+
+async def _listen(
+    args: argparse.Namespace, state: _State, metrics: ServiceMetrics | None
+) -> list[asyncio.Server]:
+    by_port: dict[int, dict[str, Route]] = {}
+    options: dict[int, str] = {}
+    if args.health_port:
+        by_port.setdefault(args.health_port, {}).update(_routes(state))
+        options[args.health_port] = "--health-port"
+    if metrics is not None:
+        by_port.setdefault(args.metrics_port, {})[METRICS_PATH] = metrics.page
+        options.setdefault(args.metrics_port, "--metrics-port")
+    servers: list[asyncio.Server] = []
+    try:
+        for port, routes in by_port.items():
+            servers.append(
+                await serve_routes(
+                    host=args.service_host, port=port, routes=routes, option=options[port]
+                )
+            )
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
+    return servers
+
+
+def _summary(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{name.replace('_', ' ')} {n}" for name, n in counts.items())
+
+
+async def run_service(
+    args: argparse.Namespace, *, command: str, start: Start, connect: bool = True
+) -> int:
+    """Run one service command from start to a clean stop; see the module's docstring.
+
+    ``start`` gets the connection (``None`` when ``connect`` is false, as for
+    ``web``, which connects per request) and returns the started service.
+    """
+    say = _configure_logs(args.log_format)
+    state = _State(service=command, connects=connect)
+    metrics = None
+    if args.metrics_port:
+        metrics = ServiceMetrics(
+            service=command, counts=state.counts, held=state.held, ready=state.ready
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    servers: list[asyncio.Server] = []
+    try:
+        servers = await _listen(args, state, metrics)
+        state.connection = await aio_pika.connect_robust(args.url) if connect else None
+        try:
+            running = await start(state.connection)
+            state.running = running
+            json_say = say if args.log_format == "json" else None
+            await announce(
+                args, state.connection, running.startup, extra=running.extra, say=json_say
+            )
+            say("running; stop with Ctrl-C or SIGTERM")
+            await _until(stop, running.finished)
+            state.stopping = True
+            began = time.monotonic()
+            try:
+                await asyncio.wait_for(
+                    running.stop(args.stop_timeout), args.stop_timeout + CLOSE_ALLOWANCE
+                )
+            except TimeoutError:
+                log.warning(
+                    "%s did not stop within %.0f s; closing the connection (unacked messages "
+                    "go back to their queues)",
+                    command,
+                    args.stop_timeout + CLOSE_ALLOWANCE,
+                )
+            took = f"stopped in {time.monotonic() - began:.2f} s"
+            say("; ".join(filter(None, [_summary(running.counts()), took])))
+        finally:
+            if state.connection is not None:
+                await state.connection.close()
+    finally:
+        for server in servers:
+            server.close()
+        if metrics is not None:
+            metrics.shutdown()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+    return 0
+
+
+async def _until(stop: asyncio.Event, finished: Awaitable[Any] | None) -> None:
+    waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
+    if finished is not None:
+        waiters.append(asyncio.ensure_future(finished))
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

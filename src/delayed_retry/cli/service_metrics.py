@@ -1,0 +1,106 @@
+"""``--metrics-port``: the OpenTelemetry metrics of a service, exported for Prometheus.
+
+Installs an SDK ``MeterProvider`` with OpenTelemetry's Prometheus reader as
+the global provider, so everything the library records (the
+``delayed_retry.*`` instruments of :mod:`delayed_retry.observability.metrics`)
+is exported, and adds the service's own instruments, read from its counters
+at each scrape:
+
+==========================================  =======  ====================================
+OpenTelemetry instrument                    kind     Prometheus name
+==========================================  =======  ====================================
+``delayed_retry.service.messages``          counter  ``delayed_retry_service_messages_total``
+                                                     (``outcome``: accepted, forwarded,
+                                                     parked, given_back, alerts_delivered)
+``delayed_retry.service.held_until_due``    gauge    ``delayed_retry_service_held_until_due``
+``delayed_retry.service.ready``             gauge    ``delayed_retry_service_ready`` (1 or 0)
+==========================================  =======  ====================================
+
+Every series has the attribute ``service`` (the command: ``forwarder``, …).
+Needs the ``service`` extra (``opentelemetry-sdk``, ``opentelemetry-exporter-prometheus``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from delayed_retry.cli.output import require_extra
+from delayed_retry.cli.service_http import Reply
+
+__all__ = ["MESSAGES", "HELD_UNTIL_DUE", "READY", "ServiceMetrics"]
+
+MESSAGES = "delayed_retry.service.messages"
+HELD_UNTIL_DUE = "delayed_retry.service.held_until_due"
+READY = "delayed_retry.service.ready"
+
+_MODULES = ("opentelemetry.sdk.metrics", "opentelemetry.exporter.prometheus", "prometheus_client")
+
+
+class ServiceMetrics:
+    """The global meter provider of a service process, and its ``/metrics`` page.
+
+    Make one per process, before the service starts: it replaces the global
+    meter provider (OpenTelemetry allows that once per process).
+    """
+
+    def __init__(
+        self,
+        *,
+        service: str,
+        counts: Callable[[], Mapping[str, int]],
+        held: Callable[[], int],
+        ready: Callable[[], bool],
+    ) -> None:
+        require_extra("service", _MODULES, what="--metrics-port")
+        from opentelemetry import metrics
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from opentelemetry.metrics import CallbackOptions, Observation
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.resources import Resource
+        from prometheus_client import REGISTRY
+
+        self._registry = REGISTRY
+        attrs = {"service": service}
+        self.provider = MeterProvider(
+            metric_readers=[PrometheusMetricReader()],
+            resource=Resource.create({"service.name": f"delayed-retry-{service}"}),
+        )
+        metrics.set_meter_provider(self.provider)
+        meter = self.provider.get_meter("delayed_retry.service")
+
+        def messages(_: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(n, {**attrs, "outcome": k}) for k, n in counts().items()]
+
+        def held_now(_: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(held(), attrs)]
+
+        def ready_now(_: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(1 if ready() else 0, attrs)]
+
+        meter.create_observable_counter(
+            MESSAGES,
+            callbacks=[messages],
+            unit="{message}",
+            description="Messages this service handled, by outcome.",
+        )
+        meter.create_observable_gauge(
+            HELD_UNTIL_DUE,
+            callbacks=[held_now],
+            unit="{message}",
+            description="Messages held now because they left the chain a little early.",
+        )
+        meter.create_observable_gauge(
+            READY, callbacks=[ready_now], description="1 while the readiness probe answers 200."
+        )
+
+    def page(self) -> Reply:
+        """The Prometheus text exposition of every metric of the process."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        registry: Any = self._registry
+        return Reply(status=200, body=generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+    def shutdown(self) -> None:
+        """Stop the provider (its reader unregisters from the Prometheus registry)."""
+        self.provider.shutdown()
