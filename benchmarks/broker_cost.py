@@ -42,7 +42,8 @@ Columns (per message sent):
   after resetting it), held streams only.
 
 A run that breaks a rule (earliest < 0, a message missing or twice) prints a
-``FAIL`` line and exits with 1. Ratios measured in one run are the claim;
+``FAIL`` line and exits with 1; a baseline whose median lateness passes 50 ms
+fell behind its rate and gets a ``WARN`` line. Ratios measured in one run are the claim;
 absolute microseconds move with the machine's load.
 
 Run: ``.venv/bin/python benchmarks/broker_cost.py --json out.json`` (``--quick``:
@@ -85,6 +86,9 @@ STATS_INTERVAL = 0.5
 STATS_LINGER = 4 * STATS_INTERVAL
 """Seconds the producer keeps its channel open after its last publish: a channel's
 statistics not yet emitted when it closes are lost to the management API."""
+
+BEHIND_MS = 50.0
+"""A baseline whose median lateness passes this has fallen behind its rate (a warning)."""
 
 _COUNT = re.compile(r"\{(\w+),(\d+)\}")
 
@@ -290,6 +294,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         for problem in r["failures"]:
             lines.append(f"FAIL {r['rate']:g}/s {r['stream']}: {problem}")
+    for r in rows:
+        p50 = r["lateness_ms"]["p50"]
+        if r["stream"] in ("quorum", "classic") and p50 > BEHIND_MS:
+            lines.append(
+                f"WARN {r['rate']:g}/s {r['stream']} baseline fell behind (p50 {p50:g} ms): "
+                "a broker that is behind batches, so its cost per message is not comparable"
+            )
     return "\n".join(lines)
 
 
