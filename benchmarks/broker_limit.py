@@ -9,6 +9,13 @@ producer process, in cores. The baseline is the same stream with no delay to
 a classic queue, in the same run. A subject is a chain (queue type, levels,
 unit) and a hold; each gets a chain of its own on one private node.
 
+Each row also says what arrived: every message exactly once (``received``,
+``duplicates``, ``missing``), the level queues each waited in as its
+``x-death`` header counts them (``hops_seen``), the most messages the
+consumer held at once (sampled every 5 ms) and the consumer process's peak
+RSS. ``benchmarks/broker_cost.py`` turns these rows into the broker's cost per
+delayed message.
+
 ``--eprof SECONDS`` profiles the broker (Erlang's ``eprof`` over every
 process) for that long in the middle of the first delayed subject and prints
 the functions that took the most time, and the share of the topic exchange's
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -30,6 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,6 +49,7 @@ import precision
 from aio_pika.abc import AbstractIncomingMessage
 from throughput import broker_cpu_seconds, delete_topology
 
+import delayed_retry
 from delayed_retry import (
     DEFAULT_HOLD,
     DelayTopology,
@@ -63,7 +73,10 @@ MIN_DELAY, MAX_DELAY = 0.5, 3.0
 
 @dataclass(frozen=True)
 class Subject:
-    """One stream: no delay (baseline), or a chain of ``levels`` x ``unit_ms`` with a hold."""
+    """One stream: no delay (baseline), or a chain of ``levels`` x ``unit_ms`` with a hold.
+
+    ``work_queue`` is the type of the queue the stream ends in (and the baseline's only queue).
+    """
 
     name: str
     delayed: bool = True
@@ -71,6 +84,7 @@ class Subject:
     levels: int = 36
     unit_ms: int = 1
     hold: Hold | None = DEFAULT_HOLD
+    work_queue: str = "classic"
 
     def topology(self, prefix: str) -> DelayTopology:
         return DelayTopology(
@@ -83,6 +97,9 @@ class Subject:
 
 SUBJECTS = {
     "baseline": Subject("plain publish→consume, classic queue", delayed=False),
+    "baseline-quorum": Subject(
+        "plain publish→consume, quorum queue", delayed=False, work_queue="quorum"
+    ),
     "held": Subject("quorum chain, 36 levels, held (default)"),
     "unheld": Subject("quorum chain, 36 levels, no hold", hold=None),
     "classic": Subject("classic chain, 36 levels, held", queue_type="classic"),
@@ -98,10 +115,57 @@ def _own_cpu() -> float:
     return times.user + times.system
 
 
+def _status_kb(field: str) -> int | None:
+    """A ``kB`` field of /proc/self/status (``VmRSS``, ``VmHWM``); ``None`` where unreadable."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's ``VmHWM`` to its current RSS (Linux 4.0+); ``False`` if refused."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def level_hops(topology: DelayTopology, headers: Mapping[str, Any]) -> int:
+    """The level queues a message waited in, as its ``x-death`` header counts them.
+
+    Each queue a message dead-lettered from has one entry with a ``count``; a
+    message sent back into the chain and through a level queue again counts twice.
+    """
+    deaths = headers.get("x-death") or []
+    return sum(
+        int(death.get("count", 1))
+        for death in deaths
+        if isinstance(death, Mapping) and topology.is_level_queue(str(death.get("queue", "")))
+    )
+
+
 async def produce(
-    url: str, subject: Subject, prefix: str, queue: str, rate: float, seconds: float
-) -> dict[str, float]:
-    """The producer process: publish at ``rate`` for ``seconds``; report hops and CPU."""
+    url: str,
+    subject: Subject,
+    prefix: str,
+    queue: str,
+    rate: float,
+    seconds: float,
+    min_delay: float = MIN_DELAY,
+    max_delay: float = MAX_DELAY,
+    linger: float = 0.0,
+) -> dict[str, Any]:
+    """The producer process: publish at ``rate`` for ``seconds``; report hops and CPU.
+
+    ``linger``: seconds to keep the connection open after the last publish. The
+    broker drops the statistics a channel has not yet emitted when it closes, so
+    the management API's per-exchange counts need a few stats intervals of it.
+    """
     topology = subject.topology(prefix)
     connection = await aio_pika.connect(url)
     channel = await connection.channel()
@@ -111,7 +175,7 @@ async def produce(
     async for i in precision.paced(rate, int(rate * seconds)):
         if subject.delayed:
             now = datetime.now(UTC)
-            due_at = now + timedelta(seconds=rng.uniform(MIN_DELAY, MAX_DELAY))
+            due_at = now + timedelta(seconds=rng.uniform(min_delay, max_delay))
             hops.append(chain_units(topology, due_at, now=now, hold=subject.hold).bit_count())
             message = aio_pika.Message(
                 b"x" * 200,
@@ -140,8 +204,14 @@ async def produce(
         pending.add(task)
         task.add_done_callback(pending.discard)
     await asyncio.gather(*pending)
+    await asyncio.sleep(linger)
     await connection.close()
-    return {"hops_per_message": sum(hops) / max(len(hops), 1), "cpu_seconds": _own_cpu()}
+    return {
+        "hops_per_message": sum(hops) / max(len(hops), 1),
+        "cpu_seconds": _own_cpu(),
+        "sent": int(rate * seconds),
+        "library": delayed_retry.__file__,
+    }
 
 
 async def _profile_broker(node: RabbitMQNode, seconds: float, out: Path) -> None:
@@ -168,6 +238,10 @@ def read_profile(path: Path, top: int = 12) -> dict[str, Any]:
     return {"topic_routing_percent": round(topic, 1), "top": rows[:top]}
 
 
+Probe = Callable[[], Awaitable[dict[str, float]]]
+"""Reads broker-side counters (for the chain of one subject) before and after its stream."""
+
+
 async def measure(
     node: RabbitMQNode,
     key: str,
@@ -176,7 +250,22 @@ async def measure(
     seconds: float,
     side_rate: float,
     eprof: float = 0.0,
+    min_delay: float = MIN_DELAY,
+    max_delay: float = MAX_DELAY,
+    idle: float = 0.0,
+    grace: float = 300.0,
+    probe: Callable[[DelayTopology], Probe] | None = None,
+    linger: float = 0.0,
 ) -> dict[str, Any]:
+    """One subject's stream, measured; see the module's docstring for the row's fields.
+
+    ``idle``: seconds of broker CPU read before the stream, with nothing sent
+    (``broker_idle_cores``), so a reader can take the broker's own background
+    work out. ``grace``: how long past the last due time to wait for messages
+    that have not arrived (they count as ``missing``). ``probe(topology)`` makes
+    a reader of broker counters, read before and after the stream
+    (``counters``: the differences). ``linger``: see :func:`produce`.
+    """
     subject = SUBJECTS[key]
     prefix = f"bench-limit-{uuid.uuid4().hex[:6]}"
     topology = subject.topology(prefix)
@@ -187,24 +276,36 @@ async def measure(
     if subject.delayed:
         await declare_topology(channel, topology)
     name = f"{prefix}.work"
-    queue = await channel.declare_queue(name, durable=True)
+    arguments: dict[str, Any] = {"x-queue-type": "quorum"} if subject.work_queue == "quorum" else {}
+    queue = await channel.declare_queue(name, durable=True, arguments=arguments)
     late: list[float] = []
+    hops_seen: list[int] = []
+    seen: dict[str, int] = {}
     total = int(rate * seconds)
     done = asyncio.Event()
 
     def record(message: AbstractIncomingMessage) -> None:
+        message_id = message.message_id or ""
+        seen[message_id] = seen.get(message_id, 0) + 1
+        if seen[message_id] > 1:
+            return  # a duplicate: counted, its lateness not
         late.append((time.time() * 1e6 - int(message.headers[DUE_HEADER])) / 1000)  # type: ignore[arg-type]
-        if len(late) == total:
+        if subject.delayed:
+            hops_seen.append(level_hops(topology, message.headers))
+        if len(seen) == total:
             done.set()
 
+    held_now: Callable[[], int] | None = None
     if subject.delayed:
 
         async def handler(message: AbstractIncomingMessage) -> None:
             record(message)
 
-        tag = await consume(
-            queue, with_delayed_retry(topology=topology, hold=subject.hold)(handler)
-        )
+        retrying = with_delayed_retry(topology=topology, hold=subject.hold)(handler)
+        held = getattr(getattr(retrying, "options", None), "held", None)
+        if subject.hold is not None and held is not None:
+            held_now = held.__len__
+        tag = await consume(queue, retrying)
     else:
 
         async def plain(message: AbstractIncomingMessage) -> None:
@@ -213,8 +314,27 @@ async def measure(
 
         tag = await queue.consume(plain)
 
+    peak_held = 0
+
+    async def sample_held() -> None:
+        nonlocal peak_held
+        assert held_now is not None
+        while True:
+            peak_held = max(peak_held, held_now())
+            await asyncio.sleep(0.005)
+
     beam = node.beam_pid
     assert beam is not None
+    idle_cores = None
+    if idle > 0:
+        before, began = broker_cpu_seconds(beam), time.monotonic()
+        await asyncio.sleep(idle)
+        idle_cores = (broker_cpu_seconds(beam) - before) / (time.monotonic() - began)
+    read_counters = probe(topology) if probe is not None else None
+    counters0 = await read_counters() if read_counters is not None else {}
+    rss0 = _status_kb("VmRSS")
+    rss_reset = _reset_peak_rss()
+    sampler = asyncio.create_task(sample_held()) if held_now is not None else None
     broker0, own0, began = broker_cpu_seconds(beam), _own_cpu(), time.monotonic()
     profile: dict[str, Any] | None = None
     async with precision.SideLoad(connection, side_rate):
@@ -230,6 +350,9 @@ async def measure(
                     "queue": name,
                     "rate": rate,
                     "seconds": seconds,
+                    "min_delay": min_delay,
+                    "max_delay": max_delay,
+                    "linger": linger,
                 }
             ),
             stdout=asyncio.subprocess.PIPE,
@@ -241,11 +364,28 @@ async def measure(
                 await _profile_broker(node, eprof, out)
                 profile = read_profile(out)
         stdout, _ = await producer.communicate()
-        await asyncio.wait_for(done.wait(), timeout=MAX_DELAY + 300)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), timeout=max_delay + grace)
+        # Room for a late duplicate, and for the last acks to reach the broker.
+        await asyncio.sleep(0.5)
     elapsed = time.monotonic() - began
     broker, own = broker_cpu_seconds(beam) - broker0, _own_cpu() - own0
+    if sampler is not None:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    rss_peak = _status_kb("VmHWM") if rss_reset else None
     produced = json.loads(stdout)
+    if produced["library"] != delayed_retry.__file__:
+        raise RuntimeError(
+            f"the producer imported {produced['library']}, the consumer "
+            f"{delayed_retry.__file__}: set PYTHONPATH for both"
+        )
     await queue.cancel(tag)
+    counters: dict[str, float] = {}
+    if read_counters is not None:
+        counters1 = await read_counters()
+        counters = {k: counters1[k] - counters0.get(k, 0.0) for k in counters1}
     await channel.queue_delete(name)
     await channel.queue_delete(f"{name}.parking")
     if subject.delayed:
@@ -253,6 +393,8 @@ async def measure(
     await connection.close()
     row: dict[str, Any] = {
         "subject": subject.name,
+        "key": key,
+        "rate": rate,
         "lateness_ms": precision._percentiles(late),
         "hops_per_message": round(produced["hops_per_message"], 2),
         "cores": {
@@ -260,6 +402,23 @@ async def measure(
             "consumer": round(own / elapsed, 2),
             "producer": round(produced["cpu_seconds"] / elapsed, 2),
         },
+        "cpu_seconds": {
+            "broker": round(broker, 4),
+            "consumer": round(own, 4),
+            "producer": round(produced["cpu_seconds"], 4),
+        },
+        "broker_idle_cores": None if idle_cores is None else round(idle_cores, 4),
+        "sent": produced["sent"],
+        "received": len(seen),
+        "duplicates": sum(count - 1 for count in seen.values()),
+        "missing": produced["sent"] - len(seen),
+        "hops_seen_per_message": round(sum(hops_seen) / len(hops_seen), 3) if hops_seen else None,
+        "peak_held": peak_held if held_now is not None else None,
+        "rss_mb": {
+            "start": None if rss0 is None else round(rss0 / 1024, 1),
+            "peak": None if rss_peak is None else round(rss_peak / 1024, 1),
+        },
+        "counters": counters,
         "seconds": round(elapsed, 1),
     }
     if profile is not None:
@@ -331,6 +490,9 @@ def main(argv: list[str] | None = None) -> None:
                 spec["queue"],
                 spec["rate"],
                 spec["seconds"],
+                spec.get("min_delay", MIN_DELAY),
+                spec.get("max_delay", MAX_DELAY),
+                spec.get("linger", 0.0),
             )
         )
         print(json.dumps(result), flush=True)

@@ -34,9 +34,10 @@ from delayed_retry import DelayTopology
 from delayed_retry.testing import RabbitMQNode
 
 PEER_SUBJECTS = peer_workers.SUBJECTS
-OPT_IN = ("peer-success", "capacity")
+OPT_IN = ("peer-success", "capacity", "broker-cost")
 """Workloads run only when named with --only (peer-success: eight worker starts, noisy;
-capacity: a million messages take many minutes)."""
+capacity: a million messages take many minutes; broker-cost: a node of its own with the
+management plugin, two minutes)."""
 
 WORKLOADS = (
     "overhead",
@@ -50,6 +51,7 @@ WORKLOADS = (
     "long-delay",
     "peer-precision",
     "capacity",
+    "broker-cost",
 )
 
 
@@ -144,8 +146,32 @@ async def _run(
             memory_policy=args.capacity_memory_policy,
             batched=not args.capacity_publish_delayed,
         )
+    if "broker-cost" in args.only:
+        rows += await _broker_cost(args)
     rows += await _peer_workloads(url, args)
     return rows
+
+
+async def _broker_cost(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The broker's CPU per delayed message (benchmarks/broker_cost.py), on a node of its own."""
+    import broker_cost
+
+    if args.url is not None:
+        print("broker-cost: skipped with --url (it reads a private node's CPU and counters)")
+        return []
+    seconds = args.broker_cost_seconds or (3.0 if args.quick else 5.0)
+    print(
+        f"broker-cost: {seconds} s at each of {args.broker_cost_rates} msg/s, "
+        "a private node with the management plugin ..."
+    )
+    rows = await broker_cost.run(
+        rates=tuple(args.broker_cost_rates),
+        seconds=seconds,
+        min_delay=args.min_delay,
+        max_delay=args.max_delay,
+    )
+    print(broker_cost.table(rows))
+    return broker_cost.suite_rows(rows)
 
 
 async def _peer_workloads(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -283,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     peers.add_argument("--long-grace", type=float, default=20.0)
     peers.add_argument("--long-url", help="long-delay: a broker already set that way")
     peers.add_argument("--peer-precision-seconds", type=float)
+    parser.add_argument(
+        "--broker-cost-rates", type=float, nargs="+", default=[300, 1000], help="broker-cost"
+    )
+    parser.add_argument(
+        "--broker-cost-seconds", type=float, help="broker-cost: s per stream (5; --quick: 3)"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     args.success_messages = args.success_messages or (1000 if args.quick else 5000)
