@@ -286,9 +286,10 @@ async def test_a_replay_that_cannot_publish_moves_nothing(
     connection: AbstractRobustConnection, unique: str
 ) -> None:
     channel, topology, work = await _lot(connection, unique)
-    # The chain's entry exchange is gone (deleted by hand): every publish fails.
-    await channel.exchange_delete(topology.level_name(0))
-    with pytest.raises(PublishError, match=topology.level_name(0)):
+    # The entry of a replay due at once, the delivery exchange, is gone (deleted by hand):
+    # every publish fails.
+    await channel.exchange_delete(topology.delivery_exchange)
+    with pytest.raises(PublishError, match=topology.delivery_exchange):
         await replay_matching(channel, queue=unique, topology=topology)
     assert sorted(await _ids(channel, unique, topology)) == [f"m-{n}" for n in range(5)]
     assert await work.get(fail=False) is None
