@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +19,7 @@ from delayed_retry import (
 )
 from delayed_retry.amqp.declare import declare_topology
 from delayed_retry.durations import to_epoch_ms, utcnow
-from delayed_retry.errors import ConfigurationError, PublishError
+from delayed_retry.errors import ConfigurationError, NotFoundError
 from delayed_retry.headers import (
     X_FIRST_FAILURE_AT,
     X_PARKED_AT,
@@ -40,6 +41,7 @@ from delayed_retry.parking.lot import (
 )
 from delayed_retry.parking.moves import CANARY_CONFIRMED, CANARY_PARKED_AGAIN
 from delayed_retry.parking.shortcuts import replay_parked
+from tests.support.queues import wait_for_depth
 
 pytestmark = pytest.mark.broker
 
@@ -286,13 +288,17 @@ async def test_a_replay_that_cannot_publish_moves_nothing(
     connection: AbstractRobustConnection, unique: str
 ) -> None:
     channel, topology, work = await _lot(connection, unique)
-    # The entry of a replay due at once, the delivery exchange, is gone (deleted by hand):
-    # every publish fails.
+    # The chain's exchanges are gone (deleted by hand): a replay due at once would enter
+    # at the delivery exchange, and a delayed one at a level exchange.
     await channel.exchange_delete(topology.delivery_exchange)
-    with pytest.raises(PublishError, match=topology.delivery_exchange):
+    with pytest.raises(NotFoundError, match=re.escape(topology.delivery_exchange)):
         await replay_matching(channel, queue=unique, topology=topology)
     assert sorted(await _ids(channel, unique, topology)) == [f"m-{n}" for n in range(5)]
     assert await work.get(fail=False) is None
+    # The next try declares the chain again and moves them all.
+    await replay_matching(channel, queue=unique, topology=topology)
+    assert await _ids(channel, unique, topology) == []
+    await wait_for_depth(channel, unique, 5)
 
 
 async def test_a_replay_acts_on_the_set_as_asked_not_on_what_parks_meanwhile(

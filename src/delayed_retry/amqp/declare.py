@@ -478,6 +478,18 @@ class TopologyDeclarer:
         async def action(channel: aiormq.abc.AbstractChannel) -> None:
             try:
                 await channel.queue_bind(queue, exchange, routing_key=key)
+            except aiormq.exceptions.ChannelNotFoundEntity as exc:
+                if f"no exchange '{exchange}'" not in str(exc):
+                    raise _explain(
+                        exc, f"queue {queue!r}", "a binding to the delivery exchange"
+                    ) from exc
+                # The chain was deleted under this connection: declare it again next time.
+                self.forget(topology)
+                raise NotFoundError(
+                    f"the delivery exchange {exchange!r} of the delay chain {topology.prefix!r} "
+                    f"is missing (deleted by hand, or by a teardown): {exc}. The chain is "
+                    "declared again on the next try; if this repeats, find what deletes it"
+                ) from exc
             except aiormq.exceptions.ChannelClosed as exc:
                 raise _explain(
                     exc, f"queue {queue!r}", "a binding to the delivery exchange"
