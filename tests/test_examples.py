@@ -72,3 +72,64 @@ def test_the_use_program_consumes_and_stops_on_sigint(rabbitmq_url: str) -> None
             proc.kill()
             proc.wait()
         asyncio.run(_delete_orders(rabbitmq_url))
+
+
+FASTSTREAM_APP = USE.parent / "faststream_app.py"
+
+
+async def _publish_when_consumed(url: str, queue: str, bodies: list[bytes]) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        while True:
+            channel = await connection.channel()
+            try:
+                declared = await channel.declare_queue(queue, passive=True)
+                if declared.declaration_result.consumer_count:
+                    for body in bodies:
+                        await channel.default_exchange.publish(
+                            aio_pika.Message(body), routing_key=queue
+                        )
+                    return
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                pass
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
+            await asyncio.sleep(0.1)
+
+
+async def _delete(url: str, *queues: str) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        for queue in queues:
+            await channel.queue_delete(queue)
+
+
+def test_the_faststream_app_retries_and_parks(rabbitmq_url: str) -> None:
+    env = {**os.environ, "RABBITMQ_URL": rabbitmq_url}
+    proc = subprocess.Popen(
+        [sys.executable, str(FASTSTREAM_APP)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        publish = _publish_when_consumed(rabbitmq_url, "fs-orders", [b"invalid-1", b"flaky-1"])
+        asyncio.run(asyncio.wait_for(publish, 120))
+        assert proc.stdout is not None
+        lines = []
+        for raw in proc.stdout:
+            lines.append(raw.decode())
+            if "flaky-1: done" in lines[-1]:
+                break
+        out = "".join(lines)
+        assert "flaky-1: attempt 2 (last error: __main__.TransientError" in out, out
+        assert "invalid-1: attempt 2" not in out, out
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        asyncio.run(_delete(rabbitmq_url, "fs-orders", "fs-orders.parking"))

@@ -34,12 +34,22 @@ PURE_IN_SUBPACKAGES = (
 """Pure modules inside a subpackage, beside the I/O they serve. Every module at the top of
 the package (``delayed_retry.<name>``, not a subpackage) is pure too: the vocabulary."""
 
-IO_LIBRARIES = ("aio_pika", "aiormq", "pamqp", "opentelemetry", "aiohttp", "pyspark", "pyarrow")
+IO_LIBRARIES = (
+    "aio_pika",
+    "aiormq",
+    "pamqp",
+    "opentelemetry",
+    "aiohttp",
+    "pyspark",
+    "pyarrow",
+    "faststream",
+)
 
 LAYERS = (
     "cli",
     "testing",
     "web",
+    "faststream",
     "spark",
     "alerts",
     "admin",

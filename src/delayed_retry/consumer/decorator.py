@@ -14,7 +14,7 @@ import functools
 import inspect
 import logging
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, ParamSpec, overload
@@ -51,9 +51,12 @@ from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
     "RetryingHandler",
+    "RetryOptions",
     "consume",
+    "retry_options",
     "current_retry_state",
     "retry_state",
+    "retry_state_scope",
     "with_delayed_retry",
     "EARLY_TOLERANCE",
     "HandlerCancelledError",
@@ -124,6 +127,21 @@ def current_retry_state() -> RetryState | None:
     return None if cell is None else cell.get()
 
 
+@contextlib.contextmanager
+def retry_state_scope(message: AbstractIncomingMessage, queue: str) -> Iterator[None]:
+    """Make :func:`current_retry_state` answer for ``message`` inside the block.
+
+    For a front end that runs a handler without a broker to hand failures to
+    (FastStream's in-memory test client); :class:`RetryingHandler` does the same
+    around every attempt. The headers are read only if something asks.
+    """
+    token = _current_state.set(_StateCell(message, queue))
+    try:
+        yield
+    finally:
+        _current_state.reset(token)
+
+
 def retry_state(message: AbstractIncomingMessage, *, queue: str | None = None) -> RetryState:
     """Read the retry state of any message (attempt, first failure, original exchange …)."""
     return parse_retry_state(
@@ -147,6 +165,9 @@ class RetryOptions:
     hold: Hold | None = DEFAULT_HOLD
     held: HeldUntilDue = field(default_factory=HeldUntilDue, compare=False, repr=False)
     """The messages this handler holds until due right now (shared by its per-queue copies)."""
+    ack_on_success: bool = True
+    """Whether a handler that returns is acked here. ``False`` leaves that to the caller: a
+    framework that acks after publishing the handler's result (FastStream)."""
 
 
 class RetryingHandler(Generic[P]):
@@ -292,7 +313,7 @@ class RetryingHandler(Generic[P]):
                     await guarded.send_deferred()
                     scope.finish("error", reason="settled-by-handler")
                     return
-                if not message.processed:
+                if opts.ack_on_success and not message.processed:
                     # Handled: a failed ack means a redelivery (a duplicate), never a park.
                     await ack(message, queue)
                 scope.finish("success")
@@ -476,6 +497,54 @@ def with_delayed_retry(
         :data:`~delayed_retry.hold.DEFAULT_HOLD`). ``None`` turns it off: the
         chain rounds every delay up and the handler holds nothing.
     """
+    options = retry_options(
+        queue=queue,
+        max_retries=max_retries,
+        wait=wait,
+        retry=retry,
+        stop=stop,
+        topology=topology,
+        parking_queue=parking_queue,
+        publish_timeout=publish_timeout,
+        instrumentation=instrumentation,
+        return_to=return_to,
+        hold=hold,
+    )
+
+    def decorate(func: Callable[P, Awaitable[object]]) -> RetryingHandler[P]:
+        if not (
+            inspect.iscoroutinefunction(func)
+            or inspect.iscoroutinefunction(getattr(func, "__call__", None))  # noqa: B004
+        ):
+            raise ConfigurationError(
+                f"@with_delayed_retry needs an async function (async def), got {func!r}; "
+                "aio-pika awaits the consumer callback"
+            )
+        return RetryingHandler(func, options)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def retry_options(
+    *,
+    queue: str | None = None,
+    max_retries: int = 5,
+    wait: wait_base = DEFAULT_WAIT,
+    retry: retry_base | None = None,
+    stop: stop_base | None = None,
+    topology: DelayTopology = DEFAULT_TOPOLOGY,
+    parking_queue: str | None = None,
+    publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
+    instrumentation: Instrumentation | None = None,
+    return_to: ReturnTo = "queue",
+    hold: Hold | None = DEFAULT_HOLD,
+) -> RetryOptions:
+    """Check the options of :func:`with_delayed_retry` and build its :class:`RetryOptions`.
+
+    Every front end that retries a consumer's failures (the decorator, the
+    FastStream middleware) checks its options here, so a bad option fails the
+    same way, with the same message, when it is configured.
+    """
     if return_to not in ("queue", "exchange"):
         raise ConfigurationError(
             f"return_to={return_to!r} must be 'queue' (the failing queue) or 'exchange' "
@@ -496,7 +565,7 @@ def with_delayed_retry(
     policy_kwargs: dict[str, Any] = {"max_retries": max_retries, "wait": wait, "stop": stop}
     if retry is not None:
         policy_kwargs["retry"] = retry
-    options = RetryOptions(
+    return RetryOptions(
         queue=queue,
         policy=RetryPolicy(**policy_kwargs),
         topology=topology,
@@ -507,19 +576,6 @@ def with_delayed_retry(
         return_to=return_to,
         hold=hold,
     )
-
-    def decorate(func: Callable[P, Awaitable[object]]) -> RetryingHandler[P]:
-        if not (
-            inspect.iscoroutinefunction(func)
-            or inspect.iscoroutinefunction(getattr(func, "__call__", None))  # noqa: B004
-        ):
-            raise ConfigurationError(
-                f"@with_delayed_retry needs an async function (async def), got {func!r}; "
-                "aio-pika awaits the consumer callback"
-            )
-        return RetryingHandler(func, options)
-
-    return decorate(fn) if fn is not None else decorate
 
 
 async def consume(

@@ -1,0 +1,269 @@
+"""``DelayedRetry``: the delayed retries of ``@with_delayed_retry`` as a FastStream middleware.
+
+Each message of a subscriber goes through the decorator's own
+:class:`~delayed_retry.consumer.decorator.RetryingHandler` (made once per
+subscriber, retrying to the subscriber's queue): the same retry state, hold
+until due, telemetry, policy, and the same failure handling and hand-over
+(:mod:`delayed_retry.consumer.failures`, :mod:`delayed_retry.consumer.handover`).
+Only the edges are FastStream's:
+
+- a handler that returns is acked by FastStream's ack policy, after FastStream
+  published its result (as without the middleware);
+- a failure retried or parked here was acked here once its copy was
+  confirmed; FastStream then skips the message (no result, no second ack);
+- ``AckMessage``, ``NackMessage`` and ``RejectMessage`` raised by the handler
+  settle the message as they ask, and are passed on to FastStream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from faststream import BaseMiddleware
+from faststream.exceptions import (
+    AckMessage,
+    HandlerException,
+    NackMessage,
+    RejectMessage,
+    SkipMessage,
+    StopConsume,
+)
+from tenacity.retry import retry_base
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base
+
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.checks import warn_about_delivery_limit
+from delayed_retry.consumer.decorator import (
+    RetryingHandler,
+    RetryOptions,
+    ReturnTo,
+    retry_options,
+)
+from delayed_retry.consumer.settlement import GuardedMessage
+from delayed_retry.durations import Duration
+from delayed_retry.errors import ConfigurationError
+from delayed_retry.faststream.in_memory import InMemoryDecision, is_in_memory, run_in_memory
+from delayed_retry.faststream.subscribers import (
+    check_ack_policy,
+    middlewares_of,
+    queue_name_of,
+    warn_about_telemetry_order,
+)
+from delayed_retry.hold import DEFAULT_HOLD, Hold
+from delayed_retry.observability.instrumentation import Instrumentation
+from delayed_retry.policy import DEFAULT_WAIT
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+
+if TYPE_CHECKING:
+    from faststream import ContextRepo, StreamMessage
+    from faststream._internal.basic_types import AsyncFuncAny
+
+__all__ = ["DelayedRetry"]
+
+log = logging.getLogger(__name__)
+
+IN_MEMORY_DECISIONS = 1000
+"""How many decisions :attr:`DelayedRetry.decisions` keeps under the in-memory test client."""
+
+
+class HandedOver(SkipMessage):
+    """FastStream's signal that a failed message was retried or parked by the library.
+
+    A :class:`~faststream.exceptions.SkipMessage`: FastStream neither settles the
+    message again nor publishes a result for it.
+    """
+
+    def __str__(self) -> str:
+        return "Message was retried or parked by delayed-retry"
+
+
+@dataclass(frozen=True)
+class _Served:
+    """What one :class:`DelayedRetry` does for one subscriber, decided at its first message."""
+
+    subscriber: Any
+    queue: str
+    handler: RetryingHandler[Any] | None
+    """``None``: another ``DelayedRetry`` nearer the handler (a router's) serves it."""
+
+
+class _Attempt:
+    """One run of the handler through FastStream's remaining middlewares."""
+
+    __slots__ = ("called", "failed", "result", "signal")
+
+    def __init__(self) -> None:
+        self.called = False
+        self.failed = False
+        self.result: Any = None
+        self.signal: HandlerException | None = None
+
+
+async def _run_handler(
+    call_next: AsyncFuncAny, msg: StreamMessage[Any], attempt: _Attempt, guarded: GuardedMessage
+) -> None:
+    """The function a subscriber's ``RetryingHandler`` wraps: FastStream's handler call."""
+    attempt.called = True
+    raw = msg.raw_message
+    # The handler's msg.nack()/reject() reach the guarded message: deferred until it
+    # returns, dropped if it raises (the failure is retried), as in the decorator.
+    msg.raw_message = guarded
+    try:
+        attempt.result = await call_next(msg)
+    except (AckMessage, NackMessage, RejectMessage) as signal:
+        attempt.signal = signal
+        settle = {AckMessage: msg.ack, NackMessage: msg.nack, RejectMessage: msg.reject}
+        await settle[type(signal)](**signal.extra_options)
+    except SkipMessage as signal:
+        attempt.signal = signal  # left unsettled, as FastStream does
+    except BaseException:
+        attempt.failed = True
+        raise
+    finally:
+        msg.raw_message = raw
+
+
+class DelayedRetry:
+    """Delayed retries and parking for a FastStream RabbitMQ app, as a broker middleware.
+
+    Use it where a FastStream subscriber's handler may fail for reasons that
+    pass: ``RabbitBroker(url, middlewares=[DelayedRetry(...)])`` for every
+    subscriber, or ``RabbitRouter(middlewares=[DelayedRetry(...)])`` for those of
+    one router (a router's ``DelayedRetry`` overrides its broker's, so one broker
+    can hold several retry policies, one router each). A failure goes through
+    the delay chain back to the subscriber's queue after the backoff, or to the
+    parking queue once retries are spent, exactly as with ``@with_delayed_retry``.
+
+    The options are those of :func:`~delayed_retry.with_delayed_retry` except
+    ``queue`` (each subscriber's queue is known), checked here with the same
+    errors. Put FastStream's ``RabbitTelemetryMiddleware`` before it in the
+    list, so each attempt has one consumer span.
+
+    Under FastStream's in-memory ``TestRabbitBroker`` there is no chain: a
+    failure is decided by the retry policy, recorded in :attr:`decisions`, and
+    not raised to the test (as a real failure is not raised to FastStream).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_retries: int = 5,
+        wait: wait_base = DEFAULT_WAIT,
+        retry: retry_base | None = None,
+        stop: stop_base | None = None,
+        topology: DelayTopology = DEFAULT_TOPOLOGY,
+        parking_queue: str | None = None,
+        publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
+        instrumentation: Instrumentation | None = None,
+        return_to: ReturnTo = "queue",
+        hold: Hold | None = DEFAULT_HOLD,
+    ) -> None:
+        self.options: RetryOptions = retry_options(
+            max_retries=max_retries,
+            wait=wait,
+            retry=retry,
+            stop=stop,
+            topology=topology,
+            parking_queue=parking_queue,
+            publish_timeout=publish_timeout,
+            instrumentation=instrumentation,
+            return_to=return_to,
+            hold=hold,
+        )
+        self._served: dict[int, _Served] = {}
+        self.decisions: deque[InMemoryDecision] = deque(maxlen=IN_MEMORY_DECISIONS)
+        """Under ``TestRabbitBroker`` only: the policy's decision on each failure, newest last."""
+
+    def __repr__(self) -> str:
+        retries, prefix = self.options.policy.max_retries, self.options.topology.prefix
+        return f"<DelayedRetry max_retries={retries} prefix={prefix!r}>"
+
+    def __call__(self, msg: Any | None, /, *, context: ContextRepo) -> _RetryMiddleware:
+        return _RetryMiddleware(msg, context=context, retrier=self)
+
+    def served(self, subscriber: Any, raw: Any) -> _Served:
+        """What this middleware does for ``subscriber``; checked and built at its first message."""
+        served = self._served.get(id(subscriber))
+        if served is not None and served.subscriber is subscriber:
+            return served
+        queue = queue_name_of(subscriber)
+        stack = middlewares_of(subscriber)
+        retriers = [m for m in stack if isinstance(m, DelayedRetry)]
+        handler: RetryingHandler[Any] | None = None
+        if not retriers or retriers[-1] is self:
+            check_ack_policy(subscriber, queue)
+            self.options.topology.check_destination(queue)
+            warn_about_telemetry_order(stack, self, queue)
+            if not is_in_memory(raw):
+                self._check_channel(raw, queue)
+                warn_about_delivery_limit(
+                    queue=queue,
+                    arguments=getattr(subscriber.queue, "arguments", None),
+                    max_retries=self.options.policy.max_retries,
+                    server_properties=getattr(raw.channel.connection, "server_properties", None),
+                )
+            handler = RetryingHandler(
+                _run_handler, replace(self.options, queue=queue, ack_on_success=False)
+            )
+        served = self._served[id(subscriber)] = _Served(subscriber, queue, handler)
+        return served
+
+    def _check_channel(self, raw: Any, queue: str) -> None:
+        if not getattr(raw.channel, "publisher_confirms", True):
+            raise ConfigurationError(
+                f"queue {queue!r} is consumed on a channel without publisher confirms, so "
+                "DelayedRetry could never know a retry was handed over; leave FastStream's "
+                "Channel(publisher_confirms=True), its default"
+            )
+
+
+class _RetryMiddleware(BaseMiddleware):
+    """One message's pass through a :class:`DelayedRetry`."""
+
+    def __init__(self, msg: Any | None, /, *, context: ContextRepo, retrier: DelayedRetry) -> None:
+        super().__init__(msg, context=context)
+        self.retrier = retrier
+
+    async def consume_scope(self, call_next: AsyncFuncAny, msg: StreamMessage[Any]) -> Any:
+        raw = msg.raw_message
+        subscriber = self.context.get_local("handler_")
+        if subscriber is None:  # not a subscriber's message (e.g. a pulled one): not ours
+            return await call_next(msg)
+        try:
+            served = self.retrier.served(subscriber, raw)
+        except ConfigurationError as exc:
+            await _refuse(raw, exc)
+            raise StopConsume from exc
+        if served.handler is None:
+            return await call_next(msg)
+        if is_in_memory(raw):
+            return await self._in_memory(call_next, msg, served.queue)
+        attempt = _Attempt()
+        await served.handler(call_next, msg, attempt, raw)
+        if attempt.signal is not None:
+            raise attempt.signal
+        if attempt.failed or not attempt.called:
+            # Retried, parked, held and sent back, or given back: settled by the library.
+            raise HandedOver
+        return attempt.result
+
+    async def _in_memory(self, call_next: AsyncFuncAny, msg: StreamMessage[Any], queue: str) -> Any:
+        result, decision = await run_in_memory(call_next, msg, queue, self.retrier.options.policy)
+        if decision is None:
+            return result
+        self.retrier.decisions.append(decision)
+        raise HandedOver
+
+
+async def _refuse(raw: Any, exc: ConfigurationError) -> None:
+    """Log why a subscriber is refused and give its message back (unless no_ack took it)."""
+    log.error("%s; this subscriber stops consuming", exc)
+    if not getattr(raw, "processed", True):
+        try:
+            await raw.nack(requeue=True)
+        except Exception as err:  # the channel went: the broker returns the message
+            log.warning("could not give back message %s: %r", raw.message_id, err)

@@ -1,0 +1,113 @@
+"""What the FastStream middleware reads of a subscriber: its queue, its ack policy, its retrier.
+
+FastStream 0.7 gives a middleware no start-up hook and a subscriber no
+middlewares of its own: a subscriber gets those of its broker and of every
+router it sits in, outermost first. So the retrier of a subscriber is the
+last :class:`~delayed_retry.faststream.DelayedRetry` in that list (a
+router's overrides its broker's), and the ack policy is checked when the
+middleware first sees a message of the subscriber, or earlier by
+:func:`check_subscribers` in the application's start-up hook.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from faststream.middlewares import AckPolicy
+
+from delayed_retry.errors import ConfigurationError
+
+__all__ = [
+    "AckPolicyRefusedError",
+    "SUPPORTED_ACK_POLICIES",
+    "ack_policy_of",
+    "check_ack_policy",
+    "check_subscribers",
+    "middlewares_of",
+    "queue_name_of",
+]
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_ACK_POLICIES = frozenset(
+    {AckPolicy.REJECT_ON_ERROR, AckPolicy.NACK_ON_ERROR, AckPolicy.ACK, AckPolicy.MANUAL}
+)
+"""The ack policies a retrying subscriber may have. ``ACK_FIRST`` consumes with
+``no_ack``: the broker forgets the message on delivery, so a failure cannot be retried."""
+
+
+class AckPolicyRefusedError(ConfigurationError):
+    """A retrying subscriber's ack policy makes at-least-once retries impossible."""
+
+
+def middlewares_of(subscriber: Any) -> tuple[Any, ...]:
+    """The broker and router middlewares a subscriber runs, outermost first."""
+    return tuple(getattr(subscriber, "_broker_middlewares", ()) or ())
+
+
+def ack_policy_of(subscriber: Any) -> AckPolicy:
+    """The ack policy FastStream applies to ``subscriber`` (its own, its broker's, the default)."""
+    policy = getattr(subscriber, "ack_policy", AckPolicy.REJECT_ON_ERROR)
+    return policy if isinstance(policy, AckPolicy) else AckPolicy(policy)
+
+
+def queue_name_of(subscriber: Any) -> str:
+    """The name of the queue ``subscriber`` consumes, with its broker's and routers' prefix."""
+    declared = getattr(subscriber, "_queue_obj", None)
+    if declared is not None and getattr(declared, "name", None):
+        return str(declared.name)
+    queue = subscriber.queue
+    config = getattr(subscriber, "_outer_config", None)
+    prefix = getattr(config, "prefix", "") or ""
+    return f"{prefix}{queue.name}"
+
+
+def check_ack_policy(subscriber: Any, queue: str) -> None:
+    """Refuse a subscriber whose ack policy cannot give at-least-once delayed retries."""
+    policy = ack_policy_of(subscriber)
+    if policy not in SUPPORTED_ACK_POLICIES:
+        raise AckPolicyRefusedError(
+            f"the subscriber of queue {queue!r} uses ack_policy=AckPolicy.{policy.name}, which "
+            "consumes with no_ack: the broker forgets each message on delivery, so "
+            "DelayedRetry could not retry or park a failure without losing it; use "
+            "AckPolicy.REJECT_ON_ERROR (the default) or AckPolicy.NACK_ON_ERROR"
+        )
+
+
+def check_subscribers(broker: Any) -> int:
+    """Check every subscriber of ``broker`` (and its routers) that a ``DelayedRetry`` serves.
+
+    Call it in the application's start-up hook (``@app.on_startup``), after the
+    subscribers are registered: a forbidden ack policy then fails the start,
+    before any message is consumed. Without it the middleware refuses such a
+    subscriber at its first message, which ``ACK_FIRST`` has already acked.
+    Also warns when FastStream's telemetry middleware runs inside the retrier
+    (listed after it): each attempt would then get two consumer spans.
+    Returns how many subscribers were checked.
+    """
+    from delayed_retry.faststream.middleware import DelayedRetry  # the check serves it
+
+    checked = 0
+    for subscriber in getattr(broker, "subscribers", ()):
+        stack = middlewares_of(subscriber)
+        retriers = [m for m in stack if isinstance(m, DelayedRetry)]
+        if not retriers:
+            continue
+        queue = queue_name_of(subscriber)
+        check_ack_policy(subscriber, queue)
+        retriers[-1].options.topology.check_destination(queue)
+        warn_about_telemetry_order(stack, retriers[-1], queue)
+        checked += 1
+    return checked
+
+
+def warn_about_telemetry_order(stack: tuple[Any, ...], retrier: object, queue: str) -> None:
+    """Warn when a FastStream telemetry middleware is listed after the retrier."""
+    after = stack[stack.index(retrier) + 1 :]
+    if any(type(m).__name__.endswith("TelemetryMiddleware") for m in after):
+        log.warning(
+            "queue %r: RabbitTelemetryMiddleware is listed after DelayedRetry, so each attempt "
+            "gets two consumer spans; list it before DelayedRetry in middlewares=[...]",
+            queue,
+        )

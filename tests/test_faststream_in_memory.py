@@ -1,0 +1,46 @@
+"""DelayedRetry under FastStream's in-memory TestRabbitBroker: the policy's decisions, no broker."""
+
+from __future__ import annotations
+
+import pytest
+from faststream.rabbit import RabbitBroker, TestRabbitBroker
+from tenacity import retry_if_exception_type, wait_fixed
+
+from delayed_retry.faststream import CurrentRetryState, DelayedRetry
+from delayed_retry.headers import X_RETRY
+
+
+class Transient(Exception):
+    pass
+
+
+async def test_a_handler_test_sees_its_failures_retried_or_parked() -> None:
+    retrier = DelayedRetry(
+        max_retries=3, wait=wait_fixed(0.3), retry=retry_if_exception_type(Transient)
+    )
+    broker = RabbitBroker(middlewares=[retrier])
+    seen: list[int] = []
+
+    @broker.subscriber("orders")
+    async def handle(body: str, state: CurrentRetryState) -> str:
+        seen.append(state.attempt)
+        if body == "transient":
+            raise Transient("database down")
+        if body == "invalid":
+            raise ValueError("no such order")
+        return "done"
+
+    async with TestRabbitBroker(broker) as br:
+        await br.publish("transient", "orders")  # not raised: it would be retried
+        await br.publish("transient", "orders", headers={X_RETRY: 3})  # the fourth attempt
+        await br.publish("invalid", "orders")
+        await br.publish("fine", "orders")
+        handle.mock.assert_called_with("fine")  # FastStream's own test assertions still work
+
+    assert seen == [1, 4, 1, 1]
+    first, last, invalid = retrier.decisions
+    assert (first.action, first.attempt) == ("retry", 1)
+    assert first.delay == pytest.approx(0.3)
+    assert (last.action, last.reason, last.attempt) == ("park", "max-retries", 4)
+    assert (invalid.action, invalid.reason) == ("park", "not-retryable")
+    assert isinstance(invalid.error, ValueError)
