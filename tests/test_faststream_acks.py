@@ -31,6 +31,18 @@ async def _left_in(url: str, queue: str) -> int:
         return left
 
 
+async def _bodies_in(url: str, queue: str) -> set[bytes]:
+    """The bodies of the messages in ``queue``, taken out."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, passive=True)
+        bodies = set()
+        while (message := await declared.get(fail=False, no_ack=True)) is not None:
+            bodies.add(message.body)
+        return bodies
+
+
 @pytest.mark.parametrize(
     "policy",
     [AckPolicy.REJECT_ON_ERROR, AckPolicy.NACK_ON_ERROR, AckPolicy.ACK, AckPolicy.MANUAL],
@@ -95,13 +107,15 @@ async def test_ack_first_is_refused_at_startup_and_at_the_first_message(
         check_subscribers(broker)
     assert queue.name in str(refused.value) and "ACK_FIRST" in str(refused.value)
 
-    # Without the start-up check, the subscriber stops at its first message, unhandled.
+    # Without the start-up check, the subscriber stops at its first message, unhandled,
+    # and puts it back (no_ack had taken it from the queue): nothing is lost.
     async with running(broker):
         await broker.publish("first", queue.name)
         await wait_until(lambda: not subscriber.running, what="the subscriber to stop")
         await broker.publish("second", queue.name)
-        await quorum.wait_for_depth(queue.name, 1)
+        await quorum.wait_for_depth(queue.name, 2)
     assert handled == []
+    assert await _bodies_in(rabbitmq_url, queue.name) == {b"first", b"second"}
 
 
 async def test_check_subscribers_counts_those_it_serves(

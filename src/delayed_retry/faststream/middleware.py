@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from faststream import BaseMiddleware
@@ -35,6 +36,8 @@ from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
+from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.checks import warn_about_delivery_limit
 from delayed_retry.consumer.decorator import (
@@ -44,7 +47,7 @@ from delayed_retry.consumer.decorator import (
     retry_options,
 )
 from delayed_retry.consumer.settlement import GuardedMessage
-from delayed_retry.durations import Duration
+from delayed_retry.durations import Duration, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.faststream.in_memory import InMemoryDecision, is_in_memory, run_in_memory
 from delayed_retry.faststream.subscribers import (
@@ -236,7 +239,9 @@ class _RetryMiddleware(BaseMiddleware):
         try:
             served = self.retrier.served(subscriber, raw)
         except ConfigurationError as exc:
-            await _refuse(raw, exc)
+            await _refuse(
+                raw, exc, queue=queue_name_of(subscriber), topology=self.retrier.options.topology
+            )
             raise StopConsume from exc
         if served.handler is None:
             return await call_next(msg)
@@ -259,11 +264,47 @@ class _RetryMiddleware(BaseMiddleware):
         raise HandedOver
 
 
-async def _refuse(raw: Any, exc: ConfigurationError) -> None:
-    """Log why a subscriber is refused and give its message back (unless no_ack took it)."""
+REFUSED_REDELIVERY = timedelta(seconds=2)
+"""How long a message a refused ``no_ack`` subscriber had taken waits in the chain before it
+is back in its queue: long enough for the subscriber to have stopped."""
+
+
+async def _refuse(
+    raw: Any, exc: ConfigurationError, *, queue: str, topology: DelayTopology
+) -> None:
+    """Log why a subscriber is refused and give its message back to ``queue``.
+
+    A message still unacked goes back with ``nack(requeue=True)``. One the
+    broker already forgot (``ACK_FIRST`` consumes with ``no_ack``) goes back
+    through the delay chain, confirmed, due in :data:`REFUSED_REDELIVERY`:
+    by then the subscriber has stopped, so it waits in ``queue`` for a fixed
+    deployment and nothing is lost. Should that publish fail too, the error
+    names the message.
+    """
     log.error("%s; this subscriber stops consuming", exc)
     if not getattr(raw, "processed", True):
         try:
             await raw.nack(requeue=True)
         except Exception as err:  # the channel went: the broker returns the message
             log.warning("could not give back message %s: %r", raw.message_id, err)
+        return
+    now = utcnow()
+    units = topology.units_until(now + REFUSED_REDELIVERY, now=now)
+    try:
+        connection = raw.channel.connection
+        await declarer_for(connection).destination(connection, topology, queue, with_parking=False)
+        await publish_into_chain(
+            raw.channel,
+            raw,
+            topology=topology,
+            route=topology.route(units, queue),
+            headers=dict(raw.headers or {}),
+        )
+    except Exception as err:
+        log.error(
+            "message %s from queue %r was consumed with no_ack (ACK_FIRST) and could not be "
+            "put back (%r): it is lost unless its producer sends it again",
+            raw.message_id,
+            queue,
+            err,
+        )

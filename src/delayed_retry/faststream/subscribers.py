@@ -81,7 +81,8 @@ def check_subscribers(broker: Any) -> int:
     Call it in the application's start-up hook (``@app.on_startup``), after the
     subscribers are registered: a forbidden ack policy then fails the start,
     before any message is consumed. Without it the middleware refuses such a
-    subscriber at its first message, which ``ACK_FIRST`` has already acked.
+    subscriber at its first message, which ``ACK_FIRST`` has already taken
+    from the queue: it is put back through the chain, due two seconds later.
     Also warns when FastStream's telemetry middleware runs inside the retrier
     (listed after it): each attempt would then get two consumer spans.
     Returns how many subscribers were checked.
