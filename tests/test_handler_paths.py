@@ -62,7 +62,12 @@ def parks(channel: FakeChannel) -> list[dict[str, Any]]:
 
 
 def retries(channel: FakeChannel) -> list[dict[str, Any]]:
-    return [p.headers for p in channel.published if p.exchange.startswith("fake.level.")]
+    """Retry copies: into the chain, or (due within the hold's limit) its delivery exchange."""
+    return [
+        p.headers
+        for p in channel.published
+        if p.exchange.startswith("fake.level.") or p.exchange == TOPOLOGY.delivery_exchange
+    ]
 
 
 class Boom(Exception):
