@@ -137,10 +137,15 @@ async def test_a_delayed_message_goes_through_the_compose_deployment(
         orders = await channel.get_exchange("orders")
         queue = await channel.declare_queue("drtest-orders", exclusive=True)
         await queue.bind(orders, "order.#")
-        inbox = await channel.get_exchange("orders.delay")
+        # Published as a producer would, the moment orders.delay exists; a message
+        # the broker returns (nothing bound to orders.delay) raises instead of vanishing.
+        publisher = await connection.channel(on_return_raises=True)
+        inbox = await publisher.get_exchange("orders.delay")
         sent = time.monotonic()
         await inbox.publish(
-            aio_pika.Message(b"later", headers={"x-delay": 1500}), routing_key="order.created"
+            aio_pika.Message(b"later", headers={"x-delay": 1500}, message_id="later"),
+            routing_key="order.created",
+            mandatory=True,
         )
         message = None
         while message is None:

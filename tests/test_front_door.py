@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import signal
@@ -14,9 +15,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import aio_pika
+import aiormq
 import pika
 import pytest
 
+from delayed_retry.amqp.declare import TopologyDeclarer
 from delayed_retry.delivery.front_door import (
     BadDelay,
     FrontDoor,
@@ -125,6 +129,67 @@ async def test_pika_producer_gets_the_plugin_contract(
         assert arrivals[body].at < arrivals[b"int"].at
     # Nothing bound for invoices.x: kept with a record, not dropped.
     await s.wait_for_depth(f"{door.forward_queue}.parking", 1)
+
+
+async def test_x_delay_appears_only_once_bound_to_its_queue(
+    quorum: Scenario, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer that publishes as soon as X.delay exists loses nothing.
+
+    The front door used to declare X.delay first and bind its queue only after
+    the whole chain: for seconds on a fresh broker (a compose deployment),
+    X.delay existed with no queue and dropped what producers sent it.
+    """
+    s = quorum
+    exchange = s.name("early")
+    _track_door(s, exchange)
+    declaring_chain = asyncio.Event()
+    go_on = asyncio.Event()
+    declare_topology = TopologyDeclarer.topology
+
+    async def slow_topology(self: TopologyDeclarer, connection: Any, topology: Any) -> None:
+        if topology == s.topology and not go_on.is_set():
+            declaring_chain.set()
+            await go_on.wait()
+        await declare_topology(self, connection, topology)
+
+    monkeypatch.setattr(TopologyDeclarer, "topology", slow_topology)
+    door = FrontDoor(s.connection, exchange=exchange, topology=s.topology)
+    opening = asyncio.create_task(door.start())
+    try:
+        await asyncio.wait_for(declaring_chain.wait(), 30)
+        producer = await aio_pika.connect(rabbitmq_url)
+        async with producer:
+            probe = await producer.channel()
+            with pytest.raises(aiormq.exceptions.ChannelNotFoundEntity):
+                await probe.get_exchange(door.delay_exchange, ensure=True)
+            go_on.set()
+            # A producer's view: poll for X.delay, publish the moment it is there.
+            deadline = time.monotonic() + 30
+            while True:
+                probe = await producer.channel()
+                try:
+                    await probe.get_exchange(door.delay_exchange, ensure=True)
+                    break
+                except aiormq.exceptions.ChannelNotFoundEntity:
+                    assert time.monotonic() < deadline, "X.delay never appeared"
+                    await asyncio.sleep(0.001)
+            publisher = await producer.channel(on_return_raises=True)
+            inbox_exchange = await publisher.get_exchange(door.delay_exchange, ensure=False)
+            # Returned (unroutable) messages raise instead of vanishing.
+            await inbox_exchange.publish(
+                aio_pika.Message(b"early", headers={X_DELAY: 5}, message_id="early"),
+                routing_key="k",
+                mandatory=True,
+            )
+        await asyncio.wait_for(opening, 30)
+    finally:
+        go_on.set()
+        if not opening.done():
+            opening.cancel()
+        with contextlib.suppress(BaseException):
+            await opening
+        await door.close()
 
 
 async def test_bad_and_too_long_delays_are_parked_with_a_record(

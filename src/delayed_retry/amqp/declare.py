@@ -369,6 +369,37 @@ class TopologyDeclarer:
         key = ("queue", spec.name, tuple(sorted(spec.arguments.items())), spec.bindings)
         await self._once(key, connection, lambda ch: _declare_queue(ch, spec))
 
+    async def fanout_with_queue(
+        self, connection: aiormq.abc.AbstractConnection, spec: QueueSpec
+    ) -> None:
+        """Declare the queue of ``spec``, then its fanout exchange and the binding, back to back.
+
+        For an exchange producers publish to as soon as it exists (the front
+        door's ``X.delay``): the queue is declared first, unbound, and the
+        exchange and the binding follow on one channel with no round trip in
+        between, so the exchange never stands unbound while a producer could
+        see it (a fanout exchange with no queue drops what it gets). Every
+        binding of ``spec`` must be to its one exchange. Once per connection.
+        """
+        exchanges = {exchange for exchange, _ in spec.bindings}
+        if len(exchanges) != 1:
+            raise ConfigurationError(
+                f"queue {spec.name!r} must be bound to exactly one exchange, not {exchanges!r}"
+            )
+        (exchange,) = exchanges
+
+        async def action(channel: aiormq.abc.AbstractChannel) -> None:
+            await _declare_queue(channel, spec, bind=False)
+            # nowait: the binding's answer confirms the exchange too (a failed
+            # declaration closes the channel, and the bind fails with its reason).
+            await channel.exchange_declare(
+                exchange, exchange_type="fanout", durable=True, nowait=True
+            )
+            await _bind_queue(channel, spec)
+
+        key = ("fanout-queue", spec.name, tuple(sorted(spec.arguments.items())), spec.bindings)
+        await self._once(key, connection, action)
+
     async def forward_queue(
         self, connection: aiormq.abc.AbstractConnection, topology: DelayTopology, exchange: str
     ) -> str:

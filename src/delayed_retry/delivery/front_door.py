@@ -199,6 +199,10 @@ class FrontDoor:
         inbox queue ``X.delay`` gets the delivery limit of every queue the
         library consumes (:data:`~delayed_retry.topology.DELIVERY_LIMIT`); one
         declared by an older version without it is used as it is, with a warning.
+
+        ``X.delay`` comes last, bound to its queue at once: a producer that
+        publishes the moment it exists (as scripts waiting for the front door
+        do) never meets an exchange that drops its message.
         """
         connection = await underlay_connection(self._connection)
         declarer = declarer_for(connection)
@@ -211,15 +215,13 @@ class FrontDoor:
                     self.exchange, exchange_type=self.exchange_type, durable=True
                 ),
             )
-        await on_scratch_channel(
-            connection,
-            lambda ch: ch.exchange_declare(
-                self.delay_exchange, exchange_type="fanout", durable=True
-            ),
-        )
         await declarer.topology(connection, self.topology)
-        await declarer.queue(connection, self.topology.inbox_queue_spec(self.delay_exchange))
         await declarer.parking(connection, self.topology, self.inbox_queue)
+        # X.delay last, bound to its queue at once: producers publish to it as soon as
+        # it exists, and a fanout exchange with no queue bound drops what it gets.
+        await declarer.fanout_with_queue(
+            connection, self.topology.inbox_queue_spec(self.delay_exchange)
+        )
 
     async def start(self) -> None:
         """Declare what the contract needs, then consume ``X.delay`` and the forward queue."""
