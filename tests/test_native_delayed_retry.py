@@ -197,7 +197,10 @@ async def test_a_give_back_is_a_nack_that_the_queue_delays_by_its_minimum(
     caplog.set_level(logging.ERROR, logger="delayed_retry.consumer.handover")
     calls = Calls()
 
-    @with_delayed_retry(max_retries=3, wait=tenacity.wait_fixed(0.2), topology=s.topology)
+    # hold=None: the retry enters the chain's levels (held, a 0.2 s retry would not).
+    @with_delayed_retry(
+        max_retries=3, wait=tenacity.wait_fixed(0.2), topology=s.topology, hold=None
+    )
     async def handler(message: AbstractIncomingMessage) -> None:
         if calls.record(message).attempt == 1:
             raise ConnectionError("down")

@@ -124,7 +124,8 @@ async def test_connection_cut_while_publishing_a_retry_redelivers_the_original(
     first_attempts: Counter[int] = Counter()
     redelivered: Counter[int] = Counter()
 
-    @with_delayed_retry(max_retries=3, wait=tenacity.wait_fixed(0.1), topology=topology)
+    # hold=None: the retry enters the chain's levels (held, a 0.1 s retry would not).
+    @with_delayed_retry(max_retries=3, wait=tenacity.wait_fixed(0.1), topology=topology, hold=None)
     async def handle(message: AbstractIncomingMessage) -> None:
         i = json.loads(message.body)["id"]
         state = current_retry_state()

@@ -62,7 +62,8 @@ async def test_nacked_hand_over_keeps_the_original_unacked_and_the_consumer_runn
     ledger = Ledger(sent={1, 2})
     attempts: Counter[int] = Counter()
 
-    @with_delayed_retry(max_retries=3, wait=tenacity.wait_fixed(0.2), topology=topology)
+    # hold=None: the retry enters the chain's levels (held, a 0.2 s retry would not).
+    @with_delayed_retry(max_retries=3, wait=tenacity.wait_fixed(0.2), topology=topology, hold=None)
     async def handle(message: AbstractIncomingMessage) -> None:
         i = body_id(message)
         attempts[i] += 1
@@ -127,8 +128,13 @@ async def test_hand_over_that_times_out_keeps_the_original_until_the_broker_acce
     entered = asyncio.Event()
     alarm_on = asyncio.Event()
 
+    # hold=None: the retry enters the chain's levels (held, a 0.2 s retry would not).
     @with_delayed_retry(
-        max_retries=3, wait=tenacity.wait_fixed(0.2), topology=topology, publish_timeout=1
+        max_retries=3,
+        wait=tenacity.wait_fixed(0.2),
+        topology=topology,
+        publish_timeout=1,
+        hold=None,
     )
     async def handle(message: AbstractIncomingMessage) -> None:
         i = body_id(message)
