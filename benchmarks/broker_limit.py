@@ -169,6 +169,11 @@ async def produce(
     topology = subject.topology(prefix)
     connection = await aio_pika.connect(url)
     channel = await connection.channel()
+    if subject.delayed:
+        # A service declares the chain once per connection, at start-up: outside the
+        # measured stream (its cost is per connection, not per message).
+        await declare_topology(channel, topology)
+    print("ready", flush=True)
     rng = random.Random(7)
     hops: list[int] = []
     pending: set[asyncio.Task[Any]] = set()
@@ -335,7 +340,6 @@ async def measure(
     rss0 = _status_kb("VmRSS")
     rss_reset = _reset_peak_rss()
     sampler = asyncio.create_task(sample_held()) if held_now is not None else None
-    broker0, own0, began = broker_cpu_seconds(beam), _own_cpu(), time.monotonic()
     profile: dict[str, Any] | None = None
     async with precision.SideLoad(connection, side_rate):
         producer = await asyncio.create_subprocess_exec(
@@ -357,6 +361,12 @@ async def measure(
             ),
             stdout=asyncio.subprocess.PIPE,
         )
+        assert producer.stdout is not None
+        # The producer has connected and declared the chain: the stream starts now.
+        ready = await producer.stdout.readline()
+        if ready.strip() != b"ready":
+            raise RuntimeError(f"the producer did not start: {ready!r}")
+        broker0, own0, began = broker_cpu_seconds(beam), _own_cpu(), time.monotonic()
         if eprof > 0 and subject.delayed:
             await asyncio.sleep(min(seconds / 3, 2.0))
             with tempfile.TemporaryDirectory() as folder:

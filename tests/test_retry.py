@@ -219,8 +219,9 @@ async def test_ten_retries_through_the_same_levels_all_arrive(quorum: Scenario) 
     calls = Calls()
     retries = 10
 
+    # hold=None: through the levels every time (held, a 0.1 s retry makes no hop).
     @with_delayed_retry(
-        max_retries=retries, wait=tenacity.wait_fixed(0.1), topology=quorum.topology
+        max_retries=retries, wait=tenacity.wait_fixed(0.1), topology=quorum.topology, hold=None
     )
     async def handler(message: AbstractIncomingMessage) -> None:
         if calls.record(message).attempt <= retries:
