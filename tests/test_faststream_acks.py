@@ -10,7 +10,7 @@ from faststream import AckPolicy
 from faststream.rabbit import RabbitBroker
 from faststream.rabbit.annotations import RabbitMessage
 
-from delayed_retry.faststream import CurrentRetryState, check_subscribers
+from delayed_retry.faststream import CurrentRetryState, DelayedRetry, check_subscribers
 from delayed_retry.faststream.subscribers import AckPolicyRefusedError
 from tests.support.chain import Scenario
 from tests.support.waiting import wait_until
@@ -107,15 +107,22 @@ async def test_ack_first_is_refused_at_startup_and_at_the_first_message(
         check_subscribers(broker)
     assert queue.name in str(refused.value) and "ACK_FIRST" in str(refused.value)
 
-    # Without the start-up check, the subscriber stops at its first message, unhandled,
-    # and puts it back (no_ack had taken it from the queue): nothing is lost.
+    # Without the start-up check, the subscriber handles nothing, and puts back each message
+    # no_ack took from the queue (the whole backlog, whatever the prefetch): nothing is lost.
+    sent = {f"m{i}" for i in range(20)}
     async with running(broker):
-        await broker.publish("first", queue.name)
-        await wait_until(lambda: not subscriber.running, what="the subscriber to stop")
-        await broker.publish("second", queue.name)
-        await quorum.wait_for_depth(queue.name, 2)
+        for body in sorted(sent):
+            await broker.publish(body, queue.name)
+        await wait_until(lambda: bool(middleware_of(broker).refused), what="the refusal")
+        await quorum.wait_for_depth(queue.name, 0)  # all taken, on their way back
     assert handled == []
-    assert await _bodies_in(rabbitmq_url, queue.name) == {b"first", b"second"}
+    await quorum.wait_for_depth(queue.name, len(sent))
+    assert await _bodies_in(rabbitmq_url, queue.name) == {b.encode() for b in sent}
+
+
+def middleware_of(broker: RabbitBroker) -> DelayedRetry:
+    (retrier_,) = [m for m in broker.middlewares if isinstance(m, DelayedRetry)]
+    return retrier_
 
 
 async def test_check_subscribers_counts_those_it_serves(

@@ -8,12 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import pytest
 
-from delayed_retry import ConfigurationError, publish_delayed
+from delayed_retry import ConfigurationError, declare_topology, publish_delayed
 from delayed_retry.delivery.forwarder import Forwarder
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.headers import (
@@ -23,7 +25,7 @@ from delayed_retry.headers import (
     X_PARKED_REASON,
     forwarded_headers,
 )
-from delayed_retry.topology import DelayTopology
+from delayed_retry.topology import DelayTopology, amqp_arguments
 from tests.support.chain import Inbox, Scenario
 from tests.support.waiting import wait_until
 
@@ -118,6 +120,33 @@ async def test_a_delay_to_an_exchange_is_held_by_default_and_never_forwarded_ear
     assert arrival.message.body == b"held"
     assert arrival.at * 1000 >= to_epoch_ms(due), "forwarded before its due time"
     assert inbox.pending() == 0
+
+
+async def test_an_unheld_forwarder_forwards_a_due_time_past_the_chains_reach(
+    quorum: Scenario,
+) -> None:
+    """A due time the chain could never wait for is a wrong header: forwarded, not looped."""
+    s = quorum
+    exchange = await _exchange(s)
+    forward = _track_forward(s, exchange)
+    q = await s.queue()
+    await q.bind(exchange, routing_key="k")
+    inbox = Inbox()
+    await q.consume(inbox)
+    await declare_topology(s.ch, s.topology)
+    arguments: dict[str, Any] = dict(
+        amqp_arguments(s.topology.forward_queue_spec(exchange).arguments)
+    )
+    await s.ch.declare_queue(forward, durable=True, arguments=arguments)
+    far = to_epoch_ms(datetime.now(UTC) + s.topology.max_delay + timedelta(days=1))
+    await s.ch.default_exchange.publish(
+        aio_pika.Message(b"far", headers={X_DUE_AT: far, X_FORWARD_ROUTING_KEY: "k"}),
+        routing_key=forward,
+    )
+    async with Forwarder(s.connection, exchanges=[exchange], topology=s.topology, hold=None) as fwd:
+        arrival = await inbox.get()
+    assert arrival.message.body == b"far"
+    assert fwd.given_back == 0
 
 
 async def test_missing_exchange_is_an_error_at_the_call(quorum: Scenario) -> None:

@@ -11,7 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from delayed_retry import DEFAULT_HOLD, ConfigurationError, DelayTopology, Hold
-from delayed_retry.hold import chain_units, fewest_hops
+from delayed_retry.hold import chain_units, fewest_hops, redelay_units
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 FINE = DelayTopology(prefix="fine", levels=36)
@@ -122,3 +122,12 @@ def test_a_limit_shorter_than_the_longest_hold_is_refused() -> None:
         hold.check(FINE)
     DEFAULT_HOLD.check(FINE)
     DEFAULT_HOLD.check(COARSE)
+
+
+@given(gap_us=st.integers(1, 10**10))
+def test_a_message_sent_back_early_waits_in_the_chain(gap_us: int) -> None:
+    due = NOW + timedelta(microseconds=gap_us)
+    units = redelay_units(FINE, due, now=NOW, hold=DEFAULT_HOLD)
+    assert 0 < units <= FINE.units_until(due, now=NOW)
+    if gap_us > DEFAULT_HOLD.limit_us:
+        assert units == _units(FINE, gap_us, DEFAULT_HOLD)

@@ -110,6 +110,11 @@ async def test_past_max_messages_an_early_message_goes_back_into_the_chain() -> 
     assert [
         decode_routing_key(p.routing_key, TOPOLOGY.levels).destination for p in channel.published
     ] == [QUEUE]
+    # It waits the rest in the chain: straight back to the queue (within the hold's limit),
+    # it would be redelivered at once, round and round while the handler holds all it may.
+    [copy] = channel.published
+    assert TOPOLOGY.is_chain_exchange(copy.exchange) and copy.exchange != TOPOLOGY.delivery_exchange
+    assert 0 < decode_routing_key(copy.routing_key, TOPOLOGY.levels).units <= 300
     assert channel.settlement_of(second) == [("ack", False)]
     await held
     assert channel.settlement_of(first) == [("ack", False)]

@@ -29,7 +29,7 @@ from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.topology import DelayTopology
 
-__all__ = ["DEFAULT_HOLD", "Hold", "chain_units", "check_hold", "fewest_hops"]
+__all__ = ["DEFAULT_HOLD", "Hold", "chain_units", "check_hold", "fewest_hops", "redelay_units"]
 
 _US = timedelta(microseconds=1)
 
@@ -218,3 +218,20 @@ def chain_units(
         if result.bit_count() <= hops:
             return result
         hops = result.bit_count()
+
+
+def redelay_units(
+    topology: DelayTopology, due_at: datetime, *, now: datetime, hold: Hold | None
+) -> int:
+    """The units for a message sent back into the chain because it arrived early.
+
+    Like :func:`chain_units`, except that a message still not due always
+    waits in the chain: with a hold, a gap within the limit would otherwise go
+    straight back to the queue it came from and be redelivered at once, round
+    and round while its consumer holds all it may (``max_messages``). It then
+    waits the exact rest, rounded up.
+    """
+    units = chain_units(topology, due_at, now=now, hold=hold)
+    if units == 0:
+        return topology.units_until(due_at, now=now)
+    return units

@@ -33,7 +33,7 @@ from delayed_retry.headers import (
     parking_headers,
     sanitize_headers,
 )
-from delayed_retry.hold import Hold, chain_units
+from delayed_retry.hold import Hold, chain_units, redelay_units
 from delayed_retry.observability.instrumentation import AttemptScope, NoInstrumentation
 from delayed_retry.policy import Decision
 from delayed_retry.topology import DelayTopology
@@ -86,7 +86,7 @@ class FailureHandling:
         """Send a message that arrived before its due time back for the rest of its wait."""
 
         async def publish() -> bool:
-            units = chain_units(self.topology, due_at, now=utcnow(), hold=self.hold)
+            units = redelay_units(self.topology, due_at, now=utcnow(), hold=self.hold)
             await publish_into_chain(
                 message.channel,
                 message,

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 import aiormq
@@ -56,7 +57,7 @@ from delayed_retry.headers import (
     parse_retry_state,
     sanitize_headers,
 )
-from delayed_retry.hold import DEFAULT_HOLD, Hold, chain_units, check_hold
+from delayed_retry.hold import DEFAULT_HOLD, Hold, check_hold, redelay_units
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = ["Forwarder", "ForwardingFailed"]
@@ -257,7 +258,9 @@ class Forwarder:
         if due_at is None:
             return True
         if self.hold is None:
-            if due_at <= utcnow():
+            early = due_at - utcnow()
+            # Past the chain's longest delay: a wrong header, not a wait (as when holding).
+            if early <= timedelta(0) or early > self.topology.max_delay:
                 return True
         else:
             outcome = await hold_until_due(
@@ -268,7 +271,7 @@ class Forwarder:
 
         # More than the hold's limit early: back into the chain for the rest of the wait.
         async def redelay() -> bool:
-            units = chain_units(self.topology, due_at, now=utcnow(), hold=self.hold)
+            units = redelay_units(self.topology, due_at, now=utcnow(), hold=self.hold)
             await publish_into_chain(
                 await self.publish_channel(),
                 message,

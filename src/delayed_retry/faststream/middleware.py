@@ -37,6 +37,7 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.checks import warn_about_delivery_limit
@@ -178,6 +179,8 @@ class DelayedRetry:
             hold=hold,
         )
         self._served: dict[int, _Served] = {}
+        self.refused: set[int] = set()
+        """Subscribers (by id) already reported as refused."""
         self.decisions: deque[InMemoryDecision] = deque(maxlen=IN_MEMORY_DECISIONS)
         """Under ``TestRabbitBroker`` only: the policy's decision on each failure, newest last."""
 
@@ -239,9 +242,19 @@ class _RetryMiddleware(BaseMiddleware):
         try:
             served = self.retrier.served(subscriber, raw)
         except ConfigurationError as exc:
-            await _refuse(
-                raw, exc, queue=queue_name_of(subscriber), topology=self.retrier.options.topology
-            )
+            queue = queue_name_of(subscriber)
+            if getattr(raw, "processed", True):
+                # Consumed with no_ack (ACK_FIRST): the broker already forgot this message
+                # and pushes the rest of the queue regardless of prefetch. Stopping would
+                # drop those; each goes back through the chain instead, unhandled.
+                first = id(subscriber) not in self.retrier.refused
+                self.retrier.refused.add(id(subscriber))
+                await _put_back(
+                    raw, exc, queue=queue, topology=self.retrier.options.topology, log_it=first
+                )
+                raise HandedOver from exc
+            log.error("%s; this subscriber stops consuming", exc)
+            await _give_back(raw)
             raise StopConsume from exc
         if served.handler is None:
             return await call_next(msg)
@@ -265,41 +278,54 @@ class _RetryMiddleware(BaseMiddleware):
 
 
 REFUSED_REDELIVERY = timedelta(seconds=2)
-"""How long a message a refused ``no_ack`` subscriber had taken waits in the chain before it
-is back in its queue: long enough for the subscriber to have stopped."""
+"""How long a message that a refused ``no_ack`` subscriber took waits in the chain before it is
+back in its queue."""
 
 
-async def _refuse(
-    raw: Any, exc: ConfigurationError, *, queue: str, topology: DelayTopology
+async def _give_back(raw: Any) -> None:
+    """Return an unacked message of a refused subscriber to its queue."""
+    try:
+        await raw.nack(requeue=True)
+    except Exception as err:  # the channel went: the broker returns the message
+        log.warning("could not give back message %s: %r", raw.message_id, err)
+
+
+async def _put_back(
+    raw: Any, exc: ConfigurationError, *, queue: str, topology: DelayTopology, log_it: bool
 ) -> None:
-    """Log why a subscriber is refused and give its message back to ``queue``.
+    """Put a message a refused ``no_ack`` subscriber took back into ``queue``, unhandled.
 
-    A message still unacked goes back with ``nack(requeue=True)``. One the
-    broker already forgot (``ACK_FIRST`` consumes with ``no_ack``) goes back
-    through the delay chain, confirmed, due in :data:`REFUSED_REDELIVERY`:
-    by then the subscriber has stopped, so it waits in ``queue`` for a fixed
-    deployment and nothing is lost. Should that publish fail too, the error
-    names the message.
+    The broker forgot it on delivery (``ACK_FIRST``), so it goes back through
+    the delay chain on a channel with publisher confirms, due in
+    :data:`REFUSED_REDELIVERY`; the subscriber takes it again and puts it back
+    again until the application is fixed (``check_subscribers`` at start-up
+    refuses it before anything is consumed). Should that publish fail, the
+    error names the message.
     """
-    log.error("%s; this subscriber stops consuming", exc)
-    if not getattr(raw, "processed", True):
-        try:
-            await raw.nack(requeue=True)
-        except Exception as err:  # the channel went: the broker returns the message
-            log.warning("could not give back message %s: %r", raw.message_id, err)
-        return
+    if log_it:
+        log.error(
+            "%s; until then its messages are put back into %r through the delay chain, "
+            "unhandled, every %s",
+            exc,
+            queue,
+            REFUSED_REDELIVERY,
+        )
     now = utcnow()
     units = topology.units_until(now + REFUSED_REDELIVERY, now=now)
     try:
         connection = raw.channel.connection
         await declarer_for(connection).destination(connection, topology, queue, with_parking=False)
-        await publish_into_chain(
-            raw.channel,
-            raw,
-            topology=topology,
-            route=topology.route(units, queue),
-            headers=dict(raw.headers or {}),
-        )
+        channel = await connection.channel(publisher_confirms=True)
+        try:
+            await publish_into_chain(
+                channel,
+                raw,
+                topology=topology,
+                route=topology.route(units, queue),
+                headers=dict(raw.headers or {}),
+            )
+        finally:
+            await close_quietly(channel)
     except Exception as err:
         log.error(
             "message %s from queue %r was consumed with no_ack (ACK_FIRST) and could not be "

@@ -81,8 +81,9 @@ def check_subscribers(broker: Any) -> int:
     Call it in the application's start-up hook (``@app.on_startup``), after the
     subscribers are registered: a forbidden ack policy then fails the start,
     before any message is consumed. Without it the middleware refuses such a
-    subscriber at its first message, which ``ACK_FIRST`` has already taken
-    from the queue: it is put back through the chain, due two seconds later.
+    subscriber at its first message: it handles nothing, and each message
+    ``ACK_FIRST`` takes from the queue is put back through the chain, due two
+    seconds later, round again until the application is fixed.
     Also warns when FastStream's telemetry middleware runs inside the retrier
     (listed after it): each attempt would then get two consumer spans.
     Returns how many subscribers were checked.
