@@ -364,16 +364,16 @@ class RetryingHandler(Generic[P]):
         at most :func:`early_tolerance` early is handled at once.
         """
         opts = self.options
-        if opts.hold is None:
-            early = due_at - utcnow()
-            if early <= early_tolerance(opts.topology) or early > opts.topology.max_delay:
-                return True
-        else:
-            outcome = await hold_until_due(
-                opts.held, opts.hold, message, due_at, max_delay=opts.topology.max_delay
-            )
-            if outcome != "early":
-                return outcome == "due"
+        outcome = await hold_until_due(
+            opts.held,
+            opts.hold,
+            message,
+            due_at,
+            max_delay=opts.topology.max_delay,
+            tolerance=early_tolerance(opts.topology),
+        )
+        if outcome != "early":
+            return outcome == "due"
         await self._failures(queue).redelay(message, due_at)
         return False
 

@@ -70,11 +70,12 @@ _US = timedelta(microseconds=1)
 
 async def hold_until_due(
     held: HeldUntilDue,
-    hold: Hold,
+    hold: Hold | None,
     message: AbstractIncomingMessage,
     due_at: datetime,
     *,
     max_delay: timedelta,
+    tolerance: timedelta = _ZERO,
 ) -> Outcome:
     """Keep ``message`` until ``due_at`` if ``hold`` allows; say what became of it.
 
@@ -82,12 +83,16 @@ async def hold_until_due(
     held already; the caller sends it back into the chain. ``"released"``: it
     went back to its queue (``nack``, requeue). A due time beyond
     ``max_delay`` (no chain sets one) counts as due. Cancelled while holding,
-    it requeues the message and lets the cancellation through.
+    it requeues the message and lets the cancellation through. With no
+    ``hold``, nothing is held: a message at most ``tolerance`` early is due,
+    an earlier one ``"early"``.
     """
     while True:
         early = due_at - utcnow()
         if early <= _ZERO or early > max_delay:
             return "due"
+        if hold is None:
+            return "due" if early <= tolerance else "early"
         if early // _US > hold.limit_us or len(held) >= hold.max_messages:
             return "early"
         try:

@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from typing import Any
 
 import aiormq
@@ -257,19 +256,13 @@ class Forwarder:
         ).due_at
         if due_at is None:
             return True
-        if self.hold is None:
-            early = due_at - utcnow()
-            # Past the chain's longest delay: a wrong header, not a wait (as when holding).
-            if early <= timedelta(0) or early > self.topology.max_delay:
-                return True
-        else:
-            outcome = await hold_until_due(
-                self._held, self.hold, message, due_at, max_delay=self.topology.max_delay
-            )
-            if outcome != "early":
-                return outcome == "due"
+        outcome = await hold_until_due(
+            self._held, self.hold, message, due_at, max_delay=self.topology.max_delay
+        )
+        if outcome != "early":
+            return outcome == "due"
 
-        # More than the hold's limit early: back into the chain for the rest of the wait.
+        # Too early to hold: back into the chain for the rest of the wait.
         async def redelay() -> bool:
             units = redelay_units(self.topology, due_at, now=utcnow(), hold=self.hold)
             await publish_into_chain(
