@@ -49,6 +49,17 @@ async def _exchange(s: Scenario, kind: str = "topic") -> str:
     return name
 
 
+async def _forwarding_to_an_inbox(s: Scenario) -> tuple[str, str, Inbox]:
+    """An exchange, its forward queue, and an inbox consuming a queue bound to it for ``k``."""
+    exchange = await _exchange(s)
+    forward = _track_forward(s, exchange)
+    q = await s.queue()
+    await q.bind(exchange, routing_key="k")
+    inbox = Inbox()
+    await q.consume(inbox)
+    return exchange, forward, inbox
+
+
 def _track_forward(s: Scenario, exchange: str) -> str:
     queue: str = s.topology.forward_queue(exchange)
     s.track_queue(queue, f"{queue}.parking")
@@ -95,12 +106,7 @@ async def test_a_delay_to_an_exchange_is_held_by_default_and_never_forwarded_ear
     quorum: Scenario,
 ) -> None:
     s = quorum
-    exchange = await _exchange(s)
-    forward = _track_forward(s, exchange)
-    q = await s.queue()
-    await q.bind(exchange, routing_key="k")
-    inbox = Inbox()
-    await q.consume(inbox)
+    exchange, forward, inbox = await _forwarding_to_an_inbox(s)
     # Shorter than the default hold's 1 s limit: no hop at all, straight to the forward
     # queue, where a holding forwarder keeps it until due.
     due = await publish_delayed(
@@ -127,12 +133,7 @@ async def test_an_unheld_forwarder_forwards_a_due_time_past_the_chains_reach(
 ) -> None:
     """A due time the chain could never wait for is a wrong header: forwarded, not looped."""
     s = quorum
-    exchange = await _exchange(s)
-    forward = _track_forward(s, exchange)
-    q = await s.queue()
-    await q.bind(exchange, routing_key="k")
-    inbox = Inbox()
-    await q.consume(inbox)
+    exchange, forward, inbox = await _forwarding_to_an_inbox(s)
     await declare_topology(s.ch, s.topology)
     arguments: dict[str, Any] = dict(
         amqp_arguments(s.topology.forward_queue_spec(exchange).arguments)

@@ -188,40 +188,29 @@ def missing_queue_fix(topology: DelayTopology, queues: Iterable[str]) -> str:
     )
 
 
+def _as_binding(destination_type: str, destination: str, source: str, key: str) -> Binding:
+    return Binding(
+        source=source, destination_type=destination_type, destination=destination, routing_key=key
+    )
+
+
 def expected_bindings(topology: DelayTopology, queues: Iterable[str] = ()) -> set[Binding]:
     """Every binding the chain needs, and those of ``queues`` (delivery and parking)."""
     out = {
-        Binding(source=exchange, destination_type="queue", destination=spec.name, routing_key=key)
+        _as_binding("queue", spec.name, exchange, key)
         for spec in topology.queues()
         for exchange, key in spec.bindings
     }
-    out |= {
-        Binding(
-            source=source, destination_type="exchange", destination=destination, routing_key=key
-        )
-        for destination, source, key in topology.exchange_bindings()
-    }
+    out |= {_as_binding("exchange", *binding) for binding in topology.exchange_bindings()}
     for queue in queues:
-        exchange, key = topology.delivery_binding(queue)
-        out.add(
-            Binding(source=exchange, destination_type="queue", destination=queue, routing_key=key)
-        )
+        out.add(_as_binding("queue", queue, *topology.delivery_binding(queue)))
         spec = topology.parking_queue_spec(queue)
-        out |= {
-            Binding(source=ex, destination_type="queue", destination=spec.name, routing_key=k)
-            for ex, k in spec.bindings
-        }
+        out |= {_as_binding("queue", spec.name, ex, k) for ex, k in spec.bindings}
     return out
 
 
 BindingStyle = Literal["skip-zeros", "pass-through", "mixed", "incomplete"]
 """How a live chain's level exchanges are bound (see :func:`binding_style`)."""
-
-
-def _as_binding(destination_type: str, destination: str, source: str, key: str) -> Binding:
-    return Binding(
-        source=source, destination_type=destination_type, destination=destination, routing_key=key
-    )
 
 
 def _chain_bindings(topology: DelayTopology) -> set[Binding]:
