@@ -60,3 +60,10 @@ def test_the_changelog_has_an_entry_for_this_version() -> None:
     assert entry is not None, f"CHANGELOG.md has no '## [{PROJECT['version']}] - YYYY-MM-DD' entry"
     assert re.search(rf"^\[{version}\]: \S+", text, re.M), "no link for it"
 
+
+def test_every_extra_the_docs_name_exists() -> None:
+    extras = set(PROJECT["optional-dependencies"])
+    readme = (ROOT / "README.md").read_text()
+    for extra in ("webhook", "web", "spark", "service", "faststream", "testcontainers", "docs"):
+        assert extra in extras
+        assert f"| `{extra}` |" in readme, f"the README's Install table lacks the {extra!r} extra"
