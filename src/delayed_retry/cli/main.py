@@ -6,7 +6,7 @@ Each module in :data:`SUBCOMMAND_MODULES` is named after the command it adds
 one module and one line there. Shared output, errors and option types live in
 :mod:`delayed_retry.cli.output`, connecting in :mod:`delayed_retry.cli.connection`.
 
-Exit codes, one rule (the README's "Command line" states it): 2 when the
+Exit codes, one rule (docs/reference/command-line.md states it): 2 when the
 command line itself is wrong (argparse's errors, :class:`UsageError`, a
 :class:`~delayed_retry.errors.ConfigurationError` about a value given); 1 when
 it is right but the broker or the machine is not as the command needs
