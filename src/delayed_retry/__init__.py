@@ -1,5 +1,7 @@
 """delayed-retry: delayed retries, parking and scheduling for aio-pika consumers, in RabbitMQ."""
 
+from importlib import metadata as _metadata
+
 from delayed_retry.alerts import (
     Alert,
     AlertSink,
@@ -43,6 +45,12 @@ from delayed_retry.observability.otel import OpenTelemetryInstrumentation
 from delayed_retry.parking.shortcuts import ParkedMessage, ReplayResult, peek_parked, replay_parked
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+
+try:
+    __version__ = _metadata.version("delayed-retry")
+    """The installed distribution's version; ``pyproject.toml`` is its one source."""
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     # consuming with retries

@@ -6,7 +6,7 @@ Each module in :data:`SUBCOMMAND_MODULES` is named after the command it adds
 one module and one line there. Shared output, errors and option types live in
 :mod:`delayed_retry.cli.output`, connecting in :mod:`delayed_retry.cli.connection`.
 
-Exit codes, one rule (the README's "Command line" states it): 2 when the
+Exit codes, one rule (docs/reference/command-line.md states it): 2 when the
 command line itself is wrong (argparse's errors, :class:`UsageError`, a
 :class:`~delayed_retry.errors.ConfigurationError` about a value given); 1 when
 it is right but the broker or the machine is not as the command needs
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import importlib.metadata
 import logging
 import os
 import select
@@ -40,7 +41,7 @@ from delayed_retry.errors import (
 )
 from delayed_retry.urls import redact_url
 
-__all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "run"]
+__all__ = ["SUBCOMMAND_MODULES", "build_parser", "installed_version", "main", "run"]
 
 SUBCOMMAND_MODULES = (
     "delayed_retry.cli.declare_cmd",
@@ -66,6 +67,18 @@ a command's verbs may live in a module of their own (``topology_migrate_cmd``)."
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 
+def installed_version() -> str:
+    """The version of the installed distribution, as ``delayed_retry.__version__`` says it.
+
+    Read from the package metadata (``pyproject.toml`` is its one source), not
+    from the facade, which no module of the package imports.
+    """
+    try:
+        return importlib.metadata.version("delayed-retry")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed
+        return "0+unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, with every subcommand registered."""
     parser = CommandLineParser(
@@ -81,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"broker URL, amqp:// or amqps:// (default: $RABBITMQ_URL or {DEFAULT_URL})",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {installed_version()}",
+        help="print the version and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).register(sub)
