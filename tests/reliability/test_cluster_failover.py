@@ -138,17 +138,24 @@ async def test_killing_the_chain_leader_loses_no_message(
 
 
 def where_messages_are(cluster: RabbitMQCluster, prefix: str) -> str:
-    """The test's queues that hold messages, with their leaders: where a stuck message waits."""
+    """The test's queues that hold messages or have no leader, and its work queue with its
+    consumers: where a stuck message waits and whether anything could take it."""
     rows = cluster.list_queues(
-        "name", "messages_ready", "messages_unacknowledged", "leader", "online"
+        "name", "messages_ready", "messages_unacknowledged", "consumers", "leader", "online"
     )
     return (
         "; ".join(
             f"{row['name']} ready={row['messages_ready']} unacked={row['messages_unacknowledged']} "
-            f"leader={row['leader']} online={row['online']}"
+            f"consumers={row['consumers']} leader={row['leader']} online={row['online']}"
             for row in rows
             if str(row["name"]).startswith(prefix)
-            and (row["messages_ready"] or row["messages_unacknowledged"])
+            # A queue without a leader reports no counts: show it whatever they say.
+            and (
+                row["messages_ready"]
+                or row["messages_unacknowledged"]
+                or not row["leader"]
+                or str(row["name"]).endswith(".work")
+            )
         )
         or "all empty"
     )

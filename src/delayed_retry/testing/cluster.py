@@ -113,6 +113,17 @@ class RabbitMQCluster:
                 )
             time.sleep(0.5)
 
+    def flush_metadata(self) -> None:
+        """Save every running node's lazily written metadata now.
+
+        See :meth:`RabbitMQNode.flush_metadata`. Call it before killing a node
+        when quorum queues were declared or elected leaders in the last few
+        seconds.
+        """
+        for node in self.nodes:
+            if node.running:
+                node.flush_metadata()
+
     def stop_node(self, index: int) -> None:
         """Stop node ``index`` gracefully; it stays a cluster member."""
         self.nodes[index].stop()
