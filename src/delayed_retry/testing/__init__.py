@@ -1,21 +1,20 @@
-"""Real RabbitMQ brokers for tests: one shared URL, private nodes, local clusters."""
+"""Unit-test a decorated handler without a broker: a fake channel and the messages it delivers.
 
-from .broker import broker_url
-from .cluster import RabbitMQCluster
-from .node import RabbitMQNode, TLSFiles
-from .ports import free_port, release_port
-from .probe import BrokerHarnessError, wait_for_broker
+Use these in your own tests to check what a handler wrapped by
+:func:`~delayed_retry.with_delayed_retry` does with each outcome (success, a
+retry into the chain, parking, a publish the broker does not confirm) in
+milliseconds. What only a broker can show (routing through the chain, delivery
+limits, restarts) wants a real RabbitMQ.
+"""
+
+from .fake import Answer, FakeChannel, FakeConnection, Published, fake_message
 
 __all__ = [
-    # brokers
-    "RabbitMQCluster",
-    "RabbitMQNode",
-    "TLSFiles",
-    "broker_url",
-    # helpers
-    "free_port",
-    "release_port",
-    "wait_for_broker",
-    # errors
-    "BrokerHarnessError",
+    # the fake broker side
+    "FakeChannel",
+    "FakeConnection",
+    "Answer",
+    # messages in and out
+    "fake_message",
+    "Published",
 ]
