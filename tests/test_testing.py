@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import delayed_retry.testing
 from delayed_retry.testing import FakeChannel, fake_message
 
@@ -64,3 +66,12 @@ def test_the_example_fails_when_the_handler_misbehaves(tmp_path: Path) -> None:
     )
     assert run.returncode == 1, run.stdout + run.stderr
     assert "1 failed, 2 passed" in run.stdout, run.stdout
+
+
+def test_a_harness_name_of_0_1_0_says_where_it_went() -> None:
+    with pytest.raises(ImportError, match=r"delayed_retry\.testing\.RabbitMQNode is no longer"):
+        from delayed_retry.testing import RabbitMQNode  # type: ignore[attr-defined]  # noqa: F401
+    with pytest.raises(ImportError, match="FakeChannel"):
+        _ = delayed_retry.testing.broker_url  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="no attribute 'FakeChanel'"):
+        _ = delayed_retry.testing.FakeChanel  # type: ignore[attr-defined]
