@@ -1,8 +1,9 @@
-"""``delayed-retry demo`` without the repository's broker harness: it asks for a broker.
+"""The demo without a broker: the command asks for one, the checkout's script starts one.
 
-An installed wheel has no harness to start a throwaway node, so the command runs only on a
-broker the user names, and says how to get one otherwise (``scripts/demo``). No broker here:
-the demo itself, on a broker, is in ``test_cli.py``.
+An installed wheel has no harness to start a throwaway node, so ``delayed-retry demo`` runs
+only on a broker the user names, and says how to get one otherwise (``scripts/demo``). What
+``scripts/demo`` runs, ``examples/demo.py``, starts a private node with the harness when no
+``RABBITMQ_URL`` is given. The demo on a broker of the user's is in ``test_cli.py``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +57,17 @@ def test_the_command_works_where_the_harness_cannot_be_imported() -> None:
     )
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stderr == f"delayed-retry: error: {NO_BROKER}\n"
+
+
+@pytest.mark.broker
+@pytest.mark.private_node
+def test_the_checkouts_demo_starts_a_throwaway_node_of_its_own() -> None:
+    demo = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+    env = {k: v for k, v in os.environ.items() if k != "RABBITMQ_URL"}
+    run = subprocess.run(
+        [sys.executable, str(demo)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "order-2: done" in run.stdout and "2 message(s) parked" in run.stdout
+    # The node goes away with everything on it: nothing to tell the user to remove.
+    assert "left on the broker" not in run.stdout
