@@ -44,7 +44,7 @@ from delayed_retry.durations import from_epoch_ms, to_epoch_ms
 from delayed_retry.headers import (
     X_DELAY,
 )
-from delayed_retry.testing import broker_url
+from harness import broker_url
 
 DUE = "bench-due-ms"
 PACED_RATE = 20

@@ -31,7 +31,7 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, RetryAfter, consume, declare_topology, with_delayed_retry
-from delayed_retry.testing import broker_url
+from harness import broker_url
 
 PREFETCH = 100
 

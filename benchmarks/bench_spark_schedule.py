@@ -9,7 +9,7 @@ now, so messages pass the chain's exchanges straight to the destination; the
 destination is a classic queue capped with ``drop-head`` so the broker's
 memory stays flat. The baseline is one process publishing with aio-pika and
 a window of unconfirmed publishes (the same window the executors use). The
-broker is a throwaway one from ``delayed_retry.testing.broker_url()`` (set
+broker is a throwaway one from ``harness.broker_url()`` (set
 RABBITMQ_URL to use another). Results go to ``benchmarks/results/``.
 """
 
@@ -36,8 +36,8 @@ from delayed_retry.durations import to_epoch_ms
 from delayed_retry.spark import redrive, schedule_dataframe
 from delayed_retry.spark.schema import archive_spark_schema
 from delayed_retry.spark.session import get_spark
-from delayed_retry.testing import broker_url
 from delayed_retry.topology import DelayTopology
+from harness import broker_url
 
 RESULTS = Path(__file__).parent / "results"
 

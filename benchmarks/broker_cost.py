@@ -67,8 +67,8 @@ import broker_limit
 import delayed_retry
 from delayed_retry import DelayTopology
 from delayed_retry.admin.management import ManagementClient, ManagementError
-from delayed_retry.testing import RabbitMQNode
-from delayed_retry.testing.ports import free_port, listening
+from harness import RabbitMQNode
+from harness.ports import free_port, listening
 
 STREAMS = {
     "quorum": "baseline-quorum",

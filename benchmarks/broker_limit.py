@@ -60,7 +60,7 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.hold import chain_units
-from delayed_retry.testing import RabbitMQNode
+from harness import RabbitMQNode
 
 DUE_HEADER = "bench-due-us"
 """Due time (or publish time, for the baseline) in integer microseconds since the epoch.

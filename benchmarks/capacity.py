@@ -47,7 +47,7 @@ from delayed_retry.amqp.batching import connect_batched
 from delayed_retry.amqp.publish import publish_confirmed
 from delayed_retry.durations import utcnow
 from delayed_retry.headers import scheduled_headers
-from delayed_retry.testing import RabbitMQNode
+from harness import RabbitMQNode
 
 BODY_BYTES = 1024
 BASELINE_QUEUE = "bench-capacity-baseline"

@@ -1,7 +1,7 @@
 """DelayedRetry in a FastStream app beside a plain FastStream subscriber: throughput ratios.
 
-Run it with ``PYTHONPATH=src python benchmarks/faststream_overhead.py [--messages N]
-[--rounds R]``; it starts a private RabbitMQ node (``delayed_retry.testing.broker_url``,
+Run it with ``.venv/bin/python benchmarks/faststream_overhead.py [--messages N]
+[--rounds R]``; it starts a private RabbitMQ node (``harness.broker_url``,
 unless ``RABBITMQ_URL`` is set). Each round fills a fresh quorum queue with N persistent
 200-byte messages, then times a FastStream app consuming them all; subjects and their
 baselines alternate in a shuffled order and the median of each is kept, so drift on a
@@ -30,7 +30,7 @@ from tenacity import wait_fixed
 
 from delayed_retry import DelayTopology
 from delayed_retry.faststream import DelayedRetry
-from delayed_retry.testing import broker_url
+from harness import broker_url
 
 TOPOLOGY = DelayTopology(prefix="bench-fs", levels=12)
 Subject = Callable[[str, str, int], Awaitable[float]]

@@ -56,8 +56,8 @@ from delayed_retry.amqp.publish import publish_confirmed
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.headers import X_PARKED_AT, X_PARKED_REASON
 from delayed_retry.parking.refresh import refresh_parked
-from delayed_retry.testing import RabbitMQNode
 from delayed_retry.topology import DelayTopology, amqp_arguments
+from harness import RabbitMQNode
 
 RESULTS = Path(__file__).parent / "results"
 OLD_ID = "parked-long-ago"

@@ -23,7 +23,7 @@ import throughput
 from pyinstrument import Profiler
 
 from delayed_retry import DelayTopology, declare_topology
-from delayed_retry.testing import RabbitMQNode
+from harness import RabbitMQNode
 
 sent: collections.Counter[str] = collections.Counter()
 

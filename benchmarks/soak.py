@@ -50,7 +50,7 @@ from delayed_retry import (
     declare_topology,
     with_delayed_retry,
 )
-from delayed_retry.testing import RabbitMQNode
+from harness import RabbitMQNode
 
 TOPOLOGY = DelayTopology(prefix="soak", levels=16, unit=timedelta(milliseconds=1))
 QUEUE = "soak.work"

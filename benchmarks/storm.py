@@ -549,7 +549,7 @@ async def run_long_delay(
     url: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every subject at once (they mostly wait) on a node with a low ``consumer_timeout``."""
-    from delayed_retry.testing import RabbitMQNode
+    from harness import RabbitMQNode
 
     node = None
     if url is None:

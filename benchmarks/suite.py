@@ -31,7 +31,7 @@ import report
 import throughput
 
 from delayed_retry import DelayTopology
-from delayed_retry.testing import RabbitMQNode
+from harness import RabbitMQNode
 
 PEER_SUBJECTS = peer_workers.SUBJECTS
 OPT_IN = ("peer-success", "capacity", "broker-cost")

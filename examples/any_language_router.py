@@ -23,7 +23,7 @@ import aiormq
 from tenacity import wait_exponential
 
 from delayed_retry import DelayTopology, NoInstrumentation, RetryRouter
-from delayed_retry.testing import broker_url
+from harness import broker_url
 
 
 async def team_consumer(

@@ -25,7 +25,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from delayed_retry import DelayTopology, declare_topology
 from delayed_retry.headers import X_DUE_AT
 from delayed_retry.spark import get_spark, schedule_dataframe
-from delayed_retry.testing import broker_url
+from harness import broker_url
 
 REVIEW_AFTER_DAYS = 14
 SECONDS_PER_DAY = 1.0  # scaled down so the example runs in seconds

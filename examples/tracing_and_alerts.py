@@ -42,7 +42,7 @@ from delayed_retry import (
     declare_topology,
     with_delayed_retry,
 )
-from delayed_retry.testing import broker_url
+from harness import broker_url
 
 PREFIX = "delayed-retry-example"
 QUEUE = f"{PREFIX}.payments"

@@ -15,7 +15,7 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
-from delayed_retry.testing import BrokerHarnessError, RabbitMQCluster, broker_url
+from harness import BrokerHarnessError, RabbitMQCluster, broker_url
 from tests.support.chain import Scenario, open_scenario
 from tests.support.nodes import CONFIRM_TIMEOUT_MS
 

@@ -13,8 +13,8 @@ import aio_pika
 import pytest
 
 from delayed_retry.cli import main
-from delayed_retry.testing import RabbitMQNode
-from delayed_retry.testing.ports import free_port
+from harness import RabbitMQNode
+from harness.ports import free_port
 
 pytestmark = pytest.mark.broker
 

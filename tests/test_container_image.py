@@ -20,7 +20,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from delayed_retry.testing import free_port
+from harness import free_port
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
 

@@ -1,7 +1,7 @@
 """Every path out of a decorated handler, on the fake channel: no broker, milliseconds each.
 
 Each test drives the real ``RetryingHandler.__call__`` with a real aio-pika
-``IncomingMessage`` on a :class:`~delayed_retry.testing.fake.FakeChannel`, and
+``IncomingMessage`` on a :class:`~delayed_retry.testing.FakeChannel`, and
 checks what was published and how the message was settled.
 """
 
@@ -34,7 +34,7 @@ from delayed_retry.headers import (
     parse_retry_state,
 )
 from delayed_retry.observability.instrumentation import NoInstrumentation
-from delayed_retry.testing.fake import FakeChannel, FakeConnection, fake_message
+from delayed_retry.testing import FakeChannel, FakeConnection, fake_message
 from delayed_retry.topology import DelayTopology
 
 QUEUE = "work"

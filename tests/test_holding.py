@@ -1,7 +1,7 @@
 """A handler holds a message that left the chain early until due: on the fake channel.
 
 Each test drives the real ``RetryingHandler`` with a real aio-pika message on a
-:class:`~delayed_retry.testing.fake.FakeChannel`; nothing waits a fixed time:
+:class:`~delayed_retry.testing.FakeChannel`; nothing waits a fixed time:
 the tests wait for the handler's own events.
 """
 
@@ -23,7 +23,7 @@ from delayed_retry.durations import from_epoch_ms, to_epoch_ms, utcnow
 from delayed_retry.encoding import decode_routing_key
 from delayed_retry.headers import X_DUE_AT
 from delayed_retry.observability.instrumentation import NoInstrumentation
-from delayed_retry.testing.fake import FakeChannel, fake_message
+from delayed_retry.testing import FakeChannel, fake_message
 from delayed_retry.topology import DelayTopology
 
 QUEUE = "work"

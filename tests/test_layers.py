@@ -6,6 +6,8 @@
 - Every folder imports only itself and the folders below it: ``amqp/`` knows
   only the vocabulary; ``consumer/`` nothing of ``delivery/``, ``parking/`` or
   ``admin/``; the command line sits on top of everything.
+- Nothing in the package imports the broker harness (``harness/``), which the
+  wheel does not carry.
 
 Modules that appear later are checked as soon as they exist: the layer of a
 module comes from its folder, and a new top-level module is pure by place.
@@ -33,6 +35,10 @@ PURE_IN_SUBPACKAGES = (
 )
 """Pure modules inside a subpackage, beside the I/O they serve. Every module at the top of
 the package (``delayed_retry.<name>``, not a subpackage) is pure too: the vocabulary."""
+
+HARNESS = "harness"
+"""The repository's broker harness (``harness/``): tests, benchmarks and the demo script use it;
+the package never does, since the wheel does not carry it."""
 
 IO_LIBRARIES = (
     "aio_pika",
@@ -115,6 +121,19 @@ def layer_violations(graph: grimp.ImportGraph, package: str = PACKAGE) -> list[s
     return found
 
 
+def harness_importers(graph: grimp.ImportGraph, package: str = PACKAGE) -> list[str]:
+    """Each module of the package that imports the broker harness, which the wheel lacks."""
+    if HARNESS not in graph.modules:
+        return []
+    found = []
+    for importer in sorted(graph.find_modules_that_directly_import(HARNESS)):
+        if importer.startswith(f"{package}."):
+            lines = graph.get_import_details(importer=importer, imported=HARNESS)
+            where = ", ".join(f"line {d['line_number']}" for d in lines)
+            found.append(f"{importer} -> {HARNESS} ({where})")
+    return found
+
+
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
     return grimp.build_graph(PACKAGE, include_external_packages=True, cache_dir=None)
@@ -141,6 +160,13 @@ def test_each_layer_imports_only_itself_and_the_layers_below(graph: grimp.Import
     assert layer_violations(graph) == [], "a module imports a layer above it"
 
 
+def test_the_package_does_not_import_the_broker_harness(graph: grimp.ImportGraph) -> None:
+    assert harness_importers(graph) == [], (
+        "a module imports the broker harness, which the wheel does not carry; keep what users "
+        "need in delayed_retry.testing, and start brokers in tests, scripts or examples"
+    )
+
+
 def test_the_contracts_catch_a_violation(tmp_path: Path) -> None:
     # A small package that breaks both contracts, checked in a process of its own
     # (grimp imports nothing, but finds packages on sys.path).
@@ -153,14 +179,19 @@ def test_the_contracts_catch_a_violation(tmp_path: Path) -> None:
     (root / "headers.py").write_text("from layered import policy\n")
     (root / "policy.py").write_text("from layered.alerts import sinks\n")
     (root / "middleware.py").write_text("from layered.cli.main import X\n")
+    (root / "cli" / "demo.py").write_text("import json\n\nfrom harness import broker_url\n")
     script = textwrap.dedent(
         f"""
         import sys
         sys.path[:0] = [{str(tmp_path)!r}, {str(Path(__file__).parent.parent)!r}]
         import grimp
-        from tests.test_layers import layer_violations, pure_violations
+        from tests.test_layers import harness_importers, layer_violations, pure_violations
         graph = grimp.build_graph("layered", include_external_packages=True, cache_dir=None)
-        for line in pure_violations(graph, "layered") + layer_violations(graph, "layered"):
+        for line in (
+            pure_violations(graph, "layered")
+            + layer_violations(graph, "layered")
+            + harness_importers(graph, "layered")
+        ):
             print(line)
         """
     )
@@ -168,6 +199,7 @@ def test_the_contracts_catch_a_violation(tmp_path: Path) -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
     ).stdout.splitlines()
     assert sorted(out) == [
+        "layered.cli.demo -> harness (line 3)",
         "layered.headers -> layered.policy -> layered.alerts.sinks -> aiohttp",
         "layered.middleware -> layered.cli.main (line 1)",
         "layered.policy -> layered.alerts.sinks (line 1)",

@@ -26,9 +26,9 @@ from delayed_retry.delivery.front_door import (
 from delayed_retry.headers import (
     X_DELAY,
 )
-from delayed_retry.testing.node import RabbitMQNode
-from delayed_retry.testing.ports import free_port, listening
 from delayed_retry.topology import DelayTopology
+from harness.node import RabbitMQNode
+from harness.ports import free_port, listening
 
 pytestmark = [pytest.mark.private_node, pytest.mark.timeout(180)]
 

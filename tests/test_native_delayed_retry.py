@@ -51,7 +51,7 @@ from delayed_retry import (
 )
 from delayed_retry.consumer import failures, handover
 from delayed_retry.headers import X_RETRY
-from delayed_retry.testing import RabbitMQNode
+from harness import RabbitMQNode
 from tests.reliability._support import private_node
 from tests.support.chain import Scenario, open_scenario, publish
 from tests.support.waiting import WAIT, wait_until

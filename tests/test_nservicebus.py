@@ -31,8 +31,8 @@ from delayed_retry.admin.chain_migration import migrate_chain
 from delayed_retry.admin.other_chains import SourceChain
 from delayed_retry.amqp.declare import declare_topology
 from delayed_retry.headers import X_DUE_AT, read_epoch_ms
-from delayed_retry.testing import RabbitMQNode
 from delayed_retry.topology import amqp_arguments
+from harness import RabbitMQNode
 from tests.support.waiting import WAIT
 
 NSB = DelayTopology.nservicebus(prefix="p")

@@ -45,8 +45,8 @@ from delayed_retry.parking.lot import (
 )
 from delayed_retry.parking.records import replay_headers
 from delayed_retry.parking.refresh import refresh_headers, refresh_needed, refresh_parked
-from delayed_retry.testing import BrokerHarnessError, RabbitMQNode
 from delayed_retry.topology import DelayTopology, amqp_arguments
+from harness import BrokerHarnessError, RabbitMQNode
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

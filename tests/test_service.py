@@ -12,7 +12,7 @@ import pytest
 
 from delayed_retry.cli.json_logs import JsonFormatter
 from delayed_retry.cli.main import main
-from delayed_retry.testing import free_port
+from harness import free_port
 from tests.support.services import get, start_command
 
 SERVICES = ("front-door", "forwarder", "router", "alerts", "web")

@@ -19,7 +19,7 @@ import pytest
 
 from delayed_retry import DEFAULT_HOLD, DelayTopology, declare_topology, publish_delayed
 from delayed_retry.cli.service import CLOSE_ALLOWANCE
-from delayed_retry.testing import BrokerHarnessError, RabbitMQNode, free_port
+from harness import BrokerHarnessError, RabbitMQNode, free_port
 from tests.support.services import get, metric, start_command, stop, wait_status
 
 pytestmark = pytest.mark.private_node

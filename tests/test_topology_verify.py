@@ -19,7 +19,7 @@ import pytest
 
 from delayed_retry import DelayTopology, publish_delayed
 from delayed_retry.cli import main
-from delayed_retry.testing import BrokerHarnessError, RabbitMQNode, free_port
+from harness import BrokerHarnessError, RabbitMQNode, free_port
 from tests.support.queues import delete_all
 
 pytestmark = pytest.mark.broker

@@ -14,9 +14,9 @@ from aio_pika.abc import AbstractRobustConnection
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from delayed_retry.testing import free_port, release_port
 from delayed_retry.web import WebSettings
 from delayed_retry.web.asgi import asgi_app
+from harness import free_port, release_port
 from tests.support.chain import Scenario, open_scenario
 from tests.support.waiting import wait_until
 from tests.support.web import ids_in, park

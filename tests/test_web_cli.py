@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from delayed_retry.cli.main import main
-from delayed_retry.testing import free_port, release_port
+from harness import free_port, release_port
 
 CLI = Path(sys.executable).parent / "delayed-retry"
 

@@ -9,9 +9,9 @@ import aio_pika
 import pytest
 
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.testing import BrokerHarnessError, RabbitMQNode, free_port, release_port
 from delayed_retry.topology import DelayTopology
 from delayed_retry.web.discovery import discover_queues
+from harness import BrokerHarnessError, RabbitMQNode, free_port, release_port
 
 pytestmark = pytest.mark.broker
 

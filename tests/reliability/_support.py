@@ -18,7 +18,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from pamqp.common import FieldTable
 
-from delayed_retry.testing import BrokerHarnessError, RabbitMQNode
+from harness import BrokerHarnessError, RabbitMQNode
 
 QUORUM: FieldTable = {"x-queue-type": "quorum"}
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from delayed_retry.testing import RabbitMQNode
+from harness import RabbitMQNode
 
 from ._support import private_node
 

@@ -17,7 +17,7 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, declare_topology, publish_delayed
-from delayed_retry.testing import RabbitMQNode
+from harness import RabbitMQNode
 from tests.support.nodes import CONFIRM_TIMEOUT_MS
 from tests.support.queues import depth
 from tests.support.waiting import wait_until

@@ -16,7 +16,7 @@ import pytest
 
 from delayed_retry import DelayTopology, declare_topology
 from delayed_retry.encoding import routing_key
-from delayed_retry.testing import RabbitMQCluster
+from harness import RabbitMQCluster
 from tests.support.queues import delete_all, depth
 from tests.support.waiting import wait_until
 

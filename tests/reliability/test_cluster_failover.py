@@ -25,7 +25,7 @@ from delayed_retry import (
     declare_topology,
     with_delayed_retry,
 )
-from delayed_retry.testing import RabbitMQCluster
+from harness import RabbitMQCluster
 from tests.support.queues import delete_all
 from tests.support.waiting import wait_until
 

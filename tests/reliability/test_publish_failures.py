@@ -22,7 +22,7 @@ import tenacity
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, consume, current_retry_state, with_delayed_retry
-from delayed_retry.testing import RabbitMQNode
+from harness import RabbitMQNode
 from tests.support.waiting import wait_until
 
 from ._support import QUORUM, Ledger, body_id

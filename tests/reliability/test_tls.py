@@ -23,7 +23,7 @@ from delayed_retry import (
     publish_delayed,
     with_delayed_retry,
 )
-from delayed_retry.testing import RabbitMQNode, TLSFiles
+from harness import RabbitMQNode, TLSFiles
 from tests.support.waiting import wait_until
 
 from ._support import QUORUM, Ledger, private_node

@@ -26,8 +26,8 @@ from delayed_retry.spark import (
     schedule_dataframe,
 )
 from delayed_retry.spark.synthetic import parked_row, write_archive
-from delayed_retry.testing import RabbitMQNode
 from delayed_retry.topology import DelayTopology
+from harness import RabbitMQNode
 from tests.support.queues import depth
 from tests.support.waiting import wait_until
 

@@ -1,15 +1,14 @@
 """The README's demo: a consumer that fails, backs off through the chain, succeeds or parks.
 
-Run it with ``delayed-retry demo`` (a throwaway RabbitMQ node unless ``--url``
-or ``$RABBITMQ_URL`` names a broker), ``scripts/demo``, or
-``python examples/demo.py``. It uses names of its own (``delayed-retry-demo``).
+Run it with ``scripts/demo`` from a checkout (a throwaway RabbitMQ node, started and removed
+for it, unless ``$RABBITMQ_URL`` names a broker) or ``delayed-retry --url URL demo`` on a
+broker of your own. It uses names of its own (``delayed-retry-demo``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from datetime import timedelta
 
@@ -21,7 +20,6 @@ from delayed_retry.consumer.decorator import consume, current_retry_state, with_
 from delayed_retry.delivery.schedule import publish_delayed
 from delayed_retry.hold import DEFAULT_HOLD
 from delayed_retry.parking.shortcuts import peek_parked
-from delayed_retry.testing import broker_url
 from delayed_retry.topology import DelayTopology
 
 
@@ -132,20 +130,15 @@ def left_behind(topology: DelayTopology, queue: str) -> str:
     )
 
 
-def main(url: str | None = None) -> int:
-    """Run the demo on ``url``, or on a throwaway broker (see :func:`broker_url`) when ``None``.
+def main(url: str, *, throwaway: bool = False) -> int:
+    """Run the demo on the broker at ``url``.
 
-    On a broker of the user's (``url`` given) it ends by saying what it left
-    there and how to remove it; a throwaway broker goes away with all of it.
+    On a broker of the user's it ends by saying what it left there and how to
+    remove it; pass ``throwaway=True`` for a broker that goes away with all of
+    it (``scripts/demo`` starts one).
     """
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if url is not None:
-        code = asyncio.run(run(url))
+    code = asyncio.run(run(url))
+    if not throwaway:
         say(left_behind(DEMO_TOPOLOGY, DEMO_QUEUE))
-        return code
-    with broker_url() as started:
-        return asyncio.run(run(started))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return code

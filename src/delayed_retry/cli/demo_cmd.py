@@ -1,11 +1,21 @@
-"""``delayed-retry demo``: the README's demo, on a throwaway broker unless a URL is given."""
+"""``delayed-retry demo``: the README's demo, on the broker the command line names."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-__all__ = ["register"]
+from delayed_retry.cli.output import UsageError
+
+__all__ = ["NO_BROKER", "register"]
+
+NO_BROKER = (
+    "the demo needs a broker: pass --url amqp://USER:PASSWORD@HOST:5672/ (before `demo`) or set "
+    "RABBITMQ_URL; it uses names of its own there (delayed-retry-demo.*) and says at the end how "
+    "to remove them. For a throwaway broker started and removed for you, run scripts/demo from a "
+    "checkout of the repository"
+)
+"""Why ``delayed-retry demo`` without a broker URL starts nothing, and what to run instead."""
 
 
 def register(sub: Any) -> None:
@@ -13,15 +23,17 @@ def register(sub: Any) -> None:
     demo = sub.add_parser(
         "demo",
         help="watch a consumer fail, back off through the chain, succeed or park",
-        description="Run the README's demo. Without --url or $RABBITMQ_URL it starts a "
-        "throwaway RabbitMQ node on free ports (from the system's rabbitmq-server, or a "
-        "container) and removes it at the end; with one, it uses names of its own "
-        "(delayed-retry-demo.*) on that broker.",
+        description="Run the README's demo on the broker that --url or $RABBITMQ_URL names, "
+        "with names of its own (delayed-retry-demo.*) that it says how to remove at the end. "
+        "For a throwaway broker, run scripts/demo from a checkout of the repository: it "
+        "starts a private RabbitMQ node on free ports and removes it at the end.",
     )
     demo.set_defaults(func=_demo)
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if not args.url_given:
+        raise UsageError(NO_BROKER)
     from delayed_retry.cli.demo import main as run_demo
 
-    return run_demo(args.url if args.url_given else None)
+    return run_demo(args.url)

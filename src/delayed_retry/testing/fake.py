@@ -2,8 +2,8 @@
 
 Use it to test what a decorated handler does with each outcome of a
 hand-over (confirm, nack, return, timeout, an error) in milliseconds; use a
-real broker (:func:`~delayed_retry.testing.broker_url`) for what only a
-broker can show: routing through the chain, delivery limits, restarts.
+real broker for what only a broker can show: routing through the chain,
+delivery limits, restarts.
 
 The message is a real :class:`aio_pika.IncomingMessage` built on a
 :class:`FakeChannel`, so ``message.process()``, ``ack``/``nack``/``reject``

@@ -1,6 +1,6 @@
 """A cached Debian chroot holding a newer RabbitMQ, for running a private 4.x node.
 
-Use it through :class:`~delayed_retry.testing.node.RabbitMQNode` (``version="4.0"`` or
+Use it through :class:`~harness.node.RabbitMQNode` (``version="4.0"`` or
 ``"4.3"``) or the ``DELAYED_RETRY_TEST_RABBITMQ`` environment variable; call
 :func:`ensure_chroot` directly only to build the cache ahead of a test run.
 """
@@ -146,7 +146,7 @@ def ensure_chroot(version: str, *, timeout: float = 1200.0) -> Path:
         raise BrokerHarnessError(
             f"building the RabbitMQ {version} chroot at {release.root} needs root "
             "(debootstrap and chroot); run the tests as root or build it once with "
-            f"`python -m delayed_retry.testing.chroot {version}` as root"
+            f"`python -m harness.chroot {version}` as root"
         )
     debootstrap = shutil.which("debootstrap")
     if debootstrap is None:

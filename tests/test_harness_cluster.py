@@ -6,7 +6,7 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractConnection
 
-from delayed_retry.testing import RabbitMQCluster
+from harness import RabbitMQCluster
 from tests.support.nodes import CONFIRM_TIMEOUT_MS
 from tests.support.waiting import wait_until
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from delayed_retry.testing import BrokerHarnessError, RabbitMQNode, chroot
-from delayed_retry.testing.chroot import (
+from harness import BrokerHarnessError, RabbitMQNode, chroot
+from harness.chroot import (
     RELEASES,
     BrokerRelease,
     debootstrap_command,

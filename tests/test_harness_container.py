@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import aio_pika
 import pytest
 
-from delayed_retry.testing import BrokerHarnessError, broker_url, wait_for_broker
-from delayed_retry.testing.broker import CONTAINER_ENV, DEFAULT_IMAGE, IMAGE_ENV, container_mode
+from harness import BrokerHarnessError, broker_url, wait_for_broker
+from harness.broker import CONTAINER_ENV, DEFAULT_IMAGE, IMAGE_ENV, container_mode
 
 NO_ENGINE = "unix:///nonexistent/delayed-retry/docker.sock"
 
@@ -33,7 +33,7 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "delayed_retry.testing.broker" and r.levelno >= logging.WARNING
+        if r.name == "harness.broker" and r.levelno >= logging.WARNING
     ]
 
 
@@ -78,7 +78,7 @@ def test_a_preferred_container_without_an_engine_falls_back_with_one_warning(
 ) -> None:
     monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
     monkeypatch.setenv(CONTAINER_ENV, "1")
-    caplog.set_level(logging.INFO, logger="delayed_retry.testing.broker")
+    caplog.set_level(logging.INFO, logger="harness.broker")
     with broker_url(timeout=30) as url:
         wait_for_broker(url, timeout=5)
     [warning] = warnings_of(caplog)
@@ -135,7 +135,7 @@ def test_an_image_the_engine_cannot_provide_falls_back_with_one_warning(
     engine: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     missing = "delayed-retry-test/absent:never"
-    caplog.set_level(logging.INFO, logger="delayed_retry.testing.broker")
+    caplog.set_level(logging.INFO, logger="harness.broker")
     with broker_url(container="prefer", image=missing, timeout=30) as url:
         wait_for_broker(url, timeout=5)
     [warning] = warnings_of(caplog)

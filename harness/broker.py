@@ -1,7 +1,7 @@
 """One broker URL for a test session: a given URL, a container, or a private node.
 
 Use :func:`broker_url` in test fixtures: it picks whatever broker this machine
-can offer. Use :class:`~delayed_retry.testing.RabbitMQNode` directly when a test
+can offer. Use :class:`~harness.RabbitMQNode` directly when a test
 must kill, stop or restart the broker, or needs TLS; such tests must never
 touch a shared broker.
 
@@ -127,7 +127,7 @@ def broker_url(
 
     In order: ``RABBITMQ_URL`` when set (checked, never changed); a private
     :class:`RabbitMQNode` of the version ``DELAYED_RETRY_TEST_RABBITMQ`` names
-    (``4.0`` or ``4.3``: see :mod:`delayed_retry.testing.chroot`); a container
+    (``4.0`` or ``4.3``: see :mod:`harness.chroot`); a container
     of ``image`` (default: ``DELAYED_RETRY_TEST_IMAGE``, else
     :data:`DEFAULT_IMAGE`) when ``container`` (default: from
     ``DELAYED_RETRY_TEST_CONTAINER``) asks for one; else a private

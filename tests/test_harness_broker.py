@@ -15,7 +15,7 @@ import trustme
 from aio_pika.abc import AbstractConnection, AbstractRobustConnection
 from pamqp.common import FieldTable
 
-from delayed_retry.testing import (
+from harness import (
     BrokerHarnessError,
     RabbitMQNode,
     TLSFiles,
