@@ -140,14 +140,20 @@ def current_retry_state() -> RetryState | None:
 
 
 @contextlib.contextmanager
-def retry_state_scope(message: AbstractIncomingMessage, queue: str) -> Iterator[None]:
+def retry_state_scope(
+    message: AbstractIncomingMessage, queue: str, *, immediate_retries: int = 0
+) -> Iterator[None]:
     """Make :func:`current_retry_state` answer for ``message`` inside the block.
 
     For a front end that runs a handler without a broker to hand failures to
     (FastStream's in-memory test client); :class:`RetryingHandler` does the same
     around every attempt. The headers are read only if something asks.
+    ``immediate_retries``: how many this run of the delivery follows.
     """
-    token = _current_state.set(_StateCell(message, queue))
+    cell = _StateCell(message, queue)
+    for _ in range(immediate_retries):
+        cell.rerun()
+    token = _current_state.set(cell)
     try:
         yield
     finally:

@@ -284,7 +284,10 @@ class _RetryMiddleware(BaseMiddleware):
         return attempt.result
 
     async def _in_memory(self, call_next: AsyncFuncAny, msg: StreamMessage[Any], queue: str) -> Any:
-        result, decision = await run_in_memory(call_next, msg, queue, self.retrier.options.policy)
+        options = self.retrier.options
+        result, decision = await run_in_memory(
+            call_next, msg, queue, options.policy, options.immediate
+        )
         if decision is None:
             return result
         self.retrier.decisions.append(decision)
