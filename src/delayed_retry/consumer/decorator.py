@@ -321,7 +321,7 @@ class RetryingHandler(Generic[P]):
                 else QUIET_SCOPE
             )
             with observed as scope:
-                failure = await self._run(cell, guarded, call_args, kwargs)
+                failure = await self._run(cell, call_args, kwargs)
                 if failure is None:
                     opts.trouble.clear()
                     if guarded.deferred is not None:
@@ -376,11 +376,7 @@ class RetryingHandler(Generic[P]):
             cell.rerun()
 
     async def _run(
-        self,
-        cell: _StateCell,
-        guarded: GuardedMessage,
-        call_args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        self, cell: _StateCell, call_args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Exception | None:
         """Run the handler once; its failure, or ``None`` when it returned."""
         token = _current_state.set(cell)
