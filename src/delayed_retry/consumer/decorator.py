@@ -321,7 +321,23 @@ class RetryingHandler(Generic[P]):
                 else QUIET_SCOPE
             )
             with observed as scope:
-                failure = await self._run(cell, call_args, kwargs)
+                # Inline, not a helper coroutine: the success path pays for every frame.
+                token = _current_state.set(cell)
+                failure: Exception | None = None
+                try:
+                    await self.fn(*call_args, **kwargs)
+                except asyncio.CancelledError as exc:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise
+                    failure = HandlerCancelledError(
+                        f"handler {self!r} raised CancelledError without being cancelled"
+                    )
+                    failure.__cause__ = exc
+                except Exception as exc:
+                    failure = exc
+                finally:
+                    _current_state.reset(token)
                 if failure is None:
                     opts.trouble.clear()
                     if guarded.deferred is not None:
@@ -374,28 +390,6 @@ class RetryingHandler(Generic[P]):
             paused += pause
             guarded.deferred = None  # the failed run's reject or nack was dropped
             cell.rerun()
-
-    async def _run(
-        self, cell: _StateCell, call_args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Exception | None:
-        """Run the handler once; its failure, or ``None`` when it returned."""
-        token = _current_state.set(cell)
-        try:
-            await self.fn(*call_args, **kwargs)
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
-            failure = HandlerCancelledError(
-                f"handler {self!r} raised CancelledError without being cancelled"
-            )
-            failure.__cause__ = exc
-            return failure
-        except Exception as exc:
-            return exc
-        finally:
-            _current_state.reset(token)
-        return None
 
     async def _decide_and_hand_over(
         self,
