@@ -20,6 +20,7 @@ from delayed_retry.consumer.decorator import (
     retry_state,
     with_delayed_retry,
 )
+from delayed_retry.consumer.hooks import FailureEvent
 from delayed_retry.consumer.router import ConsumerRejected, RetryRouter
 from delayed_retry.delivery.forwarder import Forwarder
 from delayed_retry.delivery.front_door import FrontDoor
@@ -64,6 +65,7 @@ __all__ = [
     "DEFAULT_HOLD",
     "retry_state",
     "current_retry_state",
+    "FailureEvent",
     # retries for consumers in any language
     "RetryRouter",
     "ConsumerRejected",
