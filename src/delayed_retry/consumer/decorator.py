@@ -51,7 +51,7 @@ from delayed_retry.observability.instrumentation import (
 )
 from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, dead_letter_target
 
 __all__ = [
     "RetryingHandler",
@@ -688,7 +688,9 @@ async def consume(
     """Consume ``queue`` with ``handler``, telling it the queue so retries come back here.
 
     Declares the topology, the queue's binding and its parking queue first,
-    so a misconfiguration fails here and not at the first failure, and warns
+    so a misconfiguration fails here and not at the first failure (and the
+    dead-letter queue a queue declared with
+    :func:`~delayed_retry.topology.work_queue_arguments` names), and warns
     when the queue's delivery limit (as declared through ``queue``) could drop
     messages before they are parked (:mod:`delayed_retry.checks`). Returns
     the consumer tag.
@@ -718,6 +720,12 @@ async def consume(
             "connection.channel(publisher_confirms=True), aio-pika's default"
         )
     await bound.declare(queue.channel)
+    target = dead_letter_target(getattr(queue, "arguments", None))
+    if target is not None:
+        # The queue dead-letters past its delivery limit (work_queue_arguments): the target
+        # must exist, or the broker keeps what it could not deliver in the queue itself.
+        spec = handler.options.topology.dead_letter_queue_spec(target)
+        await declarer_for(underlay.connection).queue(underlay.connection, spec)
     warn_about_delivery_limit(
         queue=queue.name,
         arguments=getattr(queue, "arguments", None),

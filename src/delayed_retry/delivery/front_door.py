@@ -303,6 +303,9 @@ class FrontDoor:
             return
         out: dict[str, Any] = sanitize_headers(headers)
         out[X_DELAY] = -delay_ms
+        # Records of where every copy was sent, delivered at once or after a delay.
+        out.setdefault(X_ORIGINAL_EXCHANGE, self.exchange)
+        out.setdefault(X_ORIGINAL_ROUTING_KEY, key)
         if not delay_ms:
             await self.forwarder.deliver(
                 message,
@@ -315,8 +318,6 @@ class FrontDoor:
         due_at = start + timedelta(milliseconds=delay_ms)
         out[X_DUE_AT] = to_epoch_ms(due_at)
         out[X_FORWARD_ROUTING_KEY] = key
-        out.setdefault(X_ORIGINAL_EXCHANGE, self.exchange)
-        out.setdefault(X_ORIGINAL_ROUTING_KEY, key)
 
         async def into_chain() -> bool:
             # Out of the chain a lead early when forwarders hold messages until due;
@@ -329,6 +330,7 @@ class FrontDoor:
                 route=self.topology.route(units, self.forward_queue),
                 headers=out,
                 timeout=self._publish_timeout,
+                keep_delivery_mode=True,
             )
             return True
 
