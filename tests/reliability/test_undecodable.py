@@ -23,7 +23,7 @@ import pytest
 import tenacity
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
-from delayed_retry import ConfigurationError, DelayTopology, consume, with_delayed_retry
+from delayed_retry import DelayTopology, consume, with_delayed_retry
 from delayed_retry.parking.records import read_record
 from delayed_retry.topology import work_queue_arguments
 from tests.support.queues import delete_all, depth
@@ -205,9 +205,3 @@ async def test_past_the_limit_the_broker_keeps_a_record_parking_reads(
     assert record.reason == "delivery-limit"
     assert record.queue == consumer.queue
     assert consumer.handled == []
-
-
-@pytest.mark.parametrize("limit", [0, -1, True, 2.5, "5"])
-def test_work_queue_arguments_refuse_a_limit_that_is_not_a_count(limit: Any) -> None:
-    with pytest.raises(ConfigurationError, match="delivery_limit"):
-        work_queue_arguments("orders", delivery_limit=limit)
