@@ -175,7 +175,12 @@ async def test_messages_delivered_with_the_poison_are_not_lost(
     assert set(consumer.handled) <= set(behind)
     assert len(set(consumer.handled)) == len(consumer.handled), "a message handled twice"
     assert await depth(connection, consumer.queue) == 0
-    print(f"COUNTS behind the poison: handled {len(consumer.handled)} of {len(behind)}")
+    underlay = await consumer.publisher.get_underlay_channel()
+    version = underlay.connection.server_properties.get("version")
+    print(
+        f"COUNTS behind the poison (RabbitMQ {version!r}): handled {len(consumer.handled)} "
+        f"of {len(behind)}, the rest dead-lettered with it"
+    )
 
 
 async def test_past_the_limit_the_broker_keeps_a_record_parking_reads(
