@@ -23,7 +23,10 @@ Outcomes of each input, written down for the people who script against it:
   :mod:`delayed_retry.delivery.forwarder`).
 
 As with the plugin, the delivered message carries ``x-delay`` negated
-(``-5000``), so a consumer can tell a delayed delivery from a direct one.
+(``-5000``), so a consumer can tell a delayed delivery from a direct one, and
+keeps the producer's delivery mode. Every copy, delayed or delivered at once,
+carries ``x-retry-original-exchange``/``-routing-key`` (``X``, ``K``) unless the
+producer set them.
 Every hand-over is confirmed before the ack: at-least-once.
 """
 
