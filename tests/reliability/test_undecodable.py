@@ -13,6 +13,7 @@ queue and the dead-letter queue.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import tenacity
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
 from delayed_retry import DelayTopology, consume, with_delayed_retry
+from delayed_retry.cli import main
 from delayed_retry.parking.records import read_record
 from delayed_retry.topology import work_queue_arguments
 from tests.support.queues import delete_all, depth
@@ -210,3 +212,23 @@ async def test_past_the_limit_the_broker_keeps_a_record_parking_reads(
     assert record.reason == "delivery-limit"
     assert record.queue == consumer.queue
     assert consumer.handled == []
+
+
+async def test_a_command_that_reads_one_says_what_it_is_and_where_to_look(
+    start_consumer: Callable[..., Any],
+    connection: AbstractRobustConnection,
+    rabbitmq_url: str,
+    unique: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    consumer = await start_consumer()
+    await consumer.publish(b"poison", **POISONS["timestamp-property"])
+    await wait_until(dead_lettered(connection, consumer, 1), timeout=60, what="the poison moved")
+    capsys.readouterr()
+    command = ["--url", rabbitmq_url, "parking", "list", "--queue", consumer.queue]
+    command += ["--parking-queue", consumer.dead_letter, "--prefix", unique, "--levels", "8"]
+    assert await asyncio.to_thread(main, command) == 1
+    err = capsys.readouterr().err
+    assert "cannot be decoded by the AMQP client" in err and "year" in err
+    assert "Messages the client cannot decode" in err
+    assert await depth(connection, consumer.dead_letter) == 1, "the command removed it"
