@@ -80,7 +80,8 @@ async def _declare(args: argparse.Namespace) -> int:
         channel = await connection.channel()
         await declare_topology(channel, topology, queues=args.bind)
         underlay = (await underlay_of(channel)).connection
-        warnings = []
+        warnings: list[str] = []
+        notes: list[str] = []
         for queue in args.bind:
             target = made.get(queue)
             if queue not in made:
@@ -89,6 +90,8 @@ async def _declare(args: argparse.Namespace) -> int:
                 target = check.dead_letter_queue
                 if check.warning is not None:
                     warnings.append(check.warning)
+                if check.unchecked is not None:
+                    notes.append(check.unchecked)
             if target is not None:
                 await declarer_for(underlay).queue(
                     underlay, topology.dead_letter_queue_spec(target)
@@ -107,4 +110,6 @@ async def _declare(args: argparse.Namespace) -> int:
             )
     for warning in warnings:
         print(f"delayed-retry: warning: {warning}", file=sys.stderr, flush=True)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
     return 0

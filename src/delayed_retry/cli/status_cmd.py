@@ -28,9 +28,9 @@ def register(sub: Any) -> None:
         help="work queues, delay levels, parking: depths and when messages come due",
         description="Show each work queue's depth and consumers, the messages waiting in the "
         "delay chain (only the levels holding any, unless --all-levels) with when they come "
-        "due, and the parking, unroutable and alert queues. Warns about a work queue that "
-        "a message the client cannot decode would stall (no delivery limit with a "
-        "dead-letter target; read through the management API). Read-only.",
+        "due, and the parking, unroutable and alert queues. Where the management API "
+        "answers, warns about a work queue that a message the client cannot decode would "
+        "stall (no delivery limit with a dead-letter target). Read-only.",
     )
     status.add_argument(
         "--queue",

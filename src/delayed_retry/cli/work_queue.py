@@ -29,14 +29,16 @@ __all__ = ["WorkQueueCheck", "check_work_queue"]
 class WorkQueueCheck:
     """What the broker says of a work queue's defence against undecodable messages.
 
-    ``warning`` is the line to print (what is missing and the fix, or that it
-    could not be checked), ``None`` when defended or when the queue is missing.
+    ``warning`` is the line to print (what is missing and the fix), ``None`` when
+    defended, missing or not checked (``unchecked`` then says why).
     ``dead_letter_queue`` is the queue it dead-letters into through the default
     exchange (by argument or policy), which must exist.
     """
 
     warning: str | None
     dead_letter_queue: str | None
+    unchecked: str | None = None
+    """Why the queue could not be checked (the management API did not answer), or ``None``."""
 
 
 def _effective(info: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -59,9 +61,10 @@ async def check_work_queue(
         if exc.status == 404:
             return WorkQueueCheck(warning=None, dead_letter_queue=None)
         return WorkQueueCheck(
-            warning=f"not checked whether queue {queue!r} moves aside a message the AMQP "
-            f"client cannot decode (that needs the management API: {exc})",
+            warning=None,
             dead_letter_queue=None,
+            unchecked=f"not checked whether queue {queue!r} moves aside a message the AMQP "
+            f"client cannot decode (that needs the management API: {exc})",
         )
     arguments, policy = _effective(info)
     channel = await connection.channel()
