@@ -159,8 +159,12 @@ def test_without_the_management_api_the_check_says_it_was_not_made(
     try:
         assert main(["--url", rabbitmq_url, "declare", *prefix, "--bind", unique, "--create"]) == 0
         capsys.readouterr()
+        asyncio.run(_delete(rabbitmq_url, f"{unique}.dead-letter"))
         assert main(["--url", rabbitmq_url, "declare", *prefix, "--bind", unique]) == 0
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
+        # Its arguments are work_queue_arguments' (an AMQP declaration with them is accepted):
+        # the dead-letter queue is declared again all the same.
+        assert f"declared '{unique}.dead-letter'" in out
         assert f"note: not checked whether queue {unique!r} moves aside a message" in err
         assert "warning" not in err
         # status stays quiet about it: it is read often, and says what it can read.

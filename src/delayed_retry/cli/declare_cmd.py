@@ -8,7 +8,7 @@ from typing import Any
 
 import aio_pika
 
-from delayed_retry.admin.chain_probe import queue_depth
+from delayed_retry.admin.chain_probe import declared_with, queue_depth
 from delayed_retry.amqp.declare import declare_topology, declarer_for, underlay_of
 from delayed_retry.cli.common import add_management_option, add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
@@ -49,7 +49,8 @@ def register(sub: Any) -> None:
         default=WORK_QUEUE_DELIVERY_LIMIT,
         metavar="N",
         help="deliveries before a queue made by --create moves a message to QUEUE.dead-letter "
-        f"(default {WORK_QUEUE_DELIVERY_LIMIT})",
+        f"(default {WORK_QUEUE_DELIVERY_LIMIT}); for a queue that exists, the limit it was "
+        "declared with, when the management API cannot tell",
     )
     add_management_option(declare, purpose="checking each --bind queue's delivery limit")
     declare.set_defaults(func=lambda args: run(_declare(args)))
@@ -85,9 +86,13 @@ async def _declare(args: argparse.Namespace) -> int:
         for queue in args.bind:
             target = made.get(queue)
             if queue not in made:
-                # Existing: its arguments and policy tell (management API, best effort).
+                # Existing: its arguments and policy tell (management API, best effort); over
+                # AMQP alone, whether it has work_queue_arguments with --delivery-limit.
                 check = await check_work_queue(args, connection, queue)
                 target = check.dead_letter_queue
+                wanted = work_queue_arguments(queue, delivery_limit=args.delivery_limit)
+                if target is None and await declared_with(connection, queue, wanted):
+                    target = dead_letter_target(wanted)
                 if check.warning is not None:
                     warnings.append(check.warning)
                 if check.unchecked is not None:
