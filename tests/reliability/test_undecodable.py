@@ -232,3 +232,25 @@ async def test_a_command_that_reads_one_says_what_it_is_and_where_to_look(
     assert "cannot be decoded by the AMQP client" in err and "year" in err
     assert "Messages the client cannot decode" in err
     assert await depth(connection, consumer.dead_letter) == 1, "the command removed it"
+
+
+async def test_consume_declares_the_dead_letter_queue_the_arguments_name(
+    connection: AbstractRobustConnection, unique: str
+) -> None:
+    topology = DelayTopology(prefix=unique, levels=4)
+    queue, target = f"{unique}.work", f"{unique}.elsewhere"
+    channel = await connection.channel()
+    try:
+        arguments = work_queue_arguments(queue, dead_letter_queue=target)
+        declared = await channel.declare_queue(queue, durable=True, arguments=arguments)
+
+        @with_delayed_retry(topology=topology)
+        async def handle(message: AbstractIncomingMessage) -> None:
+            pass
+
+        await consume(declared, handle)
+        assert await depth(connection, target) == 0  # exists (a missing queue raises)
+        with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):
+            await (await connection.channel()).declare_queue(f"{queue}.dead-letter", passive=True)
+    finally:
+        await delete_all(connection, queues=[queue, target], topology=topology)
