@@ -24,7 +24,7 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, declare_topology, publish_delayed
-from delayed_retry.testing import RabbitMQNode
+from harness import RabbitMQNode
 
 
 async def run(node: RabbitMQNode, *, rounds: int, messages: int) -> None:

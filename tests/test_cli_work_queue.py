@@ -17,9 +17,8 @@ import pytest
 
 from delayed_retry.admin.management import ManagementClient
 from delayed_retry.cli import main
-from delayed_retry.testing import RabbitMQNode
-from delayed_retry.testing.ports import free_port
 from delayed_retry.topology import work_queue_policy_command
+from harness import RabbitMQNode, free_port
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
