@@ -10,8 +10,8 @@ and measures the seconds until the ordinary one is settled (handled, or, with a
 and how often the consumer reconnected meanwhile. The baseline, measured in the same run, is the
 same ordinary message with no poison before it.
 
-    python benchmarks/undecodable.py [--url URL] [--limit 5] [--reconnect-interval 5]
-                                     [--rounds 3] [--prefetch 1]
+    python benchmarks/undecodable.py [--url URL | --version 4.3] [--limit 5]
+                                     [--reconnect-interval 5] [--rounds 3] [--prefetch 1]
 
 Uses ``--url`` (default ``$RABBITMQ_URL``, else ``amqp://guest:guest@127.0.0.1/``) with unique
 names, and deletes what it declares.
@@ -33,6 +33,7 @@ import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, consume, with_delayed_retry, work_queue_arguments
+from harness import RabbitMQNode
 
 
 class MicrosecondStamp(datetime.datetime):
@@ -152,17 +153,28 @@ def main() -> None:
     parser.add_argument("--reconnect-interval", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prefetch", type=int, default=1)
-    args = parser.parse_args()
-    result = asyncio.run(
-        run(
-            args.url,
-            limit=args.limit,
-            reconnect_interval=args.reconnect_interval,
-            rounds=args.rounds,
-            prefetch=args.prefetch,
-        )
+    parser.add_argument(
+        "--version", default=None, help="start a private node of 4.0 or 4.3 instead of --url"
     )
-    print(json.dumps(result))
+    args = parser.parse_args()
+
+    def measure(url: str) -> None:
+        result = asyncio.run(
+            run(
+                url,
+                limit=args.limit,
+                reconnect_interval=args.reconnect_interval,
+                rounds=args.rounds,
+                prefetch=args.prefetch,
+            )
+        )
+        print(json.dumps(result))
+
+    if args.version is None:
+        measure(args.url)
+    else:
+        with RabbitMQNode(version=args.version) as node:
+            measure(node.url)
 
 
 if __name__ == "__main__":
