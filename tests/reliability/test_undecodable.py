@@ -61,6 +61,7 @@ POISONS: dict[str, dict[str, Any]] = {
     "nested-timestamp-header": {"headers": {"trace": [{"at": microseconds_now()}]}},
     "header-name-not-utf8": {"headers": {NotUtf8("name"): 1}},
     "content-type-not-utf8": {"content_type": NotUtf8("text/plain")},
+    "routing-key-not-utf8": {"routing_key": NotUtf8("key")},
 }
 
 
@@ -75,10 +76,18 @@ class Consumer:
     handled: list[bytes] = field(default_factory=list)
     reconnects: int = 0
 
-    async def publish(self, body: bytes, **props: Any) -> None:
-        await self.publisher.default_exchange.publish(
-            aio_pika.Message(body, **props), routing_key=self.queue
+    async def publish(self, body: bytes, *, routing_key: str | None = None, **props: Any) -> None:
+        if routing_key is None:
+            await self.publisher.default_exchange.publish(
+                aio_pika.Message(body, **props), routing_key=self.queue
+            )
+            return
+        # Any routing key reaches the queue through a fanout exchange bound to it.
+        fanout = await self.publisher.declare_exchange(
+            f"{self.queue}.fanout", aio_pika.ExchangeType.FANOUT, auto_delete=True
         )
+        await (await self.publisher.get_queue(self.queue)).bind(fanout)
+        await fanout.publish(aio_pika.Message(body, **props), routing_key=routing_key)
 
 
 @pytest.fixture
