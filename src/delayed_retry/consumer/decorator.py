@@ -192,6 +192,10 @@ class RetryOptions:
     """The messages this handler is pausing between immediate runs right now."""
     hooks: FailureHooks | None = None
     """``on_retry`` / ``on_park``, called after each confirmed hand-over."""
+    dead_letter_queue: str | None = None
+    """Where the consumed queue's broker dead-letters past its delivery limit, when its
+    arguments say so (:func:`~delayed_retry.topology.work_queue_arguments`): declared with
+    the queue's binding, so the broker has somewhere to put what no consumer could take."""
 
 
 class RetryingHandler(Generic[P]):
@@ -230,11 +234,16 @@ class RetryingHandler(Generic[P]):
 
     async def declare(self, channel: aiormq.abc.AbstractChannel | Any) -> None:
         """Declare the topology, the queue binding and the parking queue now, not on first use."""
-        queue = self._queue()
         underlay = await underlay_of(channel)
-        await declarer_for(underlay.connection).destination(
-            underlay.connection, self.options.topology, queue, self.options.parking_queue
-        )
+        await self._declare_on(underlay.connection, self._queue())
+
+    async def _declare_on(self, connection: aiormq.abc.AbstractConnection, queue: str) -> None:
+        opts = self.options
+        declarer = declarer_for(connection)
+        await declarer.destination(connection, opts.topology, queue, opts.parking_queue)
+        if opts.dead_letter_queue is not None:
+            spec = opts.topology.dead_letter_queue_spec(opts.dead_letter_queue)
+            await declarer.queue(connection, spec)
 
     def _failures(self, queue: str) -> FailureHandling:
         opts = self.options
@@ -302,9 +311,7 @@ class RetryingHandler(Generic[P]):
         if self._declared_on is None or self._declared_on() is not connection:
             # First use on this connection: declare what we need. A failure is given back
             # to the queue after a backoff (_rescue): nothing is lost, nothing spins.
-            await declarer_for(connection).destination(
-                connection, opts.topology, queue, opts.parking_queue
-            )
+            await self._declare_on(connection, queue)
             self._declared_on = weakref.ref(connection)
         if opts.topology.is_chain_exchange(message.exchange):
             due_at = cell.get().due_at
@@ -711,6 +718,10 @@ async def consume(
             "losing it; drop no_ack=True"
         )
     bound = handler.for_queue(queue.name)
+    # A queue declared with work_queue_arguments: its dead-letter queue is declared with it.
+    target = dead_letter_target(getattr(queue, "arguments", None))
+    if target is not None:
+        bound = RetryingHandler(bound.fn, replace(bound.options, dead_letter_queue=target))
     underlay = await underlay_of(queue.channel)
     if not getattr(underlay, "publisher_confirms", False):
         # Every hand-over would fail on its first failure and leave the message unacked.
@@ -720,12 +731,6 @@ async def consume(
             "connection.channel(publisher_confirms=True), aio-pika's default"
         )
     await bound.declare(queue.channel)
-    target = dead_letter_target(getattr(queue, "arguments", None))
-    if target is not None:
-        # The queue dead-letters past its delivery limit (work_queue_arguments): the target
-        # must exist, or the broker keeps what it could not deliver in the queue itself.
-        spec = handler.options.topology.dead_letter_queue_spec(target)
-        await declarer_for(underlay.connection).queue(underlay.connection, spec)
     warn_about_delivery_limit(
         queue=queue.name,
         arguments=getattr(queue, "arguments", None),
