@@ -14,11 +14,14 @@ from collections.abc import Iterator
 
 import aio_pika
 import pytest
+from aio_pika.abc import AbstractIncomingMessage
 
+from delayed_retry import DelayTopology, consume, with_delayed_retry
 from delayed_retry.admin.management import ManagementClient
 from delayed_retry.cli import main
 from delayed_retry.topology import work_queue_policy_command
 from harness import RabbitMQNode, free_port
+from tests.reliability.test_undecodable import microseconds_now
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
@@ -130,6 +133,9 @@ def test_the_policy_the_warning_names_defends_an_existing_quorum_queue(
         assert f"declared '{unique}.dead-letter'" in out
         assert "warning" not in err
         assert asyncio.run(client.queue(f"{unique}.dead-letter"))["type"] == "quorum"
+        # And it does what the arguments do: an undecodable message is moved aside.
+        handled = asyncio.run(_poison_then_ordinary(node.url, unique, prefix=unique))
+        assert handled == [b"after"]
     finally:
         node.rabbitmqctl("clear_policy", f"{unique}.work-queue")
 
@@ -172,6 +178,41 @@ def test_without_the_management_api_the_check_says_it_was_not_made(
     finally:
         assert main(["--url", rabbitmq_url, "teardown", *prefix, "--queue", unique, "--yes"]) == 0
         asyncio.run(_delete(rabbitmq_url, unique, f"{unique}.dead-letter"))
+
+
+async def _poison_then_ordinary(url: str, queue: str, *, prefix: str) -> list[bytes]:
+    """Consume ``queue`` with a decorated handler, publish a message whose timestamp is in
+    microseconds and then an ordinary one; the bodies handled once the ordinary one was."""
+    handled: list[bytes] = []
+
+    @with_delayed_retry(topology=DelayTopology(prefix=prefix, levels=6))
+    async def handle(message: AbstractIncomingMessage) -> None:
+        handled.append(message.body)
+
+    robust = await aio_pika.connect_robust(url, reconnect_interval=0.5)
+    other = await aio_pika.connect(url)  # the consumer's connection drops at each poison
+    async with robust, other:
+        channel = await robust.channel()
+        # One at a time: a message in the poison's prefetch window would be moved along.
+        await channel.set_qos(prefetch_count=1)
+        await consume(await channel.declare_queue(queue, passive=True), handle)
+        publisher = await other.channel()
+        await publisher.default_exchange.publish(
+            aio_pika.Message(b"poison", timestamp=microseconds_now()), routing_key=queue
+        )
+        await publisher.default_exchange.publish(aio_pika.Message(b"after"), routing_key=queue)
+        await wait_until(lambda: b"after" in handled, timeout=60, what="the ordinary message")
+        await wait_until(
+            lambda: _depth_is(publisher, f"{queue}.dead-letter", 1),
+            timeout=30,
+            what="the poison dead-lettered by the policy",
+        )
+    return handled
+
+
+async def _depth_is(channel: aio_pika.abc.AbstractChannel, queue: str, n: int) -> bool:
+    declared = await channel.declare_queue(queue, passive=True)
+    return declared.declaration_result.message_count == n
 
 
 async def _policy_shown(client: ManagementClient, queue: str) -> bool:
