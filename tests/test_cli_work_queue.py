@@ -21,7 +21,7 @@ from delayed_retry.admin.management import ManagementClient
 from delayed_retry.cli import main
 from delayed_retry.topology import work_queue_policy_command
 from harness import RabbitMQNode, free_port
-from tests.reliability.test_undecodable import microseconds_now
+from tests.support.undecodable import microseconds_now
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker

@@ -5,16 +5,13 @@ connection before any code of delayed-retry sees the message, and the broker
 delivers it again, first, at every reconnect. The queue's delivery limit is the
 one defence: past it the broker dead-letters the message into the queue's
 dead-letter queue (declared by ``consume``), and what is behind it flows again.
-These tests publish such messages for real (a datetime whose ``timestamp()`` is
-in microseconds, as a producer writing microseconds sends; a string whose UTF-8
-encoding is not UTF-8, as a lax client sends) and watch the consumer, the work
-queue and the dead-letter queue.
+These tests publish such messages for real (:mod:`tests.support.undecodable`)
+and watch the consumer, the work queue and the dead-letter queue.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,30 +26,12 @@ from delayed_retry.cli import main
 from delayed_retry.parking.records import read_record
 from delayed_retry.topology import work_queue_arguments
 from tests.support.queues import delete_all, depth
+from tests.support.undecodable import NotUtf8, microseconds_now
 from tests.support.waiting import wait_until
 
 LIMIT = 3
 RECONNECT_INTERVAL = 0.5
 """Seconds between the consumer's reconnects (aio-pika's default is 5)."""
-
-
-class MicrosecondStamp(datetime.datetime):
-    """A datetime that pamqp encodes in microseconds since the epoch, as some producers do."""
-
-    def timestamp(self) -> float:
-        return super().timestamp() * 1_000_000
-
-
-class NotUtf8(str):
-    """A string that pamqp encodes as bytes that are not UTF-8 (as a lax client would)."""
-
-    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        return b"\xff\xfe" + str(self).encode(encoding, errors)
-
-
-def microseconds_now() -> MicrosecondStamp:
-    now = datetime.datetime.now(datetime.UTC)
-    return MicrosecondStamp.fromtimestamp(now.timestamp(), datetime.UTC)
 
 
 POISONS: dict[str, dict[str, Any]] = {
