@@ -13,7 +13,7 @@ import signal
 import aio_pika
 from tenacity import retry_if_exception_type, wait_exponential
 
-from delayed_retry import consume, current_retry_state, with_delayed_retry
+from delayed_retry import consume, current_retry_state, with_delayed_retry, work_queue_arguments
 
 
 class TransientError(Exception):
@@ -54,7 +54,11 @@ async def main() -> None:
     async with connection:
         channel = await connection.channel()  # publisher confirms are on by default
         await channel.set_qos(prefetch_count=10)
-        queue = await channel.declare_queue("orders", durable=True)
+        # A quorum queue whose broker moves aside, after 5 deliveries, a message no consumer
+        # can take (one the client cannot even decode) to orders.dead-letter.
+        queue = await channel.declare_queue(
+            "orders", durable=True, arguments=work_queue_arguments("orders")
+        )
         await consume(queue, handle)  # declares the delay chain and binds the queue first
         print("consuming 'orders'; Ctrl-C to stop", flush=True)
         stop = asyncio.Event()

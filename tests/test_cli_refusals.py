@@ -62,6 +62,23 @@ def test_connection_failures_keep_their_wording(exc: BaseException) -> None:
     assert line is not None and line.startswith("cannot reach the broker at")
 
 
+@pytest.mark.parametrize(
+    "detail",
+    [
+        "Could not unmarshal ContentHeader frame: year 58875 is out of range",
+        "Could not unmarshal <Basic.GetOk object at 0x7f> frame: 'utf-8' codec can't decode byte",
+    ],
+)
+def test_a_message_the_client_cannot_decode_is_named_with_where_to_look(detail: str) -> None:
+    # What aiormq raises when pamqp cannot decode a delivery: the broker is fine.
+    exc = aiormq.exceptions.InvalidFrameError(detail)
+    line = explain_connection_error(exc, URL)
+    assert line is not None
+    assert "cannot be decoded by the AMQP client" in line and detail in line
+    assert "Messages the client cannot decode" in line
+    assert "cannot reach" not in line and "virtual host" not in line and "s3cret" not in line
+
+
 def test_teardown_goes_down_the_levels_then_to_the_queues_the_chain_feeds() -> None:
     topology = DelayTopology(prefix="P", levels=3)
     names = [spec.name for spec in deletion_order(topology, ["orders"])]

@@ -49,6 +49,7 @@ async def _delete_orders(url: str) -> None:
         channel = await connection.channel()
         await channel.queue_delete("orders")
         await channel.queue_delete("orders.parking")
+        await channel.queue_delete("orders.dead-letter")
 
 
 def test_the_use_program_consumes_and_stops_on_sigint(rabbitmq_url: str) -> None:

@@ -14,7 +14,13 @@ import pytest
 from faststream.rabbit import QueueType, RabbitBroker, RabbitQueue, RabbitRouter
 from tenacity import retry_if_exception_type, wait_fixed
 
-from delayed_retry import ConfigurationError, NoInstrumentation, ParkMessage, RetryAfter
+from delayed_retry import (
+    ConfigurationError,
+    NoInstrumentation,
+    ParkMessage,
+    RetryAfter,
+    work_queue_arguments,
+)
 from delayed_retry import with_delayed_retry as decorator
 from delayed_retry.cli import main
 from delayed_retry.faststream import CurrentRetryState, DelayedRetry
@@ -167,3 +173,25 @@ async def test_a_routers_policy_overrides_its_brokers(quorum: Scenario, rabbitmq
         await quorum.wait_for_depth(quorum.topology.default_parking_queue(plain.name), 1)
         await quorum.wait_for_depth(quorum.topology.default_parking_queue(patient.name), 1)
     assert sorted(seen) == ["patient", "patient", "plain"]
+
+
+async def test_a_work_queues_dead_letter_queue_is_declared_with_its_binding(
+    quorum: Scenario, rabbitmq_url: str
+) -> None:
+    name = quorum.name("defended")
+    dead_letter = quorum.topology.default_dead_letter_queue(name)
+    quorum.track_queue(name, quorum.topology.default_parking_queue(name), dead_letter)
+    # FastStream types each queue type's arguments as a TypedDict; these are plain x-arguments.
+    arguments: Any = work_queue_arguments(name)
+    queue = RabbitQueue(name, queue_type=QueueType.QUORUM, durable=True, arguments=arguments)
+    broker = RabbitBroker(rabbitmq_url, logger=None, middlewares=[retrier(quorum)])
+    seen: list[str] = []
+
+    @broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        seen.append(body)
+
+    async with running(broker):
+        await broker.publish("first", queue.name)
+        await wait_until(lambda: seen == ["first"], what="the first message handled")
+        assert await quorum.depth(dead_letter) == 0  # exists: a missing queue raises

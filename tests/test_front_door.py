@@ -28,6 +28,8 @@ from delayed_retry.delivery.front_door import (
 )
 from delayed_retry.headers import (
     X_DELAY,
+    X_ORIGINAL_EXCHANGE,
+    X_ORIGINAL_ROUTING_KEY,
     X_PARKED_REASON,
 )
 from tests.support.chain import Inbox, Scenario
@@ -60,7 +62,11 @@ def test_x_delay_values_that_are_not_delays(value: object) -> None:
 
 
 def _pika_publish(
-    url: str, exchange: str, messages: list[tuple[str, bytes, dict[str, Any]]]
+    url: str,
+    exchange: str,
+    messages: list[tuple[str, bytes, dict[str, Any]]],
+    *,
+    delivery_mode: int = 2,
 ) -> None:
     """Publish with pika, in confirm mode: (routing key, body, headers) each."""
     connection = pika.BlockingConnection(pika.URLParameters(url))
@@ -72,7 +78,7 @@ def _pika_publish(
                 exchange,
                 key,
                 body,
-                properties=pika.BasicProperties(headers=headers, delivery_mode=2),
+                properties=pika.BasicProperties(headers=headers, delivery_mode=delivery_mode),
                 mandatory=True,
             )
     finally:
@@ -129,6 +135,36 @@ async def test_pika_producer_gets_the_plugin_contract(
         assert arrivals[body].at < arrivals[b"int"].at
     # Nothing bound for invoices.x: kept with a record, not dropped.
     await s.wait_for_depth(f"{door.forward_queue}.parking", 1)
+
+
+@pytest.mark.parametrize("delivery_mode", [1, 2])
+async def test_every_copy_keeps_its_delivery_mode_and_names_where_it_was_sent(
+    quorum: Scenario, door: FrontDoor, rabbitmq_url: str, delivery_mode: int
+) -> None:
+    q = await quorum.queue()
+    await q.bind(door.exchange, routing_key="orders.#")
+    inbox = Inbox()
+    await q.consume(inbox)
+    await asyncio.to_thread(
+        _pika_publish,
+        rabbitmq_url,
+        door.delay_exchange,
+        [
+            ("orders.delayed", b"delayed", {X_DELAY: 300}),
+            ("orders.none", b"none", {}),
+            ("orders.zero", b"zero", {X_DELAY: 0}),
+            ("orders.negative", b"negative", {X_DELAY: -5}),
+            ("orders.forged", b"forged", {X_ORIGINAL_EXCHANGE: "elsewhere"}),
+        ],
+        delivery_mode=delivery_mode,
+    )
+    arrivals = {a.message.body: a for a in await inbox.take(5)}
+    assert set(arrivals) == {b"delayed", b"none", b"zero", b"negative", b"forged"}
+    for body, arrival in arrivals.items():
+        assert arrival.message.delivery_mode == delivery_mode, body
+        expected_exchange = "elsewhere" if body == b"forged" else door.exchange
+        assert arrival.headers[X_ORIGINAL_EXCHANGE] == expected_exchange, body
+        assert arrival.headers[X_ORIGINAL_ROUTING_KEY] == f"orders.{body.decode()}", body
 
 
 async def test_x_delay_appears_only_once_bound_to_its_queue(

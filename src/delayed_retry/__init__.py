@@ -45,7 +45,12 @@ from delayed_retry.observability.instrumentation import Instrumentation, NoInstr
 from delayed_retry.observability.otel import OpenTelemetryInstrumentation
 from delayed_retry.parking.shortcuts import ParkedMessage, ReplayResult, peek_parked, replay_parked
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.topology import (
+    DEFAULT_TOPOLOGY,
+    WORK_QUEUE_DELIVERY_LIMIT,
+    DelayTopology,
+    work_queue_arguments,
+)
 
 try:
     __version__ = _metadata.version("delayed-retry")
@@ -82,6 +87,8 @@ __all__ = [
     "DelayTopology",
     "DEFAULT_TOPOLOGY",
     "declare_topology",
+    "work_queue_arguments",
+    "WORK_QUEUE_DELIVERY_LIMIT",
     # telemetry
     "Instrumentation",
     "NoInstrumentation",

@@ -39,6 +39,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from delayed_retry.topology import (
+    WORK_QUEUE_DELIVERY_LIMIT,
+    dead_letter_target,
+    work_queue_policy_command,
+)
+
 if TYPE_CHECKING:
     from delayed_retry.topology import DelayTopology
 
@@ -53,6 +59,7 @@ __all__ = [
     "DeliveryLimitRisk",
     "broker_major_version",
     "check_delivery_limit",
+    "undecodable_risk",
     "warn_about_delivery_limit",
 ]
 
@@ -152,6 +159,10 @@ def check_delivery_limit(
     """
     args: Mapping[str, Any] = arguments if isinstance(arguments, Mapping) else {}
     if args.get("x-queue-type") != "quorum":
+        return None
+    if dead_letter_target(args) is not None:
+        # work_queue_arguments: what passes the limit is kept in a dead-letter queue with
+        # the broker's record, by design (the defence against undecodable messages).
         return None
     dlx = args.get("x-dead-letter-exchange")
     dead_letter_exchange = dlx if isinstance(dlx, str) and dlx else None
@@ -259,3 +270,77 @@ def warn_about_delivery_limit(
     if risk is not None:
         log.warning("%s", risk.message)
     return risk
+
+
+def _setting(
+    arguments: Mapping[str, Any], policy: Mapping[str, Any], key: str
+) -> tuple[object, object]:
+    """(argument ``x-<key>``, policy ``<key>``) of a queue, either ``None`` when unset."""
+    return arguments.get(f"x-{key}"), policy.get(key)
+
+
+def undecodable_risk(
+    *,
+    queue: str,
+    queue_type: str | None,
+    arguments: Mapping[str, Any] | None,
+    policy: Mapping[str, Any] | None,
+    broker_major: int | None = None,
+) -> str | None:
+    """Why a message the AMQP client cannot decode would stall ``queue``, or ``None``.
+
+    Such a message (docs/reliability.md lists them) drops the consumer's
+    connection at each delivery, before any consumer code sees it; only the
+    broker can move it aside: a quorum queue's delivery limit with a
+    dead-letter target (:func:`~delayed_retry.topology.work_queue_arguments`).
+    ``queue_type``, ``arguments`` and ``policy`` (the effective policy
+    definition) are what the management API reports of the queue. Returns the
+    warning to show, naming the queue, what happens and the fix.
+    """
+    args: Mapping[str, Any] = arguments if isinstance(arguments, Mapping) else {}
+    pol: Mapping[str, Any] = policy if isinstance(policy, Mapping) else {}
+    kind = queue_type or args.get("x-queue-type") or "classic"
+    stall = (
+        "a message the AMQP client cannot decode (a timestamp past the year 9999, text that "
+        "is not UTF-8 where AMQP wants it) drops the consumer's connection at every delivery "
+        "and is delivered again first"
+    )
+    if kind != "quorum":
+        return (
+            f"queue {queue!r} is a {kind} queue, which has no delivery limit: {stall}, for ever, "
+            "so nothing behind it is handled. Fix: consume a quorum queue declared with "
+            f"work_queue_arguments({queue!r}) (delayed-retry declare --bind NEW_QUEUE --create), "
+            "and move the traffic to it"
+        )
+    fix = f"Fix: {work_queue_policy_command(queue)}"
+    arg_limit, pol_limit = _setting(args, pol, "delivery-limit")
+    limits = [v for v in (_as_int(arg_limit), _as_int(pol_limit)) if v is not None and v >= 0]
+    if not limits:
+        if broker_major is not None and broker_major >= 4:
+            limit_text = f"RabbitMQ {broker_major}.x's default delivery limit of 20"
+            limit = BROKER_DEFAULT_DELIVERY_LIMIT
+        else:
+            return (
+                f"quorum queue {queue!r} has no delivery limit: {stall}, for ever on RabbitMQ "
+                f"3.x, so nothing behind it is handled (4.0+ drop it after 20). {fix}"
+            )
+    else:
+        # The broker applies the lower of argument and policy.
+        limit = min(limits)
+        limit_text = f"its delivery limit of {limit}"
+    arg_dlx, pol_dlx = _setting(args, pol, "dead-letter-exchange")
+    dlx = arg_dlx if arg_dlx is not None else pol_dlx
+    if not isinstance(dlx, str):
+        return (
+            f"quorum queue {queue!r} has no dead-letter exchange: {stall}, until "
+            f"{limit_text} drops it without a trace (and so any message returned that often). "
+            f"{fix}"
+        )
+    if limit > SAFE_DELIVERY_LIMIT:
+        return (
+            f"quorum queue {queue!r} dead-letters only past {limit_text}: {stall}, and holds up "
+            f"everything behind it for {limit} reconnects (5 s each by aio-pika's default) "
+            f"before the broker moves it aside. Fix: a limit of about "
+            f"{WORK_QUEUE_DELIVERY_LIMIT}: {work_queue_policy_command(queue)}"
+        )
+    return None

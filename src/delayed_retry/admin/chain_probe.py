@@ -9,7 +9,7 @@ Each probe runs on a channel of its own, since a refusal closes the channel.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,27 @@ async def declared_queue(
         return await on_scratch_channel(await underlay_connection(connection), declare)
     except aiormq.exceptions.ChannelNotFoundEntity:
         return None
+
+
+async def declared_with(
+    connection: AbstractConnection, name: str, arguments: Mapping[str, Any]
+) -> bool:
+    """Whether queue ``name``, which exists, was declared durable with exactly ``arguments``.
+
+    AMQP cannot read a queue's arguments; a declaration with the same ones is
+    accepted and changes nothing, other ones are refused (``PRECONDITION_FAILED``),
+    on a scratch channel of its own. Call it only for a queue known to exist:
+    on a missing one the declaration would create it.
+    """
+
+    async def declare(channel: aiormq.abc.AbstractChannel) -> None:
+        await channel.queue_declare(name, durable=True, arguments=dict(arguments))
+
+    try:
+        await on_scratch_channel(await underlay_connection(connection), declare)
+    except aiormq.exceptions.ChannelPreconditionFailed:
+        return False
+    return True
 
 
 async def exchange_exists(connection: AbstractConnection, name: str) -> bool:

@@ -240,6 +240,16 @@ class ManagementClient:
         )
         return info
 
+    async def queue(self, name: str) -> dict[str, Any]:
+        """What the API reports of queue ``name``: type, arguments, ``effective_policy_definition``.
+
+        Raises :class:`ManagementError` with ``status`` 404 when it does not exist.
+        """
+        info: dict[str, Any] = await self._read(
+            ("queues", self.vhost, name), what=f"queue {name!r}"
+        )
+        return info
+
     async def bindings(self) -> list[Binding]:
         """Every binding of the vhost, but the default exchange's implicit ones."""
         return _bindings(await self._read(("bindings", self.vhost), what="bindings"))

@@ -34,8 +34,12 @@ async def publish_into_chain(
     route: Route | tuple[str, str],
     headers: Mapping[str, Any],
     timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+    keep_delivery_mode: bool = False,
 ) -> None:
     """Publish a persistent copy of ``message`` to ``route`` (exchange, key); wait for the confirm.
+
+    ``keep_delivery_mode`` keeps the producer's delivery mode instead (see
+    :func:`~delayed_retry.amqp.publish.copy_properties`).
 
     Raises :class:`~delayed_retry.errors.PublishError` like
     :func:`~delayed_retry.amqp.publish.publish_copy`; after a missing-exchange
@@ -53,6 +57,7 @@ async def publish_into_chain(
             routing_key=routing_key,
             headers=headers,
             timeout=timeout,
+            keep_delivery_mode=keep_delivery_mode,
         )
     except PublishError as err:
         if isinstance(err.__cause__, aiormq.exceptions.ChannelNotFoundEntity):

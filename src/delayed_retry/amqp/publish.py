@@ -73,20 +73,29 @@ def check_header_size(
 
 
 def copy_properties(
-    properties: spec.Basic.Properties | None, headers: Mapping[str, Any]
+    properties: spec.Basic.Properties | None,
+    headers: Mapping[str, Any],
+    *,
+    keep_delivery_mode: bool = False,
 ) -> spec.Basic.Properties:
     """Properties for a re-published copy: persistent, new headers, no expiration, no user-id.
 
     ``expiration`` would cut a delay short (the lower of queue TTL and message
     TTL wins); ``user_id`` must match the publishing connection's user or the
-    broker refuses the publish.
+    broker refuses the publish. ``keep_delivery_mode`` keeps the producer's
+    delivery mode instead of making the copy persistent: for copies on their
+    way to the producer's own destination (the front door and the forwarder),
+    where a transient message should arrive transient, as the delayed-message
+    plugin delivers it. The chain's quorum queues keep every message on disk
+    whatever its mode, so only a classic chain would lose a transient copy in a
+    broker restart.
     """
     p = properties or spec.Basic.Properties()
     return spec.Basic.Properties(
         content_type=p.content_type,
         content_encoding=p.content_encoding,
         headers=dict(headers),
-        delivery_mode=2,
+        delivery_mode=p.delivery_mode if keep_delivery_mode else 2,
         priority=p.priority,
         correlation_id=p.correlation_id,
         reply_to=p.reply_to,
@@ -226,17 +235,21 @@ async def publish_copy(
     routing_key: str,
     headers: Mapping[str, Any],
     timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+    keep_delivery_mode: bool = False,
 ) -> None:
     """Publish a persistent copy of ``message`` with ``headers`` and wait for its confirm.
 
-    The copy keeps the body and properties (see :func:`copy_properties`); it
-    raises like :func:`publish_confirmed`.
+    The copy keeps the body and properties (see :func:`copy_properties`, which
+    also says when to pass ``keep_delivery_mode``); it raises like
+    :func:`publish_confirmed`.
     """
     await publish_confirmed(
         channel,
         exchange=exchange,
         routing_key=routing_key,
         body=message.body,
-        properties=copy_properties(message.properties, headers),
+        properties=copy_properties(
+            message.properties, headers, keep_delivery_mode=keep_delivery_mode
+        ),
         timeout=timeout,
     )

@@ -107,6 +107,13 @@ def explain_connection_error(exc: BaseException, url: str) -> str | None:
             f"the broker at {shown!r} refused to open virtual host {vhost_of(url)!r} (it does not "
             "exist or the user may not use it); check the path of --url, e.g. '/' is %2F"
         )
+    if isinstance(exc, aiormq.exceptions.InvalidFrameError) and "unmarshal" in str(exc):
+        detail = exc.args[-1] if exc.args else exc
+        return (
+            f"a message this command read from the broker at {shown!r} cannot be decoded by the "
+            f"AMQP client ({detail}); it is still in its queue. Read it in the management UI and "
+            "see 'Messages the client cannot decode' in docs/reliability.md to move it aside"
+        )
     if isinstance(exc, aiormq.exceptions.AMQPConnectionError | ConnectionError | OSError):
         detail = exc.args[-1] if exc.args else exc
         return (

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from aio_pika.abc import AbstractConnection
 
 from delayed_retry.admin.chain_probe import declared_queue
 from delayed_retry.cli.chain import checked_topology
-from delayed_retry.cli.common import add_topology_args
+from delayed_retry.cli.common import add_management_option, add_topology_args
 from delayed_retry.cli.connection import connect
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import CommandError, add_json_option, emit_json, print_table
+from delayed_retry.cli.work_queue import check_work_queue
 from delayed_retry.durations import format_duration
 from delayed_retry.errors import NotFoundError, queue_not_found
 
@@ -26,7 +28,9 @@ def register(sub: Any) -> None:
         help="work queues, delay levels, parking: depths and when messages come due",
         description="Show each work queue's depth and consumers, the messages waiting in the "
         "delay chain (only the levels holding any, unless --all-levels) with when they come "
-        "due, and the parking, unroutable and alert queues. Read-only.",
+        "due, and the parking, unroutable and alert queues. Where the management API "
+        "answers, warns about a work queue that a message the client cannot decode would "
+        "stall (no delivery limit with a dead-letter target). Read-only.",
     )
     status.add_argument(
         "--queue",
@@ -38,6 +42,9 @@ def register(sub: Any) -> None:
     status.add_argument("--all-levels", action="store_true", help="also show empty levels")
     add_json_option(status)
     add_topology_args(status)
+    add_management_option(
+        status, purpose="the chain a --queue is bound to and its delivery limit's checks"
+    )
     status.set_defaults(func=lambda args: run(_status(args)))
 
 
@@ -67,6 +74,15 @@ async def _status(args: argparse.Namespace) -> int:
         parking = {
             q: await _declared(connection, topology.default_parking_queue(q)) for q in args.queue
         }
+        checks = {q: await check_work_queue(args, connection, q) for q in args.queue}
+        dead_letter = {
+            q: await _declared(
+                connection,
+                checks[q].dead_letter_queue or topology.default_dead_letter_queue(q),
+            )
+            for q in args.queue
+        }
+        warnings = [c.warning for c in checks.values() if c.warning is not None]
         levels = [
             await _declared(connection, topology.level_name(n)) for n in range(topology.levels)
         ]
@@ -101,6 +117,8 @@ async def _status(args: argparse.Namespace) -> int:
                         "messages": _at(work[q], 0),
                         "consumers": _at(work[q], 1),
                         "parked": _at(parking[q], 0),
+                        "dead_lettered": _at(dead_letter[q], 0),
+                        "warning": checks[q].warning,
                     }
                     for q in args.queue
                 ],
@@ -120,17 +138,18 @@ async def _status(args: argparse.Namespace) -> int:
     if args.queue:
         print()
         print_table(
-            ("queue", "ready", "consumers", "parked"),
+            ("queue", "ready", "consumers", "parked", "dead-lettered"),
             [
                 (
                     q,
                     _shown(work[q], 0, "missing"),
                     _shown(work[q], 1, "-"),
                     _shown(parking[q], 0, "missing"),
+                    _shown(dead_letter[q], 0, "-"),
                 )
                 for q in args.queue
             ],
-            right=(1, 2, 3),
+            right=(1, 2, 3, 4),
         )
     waiting = sum(r["messages"] or 0 for r in level_rows)
     shown = [r for r in level_rows if args.all_levels or r["messages"]]
@@ -157,6 +176,8 @@ async def _status(args: argparse.Namespace) -> int:
         f"unroutable: {'missing' if unroutable is None else unroutable[0]}, alert copies: "
         f"{'missing' if alerts is None else alerts[0]}"
     )
+    for warning in warnings:
+        print(f"delayed-retry: warning: {warning}", file=sys.stderr, flush=True)
     _raise_missing(work, missing)
     return 0
 

@@ -51,7 +51,7 @@ from delayed_retry.observability.instrumentation import (
 )
 from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, dead_letter_target
 
 __all__ = [
     "RetryingHandler",
@@ -192,6 +192,10 @@ class RetryOptions:
     """The messages this handler is pausing between immediate runs right now."""
     hooks: FailureHooks | None = None
     """``on_retry`` / ``on_park``, called after each confirmed hand-over."""
+    dead_letter_queue: str | None = None
+    """Where the consumed queue's broker dead-letters past its delivery limit, when its
+    arguments say so (:func:`~delayed_retry.topology.work_queue_arguments`): declared with
+    the queue's binding, so the broker has somewhere to put what no consumer could take."""
 
 
 class RetryingHandler(Generic[P]):
@@ -230,11 +234,16 @@ class RetryingHandler(Generic[P]):
 
     async def declare(self, channel: aiormq.abc.AbstractChannel | Any) -> None:
         """Declare the topology, the queue binding and the parking queue now, not on first use."""
-        queue = self._queue()
         underlay = await underlay_of(channel)
-        await declarer_for(underlay.connection).destination(
-            underlay.connection, self.options.topology, queue, self.options.parking_queue
-        )
+        await self._declare_on(underlay.connection, self._queue())
+
+    async def _declare_on(self, connection: aiormq.abc.AbstractConnection, queue: str) -> None:
+        opts = self.options
+        declarer = declarer_for(connection)
+        await declarer.destination(connection, opts.topology, queue, opts.parking_queue)
+        if opts.dead_letter_queue is not None:
+            spec = opts.topology.dead_letter_queue_spec(opts.dead_letter_queue)
+            await declarer.queue(connection, spec)
 
     def _failures(self, queue: str) -> FailureHandling:
         opts = self.options
@@ -302,9 +311,7 @@ class RetryingHandler(Generic[P]):
         if self._declared_on is None or self._declared_on() is not connection:
             # First use on this connection: declare what we need. A failure is given back
             # to the queue after a backoff (_rescue): nothing is lost, nothing spins.
-            await declarer_for(connection).destination(
-                connection, opts.topology, queue, opts.parking_queue
-            )
+            await self._declare_on(connection, queue)
             self._declared_on = weakref.ref(connection)
         if opts.topology.is_chain_exchange(message.exchange):
             due_at = cell.get().due_at
@@ -688,7 +695,9 @@ async def consume(
     """Consume ``queue`` with ``handler``, telling it the queue so retries come back here.
 
     Declares the topology, the queue's binding and its parking queue first,
-    so a misconfiguration fails here and not at the first failure, and warns
+    so a misconfiguration fails here and not at the first failure (and the
+    dead-letter queue a queue declared with
+    :func:`~delayed_retry.topology.work_queue_arguments` names), and warns
     when the queue's delivery limit (as declared through ``queue``) could drop
     messages before they are parked (:mod:`delayed_retry.checks`). Returns
     the consumer tag.
@@ -709,6 +718,10 @@ async def consume(
             "losing it; drop no_ack=True"
         )
     bound = handler.for_queue(queue.name)
+    # A queue declared with work_queue_arguments: its dead-letter queue is declared with it.
+    target = dead_letter_target(getattr(queue, "arguments", None))
+    if target is not None:
+        bound = RetryingHandler(bound.fn, replace(bound.options, dead_letter_queue=target))
     underlay = await underlay_of(queue.channel)
     if not getattr(underlay, "publisher_confirms", False):
         # Every hand-over would fail on its first failure and leave the message unacked.

@@ -272,6 +272,7 @@ class Forwarder:
                 route=self.topology.route(units, queue),
                 headers=sanitize_headers(message.headers),
                 timeout=self._publish_timeout,
+                keep_delivery_mode=True,
             )
             return True
 
@@ -303,6 +304,8 @@ class Forwarder:
                     routing_key=routing_key,
                     headers=headers,
                     timeout=self._publish_timeout,
+                    # The producer's own destination: a transient message arrives transient.
+                    keep_delivery_mode=True,
                 )
                 return True
             except PublishError as exc:

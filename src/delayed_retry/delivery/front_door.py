@@ -23,7 +23,10 @@ Outcomes of each input, written down for the people who script against it:
   :mod:`delayed_retry.delivery.forwarder`).
 
 As with the plugin, the delivered message carries ``x-delay`` negated
-(``-5000``), so a consumer can tell a delayed delivery from a direct one.
+(``-5000``), so a consumer can tell a delayed delivery from a direct one, and
+keeps the producer's delivery mode. Every copy, delayed or delivered at once,
+carries ``x-retry-original-exchange``/``-routing-key`` (``X``, ``K``) unless the
+producer set them.
 Every hand-over is confirmed before the ack: at-least-once.
 """
 
@@ -303,6 +306,9 @@ class FrontDoor:
             return
         out: dict[str, Any] = sanitize_headers(headers)
         out[X_DELAY] = -delay_ms
+        # Records of where every copy was sent, delivered at once or after a delay.
+        out.setdefault(X_ORIGINAL_EXCHANGE, self.exchange)
+        out.setdefault(X_ORIGINAL_ROUTING_KEY, key)
         if not delay_ms:
             await self.forwarder.deliver(
                 message,
@@ -315,8 +321,6 @@ class FrontDoor:
         due_at = start + timedelta(milliseconds=delay_ms)
         out[X_DUE_AT] = to_epoch_ms(due_at)
         out[X_FORWARD_ROUTING_KEY] = key
-        out.setdefault(X_ORIGINAL_EXCHANGE, self.exchange)
-        out.setdefault(X_ORIGINAL_ROUTING_KEY, key)
 
         async def into_chain() -> bool:
             # Out of the chain a lead early when forwarders hold messages until due;
@@ -329,6 +333,7 @@ class FrontDoor:
                 route=self.topology.route(units, self.forward_queue),
                 headers=out,
                 timeout=self._publish_timeout,
+                keep_delivery_mode=True,
             )
             return True
 

@@ -61,7 +61,7 @@ from delayed_retry.faststream.subscribers import (
 from delayed_retry.hold import DEFAULT_HOLD, Hold
 from delayed_retry.observability.instrumentation import Instrumentation
 from delayed_retry.policy import DEFAULT_WAIT
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, dead_letter_target
 
 if TYPE_CHECKING:
     from faststream import ContextRepo, StreamMessage
@@ -226,8 +226,12 @@ class DelayedRetry:
                     max_retries=self.options.policy.max_retries,
                     server_properties=getattr(raw.channel.connection, "server_properties", None),
                 )
+            # A queue declared with work_queue_arguments: its dead-letter queue is declared
+            # with the binding, at the first message on each connection.
+            target = dead_letter_target(getattr(subscriber.queue, "arguments", None))
             handler = RetryingHandler(
-                _run_handler, replace(self.options, queue=queue, ack_on_success=False)
+                _run_handler,
+                replace(self.options, queue=queue, ack_on_success=False, dead_letter_queue=target),
             )
         served = self._served[id(subscriber)] = _Served(subscriber, queue, handler)
         return served

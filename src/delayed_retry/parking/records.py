@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from delayed_retry.consumer.rejections import newest_death
 from delayed_retry.durations import to_epoch_ms, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.fingerprint import fingerprint_headers
@@ -144,7 +145,15 @@ def parse_parked(
     h: Mapping[str, Any] = headers if isinstance(headers, Mapping) else {}
     state = parse_retry_state(h, exchange=exchange, routing_key=routing_key, queue=None)
     reason = h.get(X_PARKED_REASON)
-    if not isinstance(reason, str):
+    queue = state.queue
+    death = newest_death(h) if not isinstance(reason, str) else None
+    if death is not None and death.reason == "delivery_limit":
+        # Dead-lettered here by the broker past the work queue's delivery limit (see
+        # work_queue_arguments): a message no consumer could take, often one the client
+        # cannot decode. Its x-death entry is the record.
+        reason = "delivery-limit"
+        queue = queue or death.queue
+    elif not isinstance(reason, str):
         # Caught by the chain's alternate exchange (its destination queue is gone): the
         # delivery names the last level it passed, not the unroutable exchange, but the
         # due time it carried through the chain tells where it came from.
@@ -154,7 +163,7 @@ def parse_parked(
     exc_msg = h.get(X_EXCEPTION_MESSAGE)
     return ParkedMessage(
         message_id=message_id,
-        queue=state.queue,
+        queue=queue,
         reason=reason,
         exception_type=exc_type if isinstance(exc_type, str) else None,
         exception_message=exc_msg if isinstance(exc_msg, str) else None,
