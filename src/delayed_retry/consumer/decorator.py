@@ -27,6 +27,7 @@ from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
+from delayed_retry.amqp.consumers import check_restorable, start_consumer
 from delayed_retry.amqp.declare import declarer_for, underlay_of
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.checks import warn_about_delivery_limit
@@ -690,8 +691,10 @@ async def consume(
     Declares the topology, the queue's binding and its parking queue first,
     so a misconfiguration fails here and not at the first failure, and warns
     when the queue's delivery limit (as declared through ``queue``) could drop
-    messages before they are parked (:mod:`delayed_retry.checks`). Returns
-    the consumer tag.
+    messages before they are parked (:mod:`delayed_retry.checks`). Refuses a
+    queue whose consumer aio-pika's robust channel would not restore after a
+    reconnect (taken with ``get_queue(..., ensure=False)``): take it with
+    ``channel.declare_queue(name, passive=True)``. Returns the consumer tag.
     """
     if not isinstance(handler, RetryingHandler):
         raise ConfigurationError(
@@ -708,6 +711,7 @@ async def consume(
             "no-ack message on delivery, so a failure could not be retried or parked without "
             "losing it; drop no_ack=True"
         )
+    check_restorable(queue)
     bound = handler.for_queue(queue.name)
     underlay = await underlay_of(queue.channel)
     if not getattr(underlay, "publisher_confirms", False):
@@ -724,4 +728,4 @@ async def consume(
         max_retries=handler.options.policy.max_retries,
         server_properties=getattr(underlay.connection, "server_properties", None),
     )
-    return await queue.consume(bound, **consume_kwargs)
+    return (await start_consumer(queue, bound, **consume_kwargs)).tag
