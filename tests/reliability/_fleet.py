@@ -31,6 +31,10 @@ from delayed_retry import (
     publish_delayed,
     with_delayed_retry,
 )
+from delayed_retry.amqp.channels import declared_queue, underlay_connection
+from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.consumer.router import RetryRouter
+from delayed_retry.delivery.front_door import FrontDoor
 from delayed_retry.testing import free_port
 from tests.support.queues import delete_all
 from tests.support.services import start_command, stop, wait_status
@@ -163,6 +167,11 @@ async def declare_fleet(url: str, topology: DelayTopology, names: dict[str, str]
         )
         await channel.declare_queue(names["work_queue"], durable=True, arguments=QUORUM)
         await declare_topology(channel, topology, queues=[names["work_queue"]])
+        # What the services declare too, here first: every queue is led by this node.
+        await FrontDoor(connection, exchange=names["door_exchange"], topology=topology).declare()
+        underlay = await underlay_connection(connection)
+        await declarer_for(underlay).forward_queue(underlay, topology, names["forward_exchange"])
+        await RetryRouter(queues=[names["router_queue"]], topology=topology).declare(channel)
 
 
 async def remove_fleet(url: str, topology: DelayTopology, names: dict[str, str]) -> None:
@@ -273,6 +282,21 @@ async def send_round(
                     routing_key=names[queue],
                 )
     return bodies
+
+
+async def consumers_back(url: str, names: dict[str, str]) -> None:
+    """The test process's own consumers are back on the broker (they reconnect each second)."""
+    connection = await aio_pika.connect(url)
+
+    async def back() -> bool:
+        for queue in (names["work_queue"], names["router_queue"]):
+            declared = await declared_queue(connection, queue)
+            if declared is None or not declared.consumer_count:
+                return False
+        return True
+
+    async with connection:
+        await wait_until(back, timeout=60, what="the test process's consumers back on the broker")
 
 
 async def deliver_round(

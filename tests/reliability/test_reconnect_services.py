@@ -38,8 +38,8 @@ from tests.support.waiting import wait_until
 
 from ._fleet import (
     SERVICES,
-    InProcess,
     ServiceProcesses,
+    consumers_back,
     declare_fleet,
     deliver_round,
     fleet_names,
@@ -76,22 +76,6 @@ def _ready(services: ServiceProcesses) -> dict[str, dict[str, Any]]:
     return services.wait_all(200)
 
 
-async def _consumers_back(url: str, fleet: InProcess) -> None:
-    """The test process's own consumers are back too (its connection reconnects each second)."""
-    del fleet
-    connection = await aio_pika.connect(url)
-
-    async def back() -> bool:
-        for queue in (NAMES["work_queue"], NAMES["router_queue"]):
-            declared = await declared_queue(connection, queue)
-            if declared is None or not declared.consumer_count:
-                return False
-        return True
-
-    async with connection:
-        await wait_until(back, timeout=60, what="the test process's consumers back on the broker")
-
-
 def _check_restored(
     before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]], fault: str
 ) -> None:
@@ -120,7 +104,7 @@ async def test_every_consumer_takes_new_messages_after_a_broker_restart(
         await asyncio.to_thread(node.start)
         after = await asyncio.to_thread(_ready, services)
         _check_restored(before, after, "a broker restart")
-        await _consumers_back(node.url, fleet)
+        await consumers_back(node.url, NAMES)
         await deliver_round(node.url, TOPOLOGY, NAMES, fleet, fault="a broker restart")
 
 
@@ -156,7 +140,7 @@ async def test_every_consumer_takes_new_messages_after_the_broker_closes_every_c
             )
             assert reconnects is not None and reconnects >= 1, (service, page[-2000:])
             assert restored is not None and restored >= len(after[service]["consumers"])
-        await _consumers_back(node.url, fleet)
+        await consumers_back(node.url, NAMES)
         await deliver_round(node.url, TOPOLOGY, NAMES, fleet, fault="close_all_connections")
 
 
