@@ -66,6 +66,9 @@ class Path:
     def missing(self, bodies: set[str]) -> set[str]:
         return {b for b in bodies if b not in self.arrived}
 
+    def all_arrived(self, bodies: set[str]) -> bool:
+        return not self.missing(bodies)
+
     def check(self, bodies: set[str], fault: str) -> None:
         """Each of ``bodies`` arrived exactly once and not before it was due."""
         counts = Counter({b: len(self.arrived.get(b, [])) for b in bodies})

@@ -14,17 +14,30 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
+from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import aio_pika
+import aiormq
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
+from faststream.rabbit import QueueType, RabbitBroker, RabbitQueue
+from tenacity import wait_fixed
 
-from delayed_retry import ConfigurationError, DelayTopology, consume, with_delayed_retry
+from delayed_retry import (
+    ConfigurationError,
+    DelayTopology,
+    NoInstrumentation,
+    consume,
+    with_delayed_retry,
+)
 from delayed_retry.amqp.channels import declared_queue
 from delayed_retry.amqp.consumers import consume_queue, start_consumer
+from delayed_retry.faststream import DelayedRetry
 from delayed_retry.testing import RabbitMQNode, free_port
 from tests.support.services import (
     get,
@@ -37,7 +50,9 @@ from tests.support.services import (
 from tests.support.waiting import wait_until
 
 from ._fleet import (
+    DELAY,
     SERVICES,
+    Path,
     ServiceProcesses,
     consumers_back,
     declare_fleet,
@@ -252,5 +267,63 @@ async def test_a_consumer_knows_whether_the_broker_has_it(node: RabbitMQNode) ->
 
 
 async def _consumers(connection: Any, queue: str, count: int) -> bool:
-    declared = await declared_queue(connection, queue)
+    """Whether the broker counts ``count`` consumers on ``queue`` (false while unreachable)."""
+    try:
+        declared = await declared_queue(connection, queue)
+    except (RuntimeError, ConnectionError, aiormq.exceptions.AMQPError):
+        return False  # the robust connection is reconnecting
     return declared is not None and declared.consumer_count == count
+
+
+@pytest.mark.timeout(300)
+async def test_a_faststream_subscriber_takes_new_messages_after_each_fault(
+    node: RabbitMQNode,
+) -> None:
+    queue = f"rc-faststream-{secrets.token_hex(3)}"
+    broker = RabbitBroker(
+        node.url,
+        logger=None,
+        middlewares=[
+            DelayedRetry(
+                topology=TOPOLOGY, wait=wait_fixed(DELAY), instrumentation=NoInstrumentation()
+            )
+        ],
+    )
+    path = Path("faststream")
+    seen: Counter[str] = Counter()
+
+    @broker.subscriber(RabbitQueue(queue, queue_type=QueueType.QUORUM, durable=True))
+    async def handle(body: str) -> None:
+        seen[body] += 1
+        if seen[body] == 1:  # fails once: back after DELAY
+            path.sent[body] = time.time() + DELAY
+            raise RuntimeError("fails once")
+        path.record(body)
+
+    await broker.start()
+    connection = await aio_pika.connect_robust(node.url)
+    try:
+        for fault in ("close_all_connections", "a broker restart"):
+            if fault == "close_all_connections":
+                await asyncio.to_thread(node.rabbitmqctl, "close_all_connections", "faststream")
+            else:
+                await asyncio.to_thread(node.restart)
+            await wait_until(
+                lambda: _consumers(connection, queue, 1),
+                timeout=60,
+                what=f"the subscriber back after {fault}",
+            )
+            sent = {f"{fault}-{i}" for i in range(5)}
+            fence = {f"{fault}-fence"}
+            for body in sorted(sent):
+                await broker.publish(body, queue)
+            await wait_until(partial(path.all_arrived, sent), timeout=60, what=f"after {fault}")
+            await broker.publish(next(iter(fence)), queue)
+            await wait_until(partial(path.all_arrived, fence), timeout=60, what="the fence")
+            path.check(sent, fault)
+    finally:
+        await broker.stop()
+        channel = await connection.channel()
+        await channel.queue_delete(queue)
+        await channel.queue_delete(TOPOLOGY.default_parking_queue(queue))
+        await connection.close()
