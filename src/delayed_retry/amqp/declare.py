@@ -235,8 +235,10 @@ async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: Delay
             log.info("%s", hint)
 
 
-HOME_NODE_DOWN = "is down or inaccessible"
-"""What the broker says of a classic queue that exists on a cluster node that is down."""
+HOME_NODE_DOWN = ("is down or inaccessible", "process is stopped by supervisor")
+"""What the broker says of a classic queue that exists on a cluster node that is down
+(RabbitMQ 3.10: "home node ... is down or inaccessible"; 4.3: "process is stopped by
+supervisor")."""
 
 
 async def _declare_unless_home_down(
@@ -252,7 +254,7 @@ async def _declare_unless_home_down(
     try:
         await on_scratch_channel(connection, lambda ch: _declare_queue(ch, spec, bind=False))
     except NotFoundError as exc:
-        if HOME_NODE_DOWN not in str(exc):
+        if not any(phrase in str(exc) for phrase in HOME_NODE_DOWN):
             raise
         log.warning(
             "queue %r exists but its node is down, so it cannot be declared now; going on "
