@@ -35,7 +35,7 @@ from delayed_retry.amqp.channels import declared_queue, underlay_connection
 from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.consumer.router import RetryRouter
 from delayed_retry.delivery.front_door import FrontDoor
-from delayed_retry.testing import free_port
+from harness import free_port
 from tests.support.queues import delete_all
 from tests.support.services import start_command, stop, wait_status
 from tests.support.waiting import wait_until

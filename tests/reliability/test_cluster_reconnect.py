@@ -24,7 +24,7 @@ from datetime import timedelta
 import pytest
 
 from delayed_retry import DelayTopology
-from delayed_retry.testing import RabbitMQCluster
+from harness import RabbitMQCluster
 
 from ._fleet import (
     SERVICES,

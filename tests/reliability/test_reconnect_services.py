@@ -38,7 +38,7 @@ from delayed_retry import (
 from delayed_retry.amqp.channels import declared_queue
 from delayed_retry.amqp.consumers import consume_queue, start_consumer
 from delayed_retry.faststream import DelayedRetry
-from delayed_retry.testing import RabbitMQNode, free_port
+from harness import RabbitMQNode, free_port
 from tests.support.services import (
     get,
     metric,
