@@ -11,6 +11,7 @@ the four paths and checks that each arrives, once, not before it is due.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import subprocess
@@ -37,7 +38,7 @@ from delayed_retry.consumer.router import RetryRouter
 from delayed_retry.delivery.front_door import FrontDoor
 from harness import free_port
 from tests.support.queues import delete_all
-from tests.support.services import start_command, stop, wait_status
+from tests.support.services import get, metric, start_command, stop, wait_status
 from tests.support.waiting import wait_until
 
 from ._support import QUORUM
@@ -46,6 +47,9 @@ DELAY = 1.5
 """Seconds each new message waits: the front door's x-delay, the forwarder's delay, and the
 router's and the decorated consumer's backoff."""
 SERVICES = ("front-door", "forwarder", "router")
+"""The services with a path of their own through the chain, checked message by message."""
+WITH_ALERTS = (*SERVICES, "alerts")
+"""And the alerts service, checked by the alerts it delivers (see :func:`alert_round`)."""
 ARRIVAL_WAIT = 90.0
 """Upper bound for a message to arrive once the broker is back: a bug fails, a slow machine
 does not."""
@@ -84,13 +88,21 @@ class Path:
 
 
 class ServiceProcesses:
-    """The three service commands of one chain, with their health ports."""
+    """Service commands of one chain (:data:`SERVICES` by default), with their health ports."""
 
-    def __init__(self, url: str, *, topology: DelayTopology, names: dict[str, str]) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        topology: DelayTopology,
+        names: dict[str, str],
+        services: tuple[str, ...] = SERVICES,
+    ) -> None:
         self.url = url
         self.topology = topology
         self.names = names
-        self.ports = {service: free_port() for service in SERVICES}
+        self.services = services
+        self.ports = {service: free_port() for service in services}
         self.procs: dict[str, subprocess.Popen[str]] = {}
 
     def args(self, service: str) -> list[str]:
@@ -100,6 +112,7 @@ class ServiceProcesses:
             "front-door": ["--exchange", self.names["door_exchange"]],
             "forwarder": ["--exchange", self.names["forward_exchange"]],
             "router": ["--queue", self.names["router_queue"], "--wait", f"fixed:{DELAY:g}s"],
+            "alerts": ["--window", "1s", "--log"],
         }[service]
         port = str(self.ports[service])
         return [
@@ -115,9 +128,9 @@ class ServiceProcesses:
         ]
 
     def start(self) -> None:
-        for service in SERVICES:
+        for service in self.services:
             self.procs[service] = start_command(self.args(service))
-        for service in SERVICES:
+        for service in self.services:
             wait_status(self.ports[service], "/readyz", 200, proc=self.procs[service], timeout=120)
 
     def wait_all(self, status: int, *, timeout: float = 120.0) -> dict[str, dict[str, Any]]:
@@ -125,7 +138,7 @@ class ServiceProcesses:
             service: wait_status(
                 self.ports[service], "/readyz", status, proc=self.procs[service], timeout=timeout
             )
-            for service in SERVICES
+            for service in self.services
         }
 
     def stop(self) -> dict[str, str]:
@@ -285,6 +298,28 @@ async def send_round(
                     routing_key=names[queue],
                 )
     return bodies
+
+
+async def alert_round(url: str, topology: DelayTopology, services: ServiceProcesses) -> None:
+    """A parked-message copy reaches the alerts service, which delivers an alert for it."""
+    port = services.ports["alerts"]
+
+    def delivered() -> float:
+        page = get(port, "/metrics")[1]
+        found = metric(page, "delayed_retry_service_messages_total", outcome="alerts_delivered")
+        return found or 0.0
+
+    before = await asyncio.to_thread(delivered)
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        parking = await channel.get_exchange(topology.parking_exchange)
+        await parking.publish(aio_pika.Message(b"alert probe"), routing_key="alert-probe")
+
+    async def alerted() -> bool:
+        return await asyncio.to_thread(delivered) > before
+
+    await wait_until(alerted, timeout=60, what="an alert delivered after the fault")
 
 
 async def consumers_back(url: str, names: dict[str, str]) -> None:

@@ -1,8 +1,9 @@
 """Every consumer the library runs consumes again after the broker comes back, and says so.
 
-The front door, the forwarder and the router run as the commands an operator
-starts; a consumer decorated with ``@with_delayed_retry`` runs in the test
-process (:func:`~delayed_retry.consume`). The broker is restarted, then it
+The front door, the forwarder, the router and the alerts service run as the
+commands an operator starts; a consumer decorated with ``@with_delayed_retry``
+runs in the test process (:func:`~delayed_retry.consume`), and so does a
+FastStream subscriber with ``DelayedRetry``. The broker is restarted, then it
 closes every connection; after each fault, readiness must turn 503 while a
 service is not consuming, then 200, and NEW messages sent down each path
 must arrive: once, not before they are due. A consumer left on a queue the
@@ -51,9 +52,10 @@ from tests.support.waiting import wait_until
 
 from ._fleet import (
     DELAY,
-    SERVICES,
+    WITH_ALERTS,
     Path,
     ServiceProcesses,
+    alert_round,
     consumers_back,
     declare_fleet,
     deliver_round,
@@ -75,7 +77,7 @@ NAMES = fleet_names(TOPOLOGY.prefix)
 def services(node: RabbitMQNode) -> Iterator[ServiceProcesses]:
     """The three service commands on the module's node, for every fault in turn."""
     asyncio.run(declare_fleet(node.url, TOPOLOGY, NAMES))
-    processes = ServiceProcesses(node.url, topology=TOPOLOGY, names=NAMES)
+    processes = ServiceProcesses(node.url, topology=TOPOLOGY, names=NAMES, services=WITH_ALERTS)
     try:
         processes.start()
         yield processes
@@ -94,7 +96,7 @@ def _ready(services: ServiceProcesses) -> dict[str, dict[str, Any]]:
 def _check_restored(
     before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]], fault: str
 ) -> None:
-    for service in SERVICES:
+    for service in WITH_ALERTS:
         up = after[service]
         assert up["checks"]["consuming"] is True, (service, up)
         assert up["checks"]["broker_sees_consumers"] is True, (service, up)
@@ -121,6 +123,7 @@ async def test_every_consumer_takes_new_messages_after_a_broker_restart(
         _check_restored(before, after, "a broker restart")
         await consumers_back(node.url, NAMES)
         await deliver_round(node.url, TOPOLOGY, NAMES, fleet, fault="a broker restart")
+        await alert_round(node.url, TOPOLOGY, services)
 
 
 @pytest.mark.timeout(420)
@@ -132,7 +135,7 @@ async def test_every_consumer_takes_new_messages_after_the_broker_closes_every_c
         await asyncio.to_thread(node.rabbitmqctl, "close_all_connections", "reconnect test")
         # The services reconnect within a second or so: readiness counts the reconnect and
         # every consumer's restoration before it is 200 again.
-        for service in SERVICES:
+        for service in WITH_ALERTS:
             was: int = before[service]["reconnects"]
 
             def reconnected(status: int, body: dict[str, Any], was: int = was) -> bool:
@@ -147,7 +150,7 @@ async def test_every_consumer_takes_new_messages_after_the_broker_closes_every_c
             )
         after = await asyncio.to_thread(_ready, services)
         _check_restored(before, after, "close_all_connections")
-        for service in SERVICES:
+        for service in WITH_ALERTS:
             page = (await asyncio.to_thread(get, services.ports[service], "/metrics"))[1]
             reconnects = metric(page, "delayed_retry_service_reconnects_total", service=service)
             restored = metric(
@@ -157,6 +160,7 @@ async def test_every_consumer_takes_new_messages_after_the_broker_closes_every_c
             assert restored is not None and restored >= len(after[service]["consumers"])
         await consumers_back(node.url, NAMES)
         await deliver_round(node.url, TOPOLOGY, NAMES, fleet, fault="close_all_connections")
+        await alert_round(node.url, TOPOLOGY, services)
 
 
 @pytest.mark.timeout(180)
