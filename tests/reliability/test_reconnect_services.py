@@ -34,10 +34,12 @@ from delayed_retry import (
     DelayTopology,
     NoInstrumentation,
     consume,
+    publish_delayed,
     with_delayed_retry,
 )
-from delayed_retry.amqp.channels import declared_queue
+from delayed_retry.amqp.channels import declared_queue, underlay_connection
 from delayed_retry.amqp.consumers import consume_queue, start_consumer
+from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.faststream import DelayedRetry
 from harness import RabbitMQNode, free_port
 from tests.support.services import (
@@ -331,3 +333,56 @@ async def test_a_faststream_subscriber_takes_new_messages_after_each_fault(
         await channel.queue_delete(queue)
         await channel.queue_delete(TOPOLOGY.default_parking_queue(queue))
         await connection.close()
+
+
+@pytest.mark.timeout(180)
+async def test_a_forwarder_whose_queue_is_deleted_is_not_ready_until_it_consumes_it_again(
+    node: RabbitMQNode,
+) -> None:
+    exchange = f"rc-deleted-{secrets.token_hex(3)}"
+    forward_queue = TOPOLOGY.forward_queue(exchange)
+    port = free_port()
+    chain = ["--prefix", TOPOLOGY.prefix, "--levels", "12", "--unit-ms", "1"]
+    connection = await aio_pika.connect(node.url)
+    channel = await connection.channel()
+    x = await channel.declare_exchange(exchange, aio_pika.ExchangeType.TOPIC, durable=True)
+    target = await channel.declare_queue(f"{exchange}.target", durable=True, arguments=QUORUM)
+    await target.bind(x, "#")
+    proc = start_command(
+        ["--url", node.url, "forwarder", "--exchange", exchange, *chain, "--health-port", str(port)]
+    )
+    try:
+        await asyncio.to_thread(wait_status, port, "/readyz", 200, proc=proc)
+        await channel.queue_delete(forward_queue)  # the broker cancels the forwarder's consumer
+        down = await asyncio.to_thread(wait_status, port, "/readyz", 503, proc=proc)
+        assert down["consumers"][forward_queue]["in_place"] is False, down
+        underlay = await underlay_connection(connection)
+        await declarer_for(underlay).forward_queue(underlay, TOPOLOGY, exchange)
+        up = await asyncio.to_thread(wait_status, port, "/readyz", 200, proc=proc)
+        assert up["consumers"][forward_queue]["in_place"] is True, up
+        await publish_delayed(
+            channel,
+            aio_pika.Message(b"after"),
+            exchange=exchange,
+            routing_key="k",
+            delay=0.5,
+            topology=TOPOLOGY,
+        )
+        bodies: list[bytes] = []
+
+        async def arrived() -> bool:
+            message = await target.get(fail=False)
+            if message is not None:
+                bodies.append(message.body)
+                await message.ack()
+            return bool(bodies)
+
+        await wait_until(arrived, timeout=30, what="a forward after the queue came back")
+        assert bodies == [b"after"]
+    finally:
+        code, _, output = await asyncio.to_thread(stop, proc)
+        for queue in (forward_queue, f"{forward_queue}.parking", target.name):
+            await channel.queue_delete(queue)
+        await channel.exchange_delete(exchange)
+        await connection.close()
+    assert code == 0, output
