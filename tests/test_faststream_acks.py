@@ -7,9 +7,10 @@ import asyncio
 import aio_pika
 import pytest
 from faststream import AckPolicy
-from faststream.rabbit import RabbitBroker
+from faststream.rabbit import RabbitBroker, RabbitQueue
 from faststream.rabbit.annotations import RabbitMessage
 
+from delayed_retry import ConfigurationError
 from delayed_retry.faststream import CurrentRetryState, DelayedRetry, check_subscribers
 from delayed_retry.faststream.subscribers import AckPolicyRefusedError
 from tests.support.chain import Scenario
@@ -138,3 +139,20 @@ async def test_check_subscribers_counts_those_it_serves(
 
     assert check_subscribers(broker) == 2
     assert check_subscribers(RabbitBroker(rabbitmq_url)) == 0
+
+
+def test_check_subscribers_refuses_a_queue_a_reconnect_would_leave_unconsumed() -> None:
+    broker = RabbitBroker(
+        "amqp://guest:guest@127.0.0.1:1/", logger=None, middlewares=[DelayedRetry()]
+    )
+
+    @broker.subscriber(RabbitQueue("kept", durable=True))
+    async def kept(body: str) -> None: ...
+
+    assert check_subscribers(broker) == 1
+
+    @broker.subscriber(RabbitQueue("dropped", durable=True, robust=False))
+    async def dropped(body: str) -> None: ...
+
+    with pytest.raises(ConfigurationError, match=r"'dropped'.*robust=False.*drop robust=False"):
+        check_subscribers(broker)

@@ -178,7 +178,12 @@ async def test_sigterm_loses_nothing_and_readiness_follows_the_broker(
             "stopping": False,
             "connected": True,
             "consuming": True,
+            "broker_sees_consumers": True,
+            "exchanges_exist": True,
+            "broker_answers": True,
         }
+        assert up["reconnects"] >= 1
+        assert up["consumers"][TOPOLOGY.forward_queue(exchange)]["restored"] >= 1
     finally:
         code, took, output = await asyncio.to_thread(stop, second)
     assert code == 0, output

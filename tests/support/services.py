@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,30 @@ def wait_status(
             raise AssertionError(f"the service exited with {proc.returncode}:\n{output}")
         time.sleep(0.05)
     raise AssertionError(f"{path} on port {port} did not answer {status} in {timeout} s: {last}")
+
+
+def wait_readiness(
+    port: int,
+    accept: Callable[[int, dict[str, Any]], bool],
+    *,
+    what: str,
+    timeout: float = 60.0,
+    proc: subprocess.Popen[str] | None = None,
+) -> dict[str, Any]:
+    """Poll ``/readyz`` until ``accept(status, body)``; its JSON body. Fails naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: tuple[int | None, str] = (None, "")
+    while time.monotonic() < deadline:
+        last = get(port, "/readyz")
+        if last[0] in (200, 503):
+            body: dict[str, Any] = json.loads(last[1])
+            if accept(last[0], body):
+                return body
+        if proc is not None and proc.poll() is not None:
+            output = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"the service exited with {proc.returncode}:\n{output}")
+        time.sleep(0.05)
+    raise AssertionError(f"/readyz on port {port}: not {what} in {timeout} s: {last}")
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:

@@ -16,7 +16,6 @@ from typing import Any
 import aiormq
 import aiormq.abc
 from aio_pika.abc import AbstractConnection
-from pamqp import commands as amqp_commands
 
 from delayed_retry.admin.chain_diff import (
     Difference,
@@ -24,34 +23,29 @@ from delayed_retry.admin.chain_diff import (
     missing_queue_fix,
     topology_options,
 )
-from delayed_retry.amqp.channels import on_scratch_channel, underlay_connection
+from delayed_retry.amqp.channels import (
+    declared_queue,
+    exchange_exists,
+    on_scratch_channel,
+    underlay_connection,
+)
 from delayed_retry.topology import DelayTopology, QueueSpec, amqp_arguments
 
-__all__ = ["QueueDepth", "declared_queue", "level_depths", "probe_over_amqp", "queue_depth"]
+__all__ = [
+    "QueueDepth",
+    "declared_queue",
+    "declared_with",
+    "exchange_exists",
+    "level_depths",
+    "probe_over_amqp",
+    "queue_depth",
+]
 
 
 async def queue_depth(connection: AbstractConnection, name: str) -> int | None:
     """Ready messages in queue ``name``, or ``None`` when it does not exist."""
     declared = await declared_queue(connection, name)
     return None if declared is None else int(declared.message_count or 0)
-
-
-async def declared_queue(
-    connection: AbstractConnection, name: str
-) -> amqp_commands.Queue.DeclareOk | None:
-    """The broker's answer to a passive declare of ``name``, or ``None`` if there is none.
-
-    Use it for both counts (ready messages and consumers); :func:`queue_depth`
-    for the messages alone. It runs on a scratch channel of its own.
-    """
-
-    async def declare(channel: aiormq.abc.AbstractChannel) -> amqp_commands.Queue.DeclareOk:
-        return await channel.queue_declare(name, passive=True)
-
-    try:
-        return await on_scratch_channel(await underlay_connection(connection), declare)
-    except aiormq.exceptions.ChannelNotFoundEntity:
-        return None
 
 
 async def declared_with(
@@ -71,18 +65,6 @@ async def declared_with(
     try:
         await on_scratch_channel(await underlay_connection(connection), declare)
     except aiormq.exceptions.ChannelPreconditionFailed:
-        return False
-    return True
-
-
-async def exchange_exists(connection: AbstractConnection, name: str) -> bool:
-    """Whether exchange ``name`` exists (a passive declare on a scratch channel of its own)."""
-    try:
-        await on_scratch_channel(
-            await underlay_connection(connection),
-            lambda channel: channel.exchange_declare(name, passive=True),
-        )
-    except aiormq.exceptions.ChannelNotFoundEntity:
         return False
     return True
 

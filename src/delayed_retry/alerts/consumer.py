@@ -31,6 +31,7 @@ from delayed_retry.alerts.sinks import (
     SinkRetry,
     deliver,
 )
+from delayed_retry.amqp.consumers import Consumer, start_consumer
 from delayed_retry.amqp.declare import declare_topology
 from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.errors import ConfigurationError, NotFoundError
@@ -88,7 +89,7 @@ class ParkingAlerts:
         )
         self._channel: AbstractChannel | None = None
         self._queue: AbstractQueue | None = None
-        self._tag: str | None = None
+        self._consumer: Consumer | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -120,13 +121,18 @@ class ParkingAlerts:
         self._channel, self._queue = channel, queue
         self._stopping.clear()
         self._task = asyncio.create_task(self._flush_loop(), name="delayed-retry-parking-alerts")
-        self._tag = await queue.consume(self._on_message, no_ack=False)
+        self._consumer = await start_consumer(queue, self._on_message, no_ack=False)
         log.info("parking alerts: consuming %r with %d sink(s)", name, len(self.sinks))
 
     @property
     def consuming(self) -> bool:
-        """Whether it consumes the alert queue right now (false while the connection recovers)."""
-        return self._tag is not None and self._channel is not None and not self._channel.is_closed
+        """Whether the broker has its consumer of the alert queue now (false while it recovers)."""
+        return self._consumer is not None and self._consumer.in_place
+
+    @property
+    def consumers(self) -> tuple[Consumer, ...]:
+        """Its consumer of the alert queue, once started."""
+        return (self._consumer,) if self._consumer is not None else ()
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         arrival = arrival_from(
@@ -219,9 +225,8 @@ class ParkingAlerts:
         """Stop consuming, alert on what has arrived (one round of tries), close the channel."""
         if self._task is None:
             return
-        if self._queue is not None and self._tag is not None:
-            with contextlib.suppress(Exception):
-                await self._queue.cancel(self._tag)
+        if self._consumer is not None:
+            await self._consumer.cancel()
         self._stopping.set()
         try:
             await self._task
@@ -229,7 +234,7 @@ class ParkingAlerts:
             self._task = None
             if self._channel is not None and not self._channel.is_closed:
                 await self._channel.close()
-            self._channel = self._queue = self._tag = None
+            self._channel = self._queue = self._consumer = None
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -12,9 +12,18 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
+import aiormq
 import aiormq.abc
+from pamqp import commands as amqp_commands
 
-__all__ = ["close_quietly", "on_scratch_channel", "scratch_channel", "underlay_connection"]
+__all__ = [
+    "close_quietly",
+    "declared_queue",
+    "exchange_exists",
+    "on_scratch_channel",
+    "scratch_channel",
+    "underlay_connection",
+]
 
 _T = TypeVar("_T")
 
@@ -70,3 +79,32 @@ async def underlay_connection(connection: object) -> aiormq.abc.AbstractConnecti
         return underlay.connection
     finally:
         await close_quietly(channel)
+
+
+async def declared_queue(connection: object, name: str) -> amqp_commands.Queue.DeclareOk | None:
+    """The broker's answer to a passive declare of ``name``, or ``None`` if there is none.
+
+    Use it for both counts (ready messages and consumers);
+    :func:`~delayed_retry.admin.chain_probe.queue_depth` for the messages alone.
+    ``connection``: aio-pika's or aiormq's. It runs on a scratch channel of its own.
+    """
+
+    async def declare(channel: aiormq.abc.AbstractChannel) -> amqp_commands.Queue.DeclareOk:
+        return await channel.queue_declare(name, passive=True)
+
+    try:
+        return await on_scratch_channel(await underlay_connection(connection), declare)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return None
+
+
+async def exchange_exists(connection: object, name: str) -> bool:
+    """Whether exchange ``name`` exists (a passive declare on a scratch channel of its own)."""
+    try:
+        await on_scratch_channel(
+            await underlay_connection(connection),
+            lambda channel: channel.exchange_declare(name, passive=True),
+        )
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return False
+    return True

@@ -208,7 +208,11 @@ async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: Delay
     tolerated: dict[str, dict[str, int]] = {}
     specs = topology.queues()
     async with contextlib.AsyncExitStack() as replaced:
-        for spec in specs:
+        for spec in list(specs):
+            if spec.arguments.get("x_queue_type") == "classic":
+                if not await _declare_unless_home_down(channel.connection, spec):
+                    specs = [kept for kept in specs if kept is not spec]  # bindings exist
+                continue
             if not topology.is_level_queue(spec.name):
                 await _declare_queue(channel, spec, bind=False)
                 continue
@@ -229,6 +233,37 @@ async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: Delay
         )
         if hint is not None and not tolerated:
             log.info("%s", hint)
+
+
+HOME_NODE_DOWN = ("is down or inaccessible", "process is stopped by supervisor")
+"""What the broker says of a classic queue that exists on a cluster node that is down
+(RabbitMQ 3.10: "home node ... is down or inaccessible"; 4.3: "process is stopped by
+supervisor")."""
+
+
+async def _declare_unless_home_down(
+    connection: aiormq.abc.AbstractConnection, spec: QueueSpec
+) -> bool:
+    """Declare classic queue ``spec`` on a channel of its own; ``False`` if its node is down.
+
+    A classic queue lives on one node (the chain's alert queue is one). While
+    that node is down the queue exists but refuses every declaration; the
+    chain works without it, so producers and consumers go on, and parked
+    messages get no alert copy until the node is back.
+    """
+    try:
+        await on_scratch_channel(connection, lambda ch: _declare_queue(ch, spec, bind=False))
+    except NotFoundError as exc:
+        if not any(phrase in str(exc) for phrase in HOME_NODE_DOWN):
+            raise
+        log.warning(
+            "queue %r exists but its node is down, so it cannot be declared now; going on "
+            "without it until the node is back (%s)",
+            spec.name,
+            exc.__cause__,
+        )
+        return False
+    return True
 
 
 async def _bind_chain(

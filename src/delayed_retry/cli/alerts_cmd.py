@@ -89,7 +89,7 @@ async def run_alerts(args: argparse.Namespace) -> int:
         return Running(
             startup=Startup(command="alerts", topology=topology, consumes=(topology.alerts_queue,)),
             stop=stop,
-            checks=lambda: {"consuming": alerts.consuming},
+            consumers=lambda: alerts.consumers,
             counts=lambda: {"alerts_delivered": alerts.alerts_delivered},
             extra=(f"alerting to {', '.join(map(repr, sinks))}", "Ctrl-C to stop"),
             finished=alerts.wait_delivered(1) if args.once else None,

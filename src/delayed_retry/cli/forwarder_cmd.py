@@ -13,7 +13,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
-from delayed_retry.cli.service import Running, add_service_args, run_service
+from delayed_retry.cli.service import Running, add_service_args, exchanges_exist, run_service
 from delayed_retry.cli.startup import Startup
 from delayed_retry.delivery.forwarder import Forwarder
 
@@ -54,7 +54,8 @@ async def _forwarder(args: argparse.Namespace) -> int:
                 delivers_to=tuple(args.exchange),
             ),
             stop=lambda grace: forwarder.close(grace=grace),
-            checks=lambda: {"consuming": forwarder.consuming},
+            consumers=lambda: forwarder.consumers,
+            watch=lambda: exchanges_exist(forwarder),
             counts=lambda: {
                 "forwarded": forwarder.forwarded,
                 "parked": forwarder.parked,

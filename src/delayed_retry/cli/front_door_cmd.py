@@ -13,7 +13,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
-from delayed_retry.cli.service import Running, add_service_args, run_service
+from delayed_retry.cli.service import Running, add_service_args, exchanges_exist, run_service
 from delayed_retry.cli.startup import Startup
 from delayed_retry.delivery.front_door import FrontDoor
 
@@ -63,7 +63,8 @@ async def _front_door(args: argparse.Namespace) -> int:
                 delivers_to=(args.exchange,),
             ),
             stop=lambda grace: door.close(grace=grace),
-            checks=lambda: {"consuming": door.consuming},
+            consumers=lambda: door.consumers,
+            watch=lambda: exchanges_exist(forwarder),
             counts=lambda: {
                 "accepted": door.accepted,
                 "forwarded": forwarder.forwarded,

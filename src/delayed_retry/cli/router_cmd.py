@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 from typing import Any
 
 import tenacity
-from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+from aio_pika.abc import AbstractRobustConnection
 from tenacity.wait import wait_base
 
 from delayed_retry.admin.chain_probe import queue_depth
@@ -109,11 +108,10 @@ async def _router(args: argparse.Namespace) -> int:
                     queue_not_found(queue, so="its rejections cannot be sent back to it")
                 )
         channel = await connection.channel()
-        tag = await retry_router.start(channel)
+        await retry_router.start(channel)
 
         async def stop(grace: float) -> None:
-            with contextlib.suppress(Exception):  # channel gone: nothing to cancel
-                await _cancel(channel, tag)
+            await retry_router.stop_consuming()
             await retry_router.in_flight.wait_idle(grace)
             await close_quietly(channel)
 
@@ -125,14 +123,8 @@ async def _router(args: argparse.Namespace) -> int:
                 consumes=(retry_router.topology.rejected_queue,),
             ),
             stop=stop,
-            checks=lambda: {"consuming": not channel.is_closed},
+            consumers=lambda: (retry_router.consumer,) if retry_router.consumer else (),
             extra=(routes, "Ctrl-C to stop"),
         )
 
     return await run_service(args, command="router", start=start)
-
-
-async def _cancel(channel: AbstractChannel, tag: str) -> None:
-    """Stop the consumer ``tag`` of ``channel``: no new rejected messages arrive."""
-    underlay = await channel.get_underlay_channel()
-    await underlay.basic_cancel(tag)

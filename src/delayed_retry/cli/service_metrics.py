@@ -6,15 +6,19 @@ the global provider, so everything the library records (the
 is exported, and adds the service's own instruments, read from its counters
 at each scrape:
 
-==========================================  =======  ====================================
-OpenTelemetry instrument                    kind     Prometheus name
-==========================================  =======  ====================================
-``delayed_retry.service.messages``          counter  ``delayed_retry_service_messages_total``
-                                                     (``outcome``: accepted, forwarded,
-                                                     parked, given_back, alerts_delivered)
-``delayed_retry.service.held_until_due``    gauge    ``delayed_retry_service_held_until_due``
-``delayed_retry.service.ready``             gauge    ``delayed_retry_service_ready`` (1 or 0)
-==========================================  =======  ====================================
+- ``delayed_retry.service.messages`` (counter, Prometheus
+  ``delayed_retry_service_messages_total``; ``outcome``: accepted, forwarded,
+  parked, given_back, alerts_delivered);
+- ``delayed_retry.service.held_until_due`` (gauge,
+  ``delayed_retry_service_held_until_due``);
+- ``delayed_retry.service.ready`` (gauge, ``delayed_retry_service_ready``, 1 or 0);
+- ``delayed_retry.service.reconnects`` (counter,
+  ``delayed_retry_service_reconnects_total``): the connection's recoveries
+  after it was lost;
+- ``delayed_retry.service.consumers_restored`` (counter,
+  ``delayed_retry_service_consumers_restored_total``): consumers found in
+  place again on their reopened channel. A reconnect not followed by one
+  restoration per consumer leaves the service not ready.
 
 Every series has the attribute ``service`` (the command: ``forwarder``, …).
 Needs the ``service`` extra (``opentelemetry-sdk``, ``opentelemetry-exporter-prometheus``).
@@ -28,11 +32,20 @@ from typing import Any
 from delayed_retry.cli.output import require_extra
 from delayed_retry.cli.service_http import Reply
 
-__all__ = ["MESSAGES", "HELD_UNTIL_DUE", "READY", "ServiceMetrics"]
+__all__ = [
+    "CONSUMERS_RESTORED",
+    "HELD_UNTIL_DUE",
+    "MESSAGES",
+    "READY",
+    "RECONNECTS",
+    "ServiceMetrics",
+]
 
 MESSAGES = "delayed_retry.service.messages"
 HELD_UNTIL_DUE = "delayed_retry.service.held_until_due"
 READY = "delayed_retry.service.ready"
+RECONNECTS = "delayed_retry.service.reconnects"
+CONSUMERS_RESTORED = "delayed_retry.service.consumers_restored"
 
 _MODULES = ("opentelemetry.sdk.metrics", "opentelemetry.exporter.prometheus", "prometheus_client")
 
@@ -51,6 +64,8 @@ class ServiceMetrics:
         counts: Callable[[], Mapping[str, int]],
         held: Callable[[], int],
         ready: Callable[[], bool],
+        reconnects: Callable[[], int] = lambda: 0,
+        restored: Callable[[], int] = lambda: 0,
     ) -> None:
         require_extra("service", _MODULES, what="--metrics-port")
         from opentelemetry import metrics
@@ -92,6 +107,25 @@ class ServiceMetrics:
         )
         meter.create_observable_gauge(
             READY, callbacks=[ready_now], description="1 while the readiness probe answers 200."
+        )
+
+        def reconnected(_: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(reconnects(), attrs)]
+
+        def restorations(_: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(restored(), attrs)]
+
+        meter.create_observable_counter(
+            RECONNECTS,
+            callbacks=[reconnected],
+            unit="{reconnect}",
+            description="Times the connection to the broker was lost and made again.",
+        )
+        meter.create_observable_counter(
+            CONSUMERS_RESTORED,
+            callbacks=[restorations],
+            unit="{consumer}",
+            description="Consumers found in place again after their channel reopened.",
         )
 
     def page(self) -> Reply:

@@ -27,6 +27,7 @@ from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
+from delayed_retry.amqp.consumers import check_restorable, start_consumer
 from delayed_retry.amqp.declare import declarer_for, underlay_of
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.checks import warn_about_delivery_limit
@@ -699,8 +700,10 @@ async def consume(
     dead-letter queue a queue declared with
     :func:`~delayed_retry.topology.work_queue_arguments` names), and warns
     when the queue's delivery limit (as declared through ``queue``) could drop
-    messages before they are parked (:mod:`delayed_retry.checks`). Returns
-    the consumer tag.
+    messages before they are parked (:mod:`delayed_retry.checks`). Refuses a
+    queue whose consumer aio-pika's robust channel would not restore after a
+    reconnect (taken with ``get_queue(..., ensure=False)``): take it with
+    ``channel.declare_queue(name, passive=True)``. Returns the consumer tag.
     """
     if not isinstance(handler, RetryingHandler):
         raise ConfigurationError(
@@ -717,6 +720,7 @@ async def consume(
             "no-ack message on delivery, so a failure could not be retried or parked without "
             "losing it; drop no_ack=True"
         )
+    check_restorable(queue)
     bound = handler.for_queue(queue.name)
     # A queue declared with work_queue_arguments: its dead-letter queue is declared with it.
     target = dead_letter_target(getattr(queue, "arguments", None))
@@ -737,4 +741,4 @@ async def consume(
         max_retries=handler.options.policy.max_retries,
         server_properties=getattr(underlay.connection, "server_properties", None),
     )
-    return await queue.consume(bound, **consume_kwargs)
+    return (await start_consumer(queue, bound, **consume_kwargs)).tag

@@ -28,6 +28,7 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.consumers import Consumer, consume_queue
 from delayed_retry.amqp.declare import declarer_for, underlay_of
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.consumer.failures import FailureHandling
@@ -120,6 +121,8 @@ class RetryRouter:
         self._trouble = Trouble()
         self.in_flight = InFlight()
         """Rejected messages being handed over now (a stopping service waits for them)."""
+        self.consumer: Consumer | None = None
+        """Its consumer of ``<prefix>.rejected`` once started (``consumer.in_place`` for probes)."""
 
     def __repr__(self) -> str:
         return f"<RetryRouter prefix={self.topology.prefix!r} queues={list(self.queues)!r}>"
@@ -147,10 +150,23 @@ class RetryRouter:
             )
         await self.declare(channel)
         await channel.set_qos(prefetch_count=self.prefetch)
-        queue = await channel.declare_queue(self.topology.rejected_queue, passive=True)
-        tag: str = await queue.consume(self.handle)
-        log.info("routing rejections of %s from %r", ", ".join(map(repr, self.queues)), queue.name)
-        return tag
+        self.consumer = await consume_queue(channel, self.topology.rejected_queue, self.handle)
+        log.info(
+            "routing rejections of %s from %r",
+            ", ".join(map(repr, self.queues)),
+            self.topology.rejected_queue,
+        )
+        return self.consumer.tag
+
+    @property
+    def consuming(self) -> bool:
+        """Whether the broker has its consumer of ``<prefix>.rejected`` now."""
+        return self.consumer is not None and self.consumer.in_place
+
+    async def stop_consuming(self) -> None:
+        """Cancel its consumer: no new rejected messages arrive; those in flight go on."""
+        if self.consumer is not None:
+            await self.consumer.cancel()
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         """Retry, park or keep one message from ``<prefix>.rejected``; ack only once handed over.

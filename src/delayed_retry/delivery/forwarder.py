@@ -23,7 +23,6 @@ once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
@@ -31,15 +30,11 @@ from typing import Any
 
 import aiormq
 import aiormq.abc
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractConnection,
-    AbstractIncomingMessage,
-    AbstractQueue,
-)
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from delayed_retry.amqp.chain import publish_into_chain
-from delayed_retry.amqp.channels import close_quietly, underlay_connection
+from delayed_retry.amqp.channels import close_quietly, exchange_exists, underlay_connection
+from delayed_retry.amqp.consumers import Consumer, all_in_place, consume_queue
 from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, publish_copy
 from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
@@ -128,7 +123,7 @@ class Forwarder:
         self._held = HeldUntilDue()
         self._trouble = Trouble()
         self._consume: AbstractChannel | None = None
-        self._consumers: list[tuple[AbstractQueue, str]] = []
+        self._consumers: list[Consumer] = []
         self.in_flight = InFlight()
         self._publish: AbstractChannel | None = None
         self._publish_lock = asyncio.Lock()
@@ -154,8 +149,9 @@ class Forwarder:
         self._consume = await self._connection.channel(publisher_confirms=False)
         await self._consume.set_qos(prefetch_count=self._prefetch)
         for exchange, name in zip(self.exchanges, queues, strict=True):
-            queue = await self._consume.get_queue(name, ensure=False)
-            self._consumers.append((queue, await queue.consume(self._handler(exchange, name))))
+            self._consumers.append(
+                await consume_queue(self._consume, name, self._handler(exchange, name))
+            )
         log.info(
             "forwarding %s",
             ", ".join(f"{q} -> {x!r}" for q, x in zip(queues, self.exchanges, strict=True)),
@@ -167,16 +163,28 @@ class Forwarder:
         return len(self._held)
 
     @property
+    def consumers(self) -> tuple[Consumer, ...]:
+        """Its consumers, one per forward queue."""
+        return tuple(self._consumers)
+
+    @property
     def consuming(self) -> bool:
-        """Whether its consumers are running (false while the connection is being recovered)."""
-        return bool(self._consumers) and self._consume is not None and not self._consume.is_closed
+        """Whether the broker has each of its consumers now (false while they are restored)."""
+        return all_in_place(self._consumers)
+
+    async def missing_exchanges(self) -> list[str]:
+        """The exchanges it forwards to that do not exist now (a passive declare of each).
+
+        While one is missing, every message that comes due for it is parked:
+        a readiness probe should say so. Raises when the broker cannot be asked.
+        """
+        return [x for x in self.exchanges if not await exchange_exists(self._connection, x)]
 
     async def stop_consuming(self) -> None:
         """Cancel its consumers and give back what it holds until due; forwards in flight go on."""
         consumers, self._consumers = self._consumers, []
-        for queue, tag in consumers:
-            with contextlib.suppress(Exception):  # channel gone: nothing to cancel
-                await queue.cancel(tag)
+        for consumer in consumers:
+            await consumer.cancel()
         self._held.release()
 
     async def close(self, *, grace: float = 0.0) -> None:

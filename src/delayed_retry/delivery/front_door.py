@@ -32,7 +32,6 @@ Every hand-over is confirmed before the ack: at-least-once.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import re
@@ -41,15 +40,11 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any, Literal
 
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractConnection,
-    AbstractIncomingMessage,
-    AbstractQueue,
-)
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.channels import close_quietly, on_scratch_channel, underlay_connection
+from delayed_retry.amqp.consumers import Consumer, consume_queue
 from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
@@ -181,7 +176,7 @@ class FrontDoor:
             hold=hold,
         )
         self._channel: AbstractChannel | None = None
-        self._inbox: tuple[AbstractQueue, str] | None = None
+        self._inbox: Consumer | None = None
         self.in_flight = InFlight()
         self._trouble = Trouble()
         self.accepted = 0
@@ -232,20 +227,19 @@ class FrontDoor:
         await self.forwarder.start()
         self._channel = await self._connection.channel(publisher_confirms=False)
         await self._channel.set_qos(prefetch_count=self._prefetch)
-        inbox = await self._channel.get_queue(self.inbox_queue, ensure=False)
-        self._inbox = (inbox, await inbox.consume(self._on_delivery))
+        self._inbox = await consume_queue(self._channel, self.inbox_queue, self._on_delivery)
         log.info("front door open: %r -> %r", self.delay_exchange, self.exchange)
 
     @property
+    def consumers(self) -> tuple[Consumer, ...]:
+        """Its consumers: of ``X.delay``, then its forwarder's of the forward queue."""
+        own = (self._inbox,) if self._inbox is not None else ()
+        return own + self.forwarder.consumers
+
+    @property
     def consuming(self) -> bool:
-        """Whether it consumes ``X.delay`` and its forwarder the forward queue right now."""
-        channel = self._channel
-        return (
-            self._inbox is not None
-            and channel is not None
-            and not channel.is_closed
-            and self.forwarder.consuming
-        )
+        """Whether the broker has its consumers of ``X.delay`` and the forward queue now."""
+        return self._inbox is not None and self._inbox.in_place and self.forwarder.consuming
 
     async def close(self, *, grace: float = 0.0) -> None:
         """Stop consuming; unacked messages go back to their queues.
@@ -255,8 +249,7 @@ class FrontDoor:
         """
         inbox, self._inbox = self._inbox, None
         if inbox is not None:
-            with contextlib.suppress(Exception):  # channel gone: nothing to cancel
-                await inbox[0].cancel(inbox[1])
+            await inbox.cancel()
         await self.forwarder.stop_consuming()
         started = time.monotonic()
         await self.in_flight.wait_idle(grace)

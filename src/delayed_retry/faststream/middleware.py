@@ -57,6 +57,7 @@ from delayed_retry.faststream.subscribers import (
     middlewares_of,
     queue_name_of,
     warn_about_telemetry_order,
+    warn_about_unrestorable_queue,
 )
 from delayed_retry.hold import DEFAULT_HOLD, Hold
 from delayed_retry.observability.instrumentation import Instrumentation
@@ -219,6 +220,7 @@ class DelayedRetry:
             self.options.topology.check_destination(queue)
             warn_about_telemetry_order(stack, self, queue)
             if not is_in_memory(raw):
+                warn_about_unrestorable_queue(subscriber, queue)
                 self._check_channel(raw, queue)
                 warn_about_delivery_limit(
                     queue=queue,

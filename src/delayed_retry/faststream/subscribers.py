@@ -23,9 +23,12 @@ __all__ = [
     "SUPPORTED_ACK_POLICIES",
     "ack_policy_of",
     "check_ack_policy",
+    "check_restorable",
     "check_subscribers",
     "middlewares_of",
     "queue_name_of",
+    "unrestorable_queue_problem",
+    "warn_about_unrestorable_queue",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,36 @@ def check_ack_policy(subscriber: Any, queue: str) -> None:
         )
 
 
+def unrestorable_queue_problem(subscriber: Any, queue: str) -> str | None:
+    """What goes wrong after a reconnect with ``subscriber``'s queue, or ``None``.
+
+    FastStream declares a subscriber's queue through aio-pika's robust channel,
+    which consumes it again after a reconnect unless the queue says
+    ``robust=False``.
+    """
+    if getattr(getattr(subscriber, "queue", None), "robust", True) is not False:
+        return None
+    return (
+        f"the subscriber of queue {queue!r} declares it with RabbitQueue(..., robust=False), "
+        "so after a reconnect (broker restart, connection closed) nothing consumes it again "
+        "and its retries pile up; drop robust=False"
+    )
+
+
+def check_restorable(subscriber: Any, queue: str) -> None:
+    """Refuse a subscriber whose queue would not be consumed again after a reconnect."""
+    problem = unrestorable_queue_problem(subscriber, queue)
+    if problem is not None:
+        raise ConfigurationError(problem)
+
+
+def warn_about_unrestorable_queue(subscriber: Any, queue: str) -> None:
+    """Warn, at its first message, about a subscriber a reconnect would leave unconsumed."""
+    problem = unrestorable_queue_problem(subscriber, queue)
+    if problem is not None:
+        log.warning("%s", problem)
+
+
 def check_subscribers(broker: Any) -> int:
     """Check every subscriber of ``broker`` (and its routers) that a ``DelayedRetry`` serves.
 
@@ -84,8 +117,10 @@ def check_subscribers(broker: Any) -> int:
     subscriber at its first message: it handles nothing, and each message
     ``ACK_FIRST`` takes from the queue is put back through the chain, due two
     seconds later, round again until the application is fixed.
-    Also warns when FastStream's telemetry middleware runs inside the retrier
-    (listed after it): each attempt would then get two consumer spans.
+    A queue declared with ``robust=False`` fails it too: after a reconnect
+    nothing would consume it again. Also warns when FastStream's telemetry
+    middleware runs inside the retrier (listed after it): each attempt would
+    then get two consumer spans.
     Returns how many subscribers were checked.
     """
     from delayed_retry.faststream.middleware import DelayedRetry  # the check serves it
@@ -98,6 +133,7 @@ def check_subscribers(broker: Any) -> int:
             continue
         queue = queue_name_of(subscriber)
         check_ack_policy(subscriber, queue)
+        check_restorable(subscriber, queue)
         retriers[-1].options.topology.check_destination(queue)
         warn_about_telemetry_order(stack, retriers[-1], queue)
         checked += 1

@@ -22,6 +22,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
+from delayed_retry.amqp.consumers import start_consumer
 from delayed_retry.durations import from_epoch_ms, utcnow
 from delayed_retry.errors import (
     ConfigurationError,
@@ -219,7 +220,7 @@ async def archive_queue(
             )
             raise ArchiveError(missing) from exc
         inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
-        tag = await source.consume(inbox.put, no_ack=False)
+        consumer = await start_consumer(source, inbox.put, no_ack=False)
         try:
             while max_messages is None or archived < max_messages:
                 want = batch_size
@@ -249,8 +250,7 @@ async def archive_queue(
                 archived += len(batch)
                 log.info("archived %d messages of %r (%d so far)", len(batch), queue, archived)
         finally:
-            with contextlib.suppress(Exception):
-                await source.cancel(tag)
+            await consumer.cancel()
     finally:
         # Closing the channel hands every unacked message back to the queue.
         with contextlib.suppress(Exception):
