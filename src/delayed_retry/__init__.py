@@ -44,6 +44,7 @@ from delayed_retry.observability.instrumentation import Instrumentation, NoInstr
 from delayed_retry.observability.otel import OpenTelemetryInstrumentation
 from delayed_retry.parking.shortcuts import ParkedMessage, ReplayResult, peek_parked, replay_parked
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
+from delayed_retry.throttle import Throttle
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 try:
@@ -62,6 +63,7 @@ __all__ = [
     "RetryState",
     "Hold",
     "DEFAULT_HOLD",
+    "Throttle",
     "retry_state",
     "current_retry_state",
     # retries for consumers in any language

@@ -41,6 +41,9 @@ __all__ = [
     "X_REPLAYED_BY",
     "X_REPLAY_CANARY",
     "X_SCHEDULE_ID",
+    "X_THROTTLED_AT",
+    "X_THROTTLE_EVENT",
+    "X_THROTTLE_TRIGGER",
     "X_TRACE_ORIGIN",
     "MAX_RETRY_COUNT",
     "X_DUE_AT",
@@ -126,6 +129,12 @@ X_HEADER_PROBLEMS = "x-retry-header-problems"
 """On a parking record: headers of the message that were present but unusable."""
 X_MIGRATED_FROM = "x-retry-migrated-from"
 """On a message moved out of another chain: the level queue it was taken from."""
+X_THROTTLE_EVENT = "x-retry-throttle-event"
+"""On an alert-queue event: ``tripped`` or ``resumed`` (a consumer's throttle changed state)."""
+X_THROTTLE_TRIGGER = "x-retry-throttle-trigger"
+"""On a throttle event: the trigger in words ("5 consecutive failures")."""
+X_THROTTLED_AT = "x-retry-throttled-at"
+"""On a throttle event: when it happened (epoch milliseconds)."""
 X_DEATH = "x-death"
 """The broker's dead-letter history (read to count rejections, never re-published)."""
 X_DELIVERY_COUNT = "x-delivery-count"

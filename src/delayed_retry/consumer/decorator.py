@@ -32,6 +32,7 @@ from delayed_retry.checks import warn_about_delivery_limit
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import Trouble, ack, channel_open
 from delayed_retry.consumer.settlement import GuardedMessage
+from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
@@ -47,6 +48,7 @@ from delayed_retry.observability.instrumentation import (
 )
 from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
+from delayed_retry.throttle import Throttle
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
@@ -168,6 +170,8 @@ class RetryOptions:
     ack_on_success: bool = True
     """Whether a handler that returns is acked here. ``False`` leaves that to the caller: a
     framework that acks after publishing the handler's result (FastStream)."""
+    throttle: Throttle | None = None
+    """When to stop taking messages after a run of failures, and how to probe (``None``: never)."""
 
 
 class RetryingHandler(Generic[P]):
@@ -188,6 +192,17 @@ class RetryingHandler(Generic[P]):
         self._telemetry_on: Callable[[], bool] = getattr(
             options.instrumentation, "enabled", _always
         )
+        self.throttle: ThrottleControl | None = (
+            ThrottleControl(
+                options.throttle,
+                queue=options.queue,
+                topology=options.topology,
+                publish_timeout=options.publish_timeout,
+                meter_provider=getattr(options.instrumentation, "meter_provider", None),
+            )
+            if options.throttle is not None and options.queue is not None
+            else None
+        )
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", self.fn)
@@ -195,6 +210,8 @@ class RetryingHandler(Generic[P]):
 
     def for_queue(self, queue: str) -> RetryingHandler[P]:
         """The same handler, retrying to ``queue``: for one handler consuming several queues."""
+        if queue == self.options.queue:
+            return self  # one handler, one throttle: its state is the one the caller sees
         self.options.topology.check_destination(queue)
         return RetryingHandler(self.fn, replace(self.options, queue=queue))
 
@@ -284,6 +301,9 @@ class RetryingHandler(Generic[P]):
             due_at = cell.get().due_at
             if due_at is not None and not await self._wait_until_due(message, due_at, queue):
                 return
+        throttle = self.throttle
+        if throttle is not None and not await throttle.admit(message):
+            return  # throttled: put back at the tail of its queue, unhandled
         observed: contextlib.AbstractContextManager[AttemptScope] = (
             opts.instrumentation.attempt(message, cell.get(), queue=queue)
             if self._telemetry_on()
@@ -306,6 +326,8 @@ class RetryingHandler(Generic[P]):
                 failure = exc
             finally:
                 _current_state.reset(token)
+            if throttle is not None:
+                throttle.observe(message, failure)
             if failure is None:
                 opts.trouble.clear()
                 if guarded.deferred is not None:
@@ -351,6 +373,8 @@ class RetryingHandler(Generic[P]):
         their queue now instead of when their hold ends (a closed channel
         returns them too). Returns how many were released.
         """
+        if self.throttle is not None:
+            await self.throttle.stop()
         return self.options.held.release()
 
     async def _wait_until_due(
@@ -446,6 +470,7 @@ def with_delayed_retry(
     instrumentation: Instrumentation | None = None,
     return_to: ReturnTo = "queue",
     hold: Hold | None = DEFAULT_HOLD,
+    throttle: Throttle | None = None,
 ) -> Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]: ...
 
 
@@ -464,6 +489,7 @@ def with_delayed_retry(
     instrumentation: Instrumentation | None = None,
     return_to: ReturnTo = "queue",
     hold: Hold | None = DEFAULT_HOLD,
+    throttle: Throttle | None = None,
 ) -> RetryingHandler[P] | Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]:
     """Wrap an aio-pika consumer handler with delayed retries and parking.
 
@@ -496,6 +522,10 @@ def with_delayed_retry(
         broker hops (:class:`~delayed_retry.hold.Hold`; default
         :data:`~delayed_retry.hold.DEFAULT_HOLD`). ``None`` turns it off: the
         chain rounds every delay up and the handler holds nothing.
+      throttle: a :class:`~delayed_retry.throttle.Throttle`: after a run of
+        failures (a dependency down) the consumer stops taking messages,
+        puts back those it was sent, and handles one at a time at the probe
+        interval until one succeeds. ``None`` (default): never.
     """
     options = retry_options(
         queue=queue,
@@ -509,6 +539,7 @@ def with_delayed_retry(
         instrumentation=instrumentation,
         return_to=return_to,
         hold=hold,
+        throttle=throttle,
     )
 
     def decorate(func: Callable[P, Awaitable[object]]) -> RetryingHandler[P]:
@@ -538,6 +569,7 @@ def retry_options(
     instrumentation: Instrumentation | None = None,
     return_to: ReturnTo = "queue",
     hold: Hold | None = DEFAULT_HOLD,
+    throttle: Throttle | None = None,
 ) -> RetryOptions:
     """Check the options of :func:`with_delayed_retry` and build its :class:`RetryOptions`.
 
@@ -562,6 +594,11 @@ def retry_options(
             "delayed_retry.NoInstrumentation() or an object with attempt() and scheduling()"
         )
     check_hold(hold, topology)
+    if throttle is not None and not isinstance(throttle, Throttle):
+        raise ConfigurationError(
+            f"throttle={throttle!r} must be a delayed_retry.Throttle, e.g. "
+            "Throttle(consecutive=5, probe_every=1.0), or None"
+        )
     policy_kwargs: dict[str, Any] = {"max_retries": max_retries, "wait": wait, "stop": stop}
     if retry is not None:
         policy_kwargs["retry"] = retry
@@ -575,6 +612,7 @@ def retry_options(
         instrumentation=instrumentation or default_instrumentation(),
         return_to=return_to,
         hold=hold,
+        throttle=throttle,
     )
 
 

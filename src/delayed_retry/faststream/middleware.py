@@ -60,6 +60,7 @@ from delayed_retry.faststream.subscribers import (
 from delayed_retry.hold import DEFAULT_HOLD, Hold
 from delayed_retry.observability.instrumentation import Instrumentation
 from delayed_retry.policy import DEFAULT_WAIT
+from delayed_retry.throttle import Throttle
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 if TYPE_CHECKING:
@@ -165,6 +166,7 @@ class DelayedRetry:
         instrumentation: Instrumentation | None = None,
         return_to: ReturnTo = "queue",
         hold: Hold | None = DEFAULT_HOLD,
+        throttle: Throttle | None = None,
     ) -> None:
         self.options: RetryOptions = retry_options(
             max_retries=max_retries,
@@ -177,6 +179,7 @@ class DelayedRetry:
             instrumentation=instrumentation,
             return_to=return_to,
             hold=hold,
+            throttle=throttle,
         )
         self._served: dict[int, _Served] = {}
         self.refused: set[int] = set()

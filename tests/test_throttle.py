@@ -1,0 +1,106 @@
+"""The throttle's configuration and state machine, as functions (no broker)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from tenacity import retry_if_exception_type
+
+from delayed_retry import ConfigurationError, Throttle, with_delayed_retry
+from delayed_retry.throttle import ThrottleState
+
+
+def test_default_trigger_is_five_consecutive_failures_probing_every_second() -> None:
+    throttle = Throttle()
+    assert throttle.consecutive == 5
+    assert throttle.ratio is None
+    assert throttle.probe_seconds == 1.0
+    assert throttle.describe() == "5 consecutive failures"
+
+
+def test_probe_interval_as_timedelta() -> None:
+    assert Throttle(probe_every=timedelta(milliseconds=250)).probe_seconds == 0.25
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"consecutive": 0}, "consecutive=0"),
+        ({"consecutive": True}, "consecutive=True"),
+        ({"consecutive": 2.5}, "consecutive=2.5"),
+        ({"consecutive": 3, "ratio": 0.5}, "sets two triggers"),
+        ({"ratio": 0}, "ratio=0"),
+        ({"ratio": 1.5}, "ratio=1.5"),
+        ({"ratio": float("nan")}, "ratio=nan"),
+        ({"ratio": 0.5, "window": 0}, "window=0"),
+        ({"probe_every": 0}, "probe_every=0"),
+        ({"probe_every": "1s"}, "probe_every='1s'"),
+        ({"counts": ConnectionError}, "tenacity retry predicate"),
+    ],
+)
+def test_bad_configuration_is_refused_naming_the_option(
+    kwargs: dict[str, object], words: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        Throttle(**kwargs)  # type: ignore[arg-type]
+
+
+def test_decorator_refuses_a_throttle_that_is_not_one() -> None:
+    with pytest.raises(ConfigurationError, match=r"must be a delayed_retry\.Throttle"):
+        with_delayed_retry(queue="q", throttle=5)  # type: ignore[call-overload]
+
+
+def test_trips_after_a_run_of_counted_failures_and_a_success_resumes() -> None:
+    state = ThrottleState(Throttle(consecutive=3))
+    assert state.record(failed=True) is None
+    assert state.record(failed=True) is None
+    assert state.record(failed=True) == "tripped"
+    assert state.throttled and state.trips == 1
+    assert state.record(failed=True) is None  # a failed probe: still throttled
+    assert state.record(failed=False) == "resumed"
+    assert state.mode == "running"
+    assert state.record(failed=True) is None  # the run starts again from zero
+
+
+def test_a_success_breaks_the_run() -> None:
+    state = ThrottleState(Throttle(consecutive=2))
+    for _ in range(10):
+        assert state.record(failed=True) is None
+        assert state.record(failed=False) is None
+    assert not state.throttled
+
+
+def test_failures_that_do_not_count_neither_trip_nor_break_the_run() -> None:
+    throttle = Throttle(consecutive=2, counts=retry_if_exception_type(ConnectionError))
+    assert throttle.counted(ConnectionError("db down"))
+    assert not throttle.counted(ValueError("bad message"))
+    state = ThrottleState(throttle)
+    assert state.record(failed=True, counted=True) is None
+    assert state.record(failed=True, counted=False) is None
+    assert state.record(failed=True, counted=True) == "tripped"
+
+
+def test_ratio_trips_only_over_a_full_window() -> None:
+    state = ThrottleState(Throttle(ratio=0.75, window=4))
+    assert state.record(failed=True) is None
+    assert state.record(failed=True) is None
+    assert state.record(failed=False) is None  # 2 of 3: the window is not full yet
+    assert state.record(failed=True) == "tripped"  # 3 of 4 = 75 %
+
+
+def test_ratio_below_the_threshold_never_trips() -> None:
+    state = ThrottleState(Throttle(ratio=0.8, window=5))
+    for i in range(50):
+        assert state.record(failed=i % 2 == 0) is None
+    assert not state.throttled
+
+
+def test_after_a_resume_the_ratio_counts_a_fresh_window() -> None:
+    state = ThrottleState(Throttle(ratio=0.5, window=2))
+    state.record(failed=True)
+    assert state.record(failed=True) == "tripped"
+    assert state.record(failed=False) == "resumed"
+    assert state.record(failed=True) is None  # one handling: not a full window
+    assert state.record(failed=True) == "tripped"
+    assert state.trips == 2

@@ -1,0 +1,153 @@
+"""The throttle on a real broker: a dependency goes down, the consumer stops and probes.
+
+A queue of messages, a handler whose dependency is down: after the trip the
+broker sees no consumer, the messages wait in their queue (none parks, few
+spend a retry), the handler runs one message at a time, and once the
+dependency is back one probe resumes full speed and everything is handled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import tenacity
+from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
+
+from delayed_retry import Throttle, consume, with_delayed_retry
+from delayed_retry.consumer.decorator import RetryingHandler
+from delayed_retry.consumer.throttling import THROTTLE_TRIPS, THROTTLED
+from delayed_retry.headers import X_DELIVERY_COUNT, X_QUEUE, X_THROTTLE_EVENT
+from tests.support.chain import Scenario, publish
+from tests.support.telemetry import make_telemetry
+from tests.support.waiting import wait_until
+
+MESSAGES = 30
+PREFETCH = 8
+
+
+class Dependency:
+    """A dependency that is down until told otherwise; records every handling."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.handled: Counter[str] = Counter()
+        self.failed: Counter[str] = Counter()
+        self.running = 0
+        self.most_running_while_throttled = 0
+        self.redelivered = 0
+        self.delivery_counts: list[object] = []
+        self.handler: RetryingHandler[Any] | None = None
+
+    async def __call__(self, message: AbstractIncomingMessage) -> None:
+        key = message.body.decode()
+        self.running += 1
+        if message.redelivered:
+            self.redelivered += 1
+            self.delivery_counts.append((message.headers or {}).get(X_DELIVERY_COUNT))
+        try:
+            throttle = self.handler.throttle if self.handler is not None else None
+            if throttle is not None and throttle.throttled:
+                self.most_running_while_throttled = max(
+                    self.most_running_while_throttled, self.running
+                )
+            await asyncio.sleep(0)  # let concurrent deliveries overlap, as real work does
+            if not self.up:
+                self.failed[key] += 1
+                raise ConnectionError("database is down")
+            self.handled[key] += 1
+        finally:
+            self.running -= 1
+
+
+async def consumers_of(queue: AbstractQueue, scenario: Scenario) -> int:
+    ch = await scenario.connection.channel()
+    try:
+        declared = await ch.declare_queue(queue.name, passive=True)
+        return int(declared.declaration_result.consumer_count or 0)
+    finally:
+        await ch.close()
+
+
+async def test_throttle_stops_the_consumer_probes_and_resumes(scenario: Scenario) -> None:
+    ch = scenario.ch
+    await ch.set_qos(prefetch_count=PREFETCH)
+    queue = await scenario.queue(queue_type=scenario.topology.queue_type)
+    telemetry = make_telemetry()
+    dependency = Dependency()
+    handler = with_delayed_retry(
+        queue=queue.name,
+        topology=scenario.topology,
+        max_retries=50,
+        wait=tenacity.wait_fixed(0.5),
+        instrumentation=telemetry.instrumentation,
+        throttle=Throttle(
+            consecutive=3,
+            probe_every=0.2,
+            counts=tenacity.retry_if_exception_type(ConnectionError),
+        ),
+    )(dependency)
+    for i in range(MESSAGES):
+        await publish(ch, queue.name, str(i).encode())
+    tag = await consume(queue, handler)
+    alerts = await ch.declare_queue(scenario.topology.alerts_queue, passive=True)
+    control = handler.throttle
+    assert control is not None
+    dependency.handler = handler
+
+    await wait_until(lambda: control.throttled, what="the throttle to trip")
+    await wait_until(
+        lambda: _zero(queue, scenario), what="the broker to see no consumer on the queue"
+    )
+    # While throttled the handler takes one message at a time: let several probes run.
+    failed_at_trip = sum(dependency.failed.values())
+    await wait_until(
+        lambda: sum(dependency.failed.values()) >= failed_at_trip + 3,
+        what="three failing probes",
+    )
+    assert control.throttled
+    assert dependency.most_running_while_throttled <= 1 + PREFETCH  # in flight at the trip
+    dependency.most_running_while_throttled = 0
+    await wait_until(
+        lambda: sum(dependency.failed.values()) >= failed_at_trip + 5,
+        what="two more failing probes",
+    )
+    assert dependency.most_running_while_throttled == 1
+
+    dependency.up = True
+    await wait_until(lambda: len(dependency.handled) == MESSAGES, timeout=60, what="all handled")
+    assert not control.throttled
+    await wait_until(lambda: _one(queue, scenario), what="the consumer to be back")
+    parked = await scenario.depth(scenario.topology.default_parking_queue(queue.name))
+    assert parked == 0
+    if scenario.topology.queue_type == "classic":
+        assert dependency.redelivered == 0, "a put-back message must come as a new one"
+    else:
+        # Quorum queues: a message the queue sent as the consumer was being cancelled
+        # is dropped by the channel and returned when the consumer comes back, once.
+        assert dependency.redelivered <= PREFETCH
+        assert set(dependency.delivery_counts) <= {1}, dependency.delivery_counts
+    # The messages that failed are the ones in flight at the trip and the probes.
+    spent = sum(1 for key in dependency.failed if dependency.failed[key])
+    assert spent < MESSAGES // 2, dependency.failed
+
+    points = telemetry.metrics()
+    assert sum(p.value for p in points[THROTTLE_TRIPS]) == 1
+    assert sum(p.value for p in points[THROTTLED]) == 0  # tripped, then resumed
+
+    events: list[dict[str, Any]] = []
+    while (got := await alerts.get(fail=False, no_ack=True)) is not None:
+        events.append(dict(got.headers or {}))
+    mine = [e for e in events if e.get(X_QUEUE) == queue.name and X_THROTTLE_EVENT in e]
+    assert [e[X_THROTTLE_EVENT] for e in mine] == ["tripped", "resumed"]
+    await queue.cancel(tag)
+    await handler.release_held()
+
+
+async def _zero(queue: AbstractQueue, scenario: Scenario) -> bool:
+    return await consumers_of(queue, scenario) == 0
+
+
+async def _one(queue: AbstractQueue, scenario: Scenario) -> bool:
+    return await consumers_of(queue, scenario) == 1
