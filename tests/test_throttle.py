@@ -8,6 +8,15 @@ import pytest
 from tenacity import retry_if_exception_type
 
 from delayed_retry import ConfigurationError, Throttle, with_delayed_retry
+from delayed_retry.alerts.grouping import arrival_from, group_arrivals
+from delayed_retry.headers import (
+    X_EXCEPTION_MESSAGE,
+    X_EXCEPTION_TYPE,
+    X_PARKED_REASON,
+    X_QUEUE,
+    X_THROTTLE_EVENT,
+    X_THROTTLE_TRIGGER,
+)
 from delayed_retry.throttle import ThrottleState
 
 
@@ -104,3 +113,46 @@ def test_after_a_resume_the_ratio_counts_a_fresh_window() -> None:
     assert state.record(failed=True) is None  # one handling: not a full window
     assert state.record(failed=True) == "tripped"
     assert state.trips == 2
+
+
+def test_a_throttle_event_in_the_alert_queue_is_an_event_not_a_parked_message() -> None:
+    tripped = arrival_from(
+        {
+            X_THROTTLE_EVENT: "tripped",
+            X_QUEUE: "orders",
+            X_THROTTLE_TRIGGER: "5 consecutive failures",
+            X_EXCEPTION_TYPE: "ConnectionError",
+            X_EXCEPTION_MESSAGE: "db down",
+        },
+        message_id=None,
+        routing_key="delays.alerts",
+    )
+    resumed = arrival_from(
+        {X_THROTTLE_EVENT: "resumed", X_QUEUE: "orders"}, message_id=None, routing_key="x"
+    )
+    parked = arrival_from(
+        {X_PARKED_REASON: "max-retries", X_QUEUE: "orders", X_EXCEPTION_TYPE: "KeyError"},
+        message_id="m1",
+        routing_key="orders",
+    )
+    assert tripped.event == (
+        "consumer of orders throttled after 5 consecutive failures (last: ConnectionError: db down)"
+    )
+    alert = group_arrivals([tripped, parked, resumed])
+    assert alert.total == 1
+    assert alert.message_ids == ("m1",)
+    assert alert.events == (tripped.event, resumed.event)
+    assert alert.title() == (
+        "1 message parked on orders; consumer of orders resumed full speed after a successful "
+        "probe (and 1 more throttle events)"
+    )
+    assert "  throttle: consumer of orders throttled after" in alert.text()
+    assert alert.to_json()["events"] == list(alert.events)
+
+
+def test_an_alert_of_throttle_events_alone_says_so() -> None:
+    alert = group_arrivals(
+        [arrival_from({X_THROTTLE_EVENT: "tripped"}, message_id=None, routing_key="x")]
+    )
+    assert alert.total == 0
+    assert alert.title() == "consumer of ? throttled after a run of failures (last: -)"

@@ -15,10 +15,17 @@ from typing import Any
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
-from delayed_retry import Throttle, consume, with_delayed_retry
+from delayed_retry import (
+    Alert,
+    CallbackSink,
+    ParkingAlerts,
+    Throttle,
+    consume,
+    with_delayed_retry,
+)
 from delayed_retry.consumer.decorator import RetryingHandler
 from delayed_retry.consumer.throttling import THROTTLE_TRIPS, THROTTLED
-from delayed_retry.headers import X_DELIVERY_COUNT, X_QUEUE, X_THROTTLE_EVENT
+from delayed_retry.headers import X_DELIVERY_COUNT
 from tests.support.chain import Scenario, publish
 from tests.support.telemetry import make_telemetry
 from tests.support.waiting import wait_until
@@ -91,7 +98,15 @@ async def test_throttle_stops_the_consumer_probes_and_resumes(scenario: Scenario
     for i in range(MESSAGES):
         await publish(ch, queue.name, str(i).encode())
     tag = await consume(queue, handler)
-    alerts = await ch.declare_queue(scenario.topology.alerts_queue, passive=True)
+    seen: list[Alert] = []
+    alerts = ParkingAlerts(
+        scenario.connection,
+        sinks=[CallbackSink(seen.append)],
+        topology=scenario.topology,
+        window=0.05,
+        declare=False,
+    )
+    await alerts.start()
     control = handler.throttle
     assert control is not None
     dependency.handler = handler
@@ -136,11 +151,13 @@ async def test_throttle_stops_the_consumer_probes_and_resumes(scenario: Scenario
     assert sum(p.value for p in points[THROTTLE_TRIPS]) == 1
     assert sum(p.value for p in points[THROTTLED]) == 0  # tripped, then resumed
 
-    events: list[dict[str, Any]] = []
-    while (got := await alerts.get(fail=False, no_ack=True)) is not None:
-        events.append(dict(got.headers or {}))
-    mine = [e for e in events if e.get(X_QUEUE) == queue.name and X_THROTTLE_EVENT in e]
-    assert [e[X_THROTTLE_EVENT] for e in mine] == ["tripped", "resumed"]
+    # The trip and the resume reach the alert sinks, as parkings do.
+    await wait_until(lambda: sum(len(a.events) for a in seen) == 2, what="two throttle alerts")
+    await alerts.stop()
+    events = [e for a in seen for e in a.events]
+    assert events[0].startswith(f"consumer of {queue.name} throttled after 3 consecutive")
+    assert events[1] == f"consumer of {queue.name} resumed full speed after a successful probe"
+    assert all(a.total == 0 for a in seen)
     await queue.cancel(tag)
     await handler.release_held()
 
