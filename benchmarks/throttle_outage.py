@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 import sys
 import time
@@ -228,6 +229,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("delayed_retry.consumer.failures").setLevel(logging.ERROR)  # 300 parkings
     runs = asyncio.run(main_async(args))
     with_throttle = runs[0]
     ok = (

@@ -123,7 +123,9 @@ def test_status_shows_the_work_queue_and_what_is_due_when(
     waiting = [level for level in data["chain"] if level["messages"]]
     # 3600 units enter at the highest 1 bit (level 11, 2048 s), due within 2^12 - 1 s.
     assert [(w["level"], w["messages"]) for w in waiting] == [(11, 1)]
-    assert data["queues"] == [{"queue": unique, "messages": 0, "consumers": 0, "parked": 0}]
+    assert data["queues"] == [
+        {"queue": unique, "messages": 0, "consumers": 0, "parked": 0, "throttled_consumers": 0}
+    ]
     assert main(["--url", rabbitmq_url, "status", "--queue", unique, *topo]) == 0
     out = capsys.readouterr().out
     assert "within 1 h 8 m" in out and "34 m 8 s" in out  # due bound and the level's hold

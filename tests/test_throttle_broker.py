@@ -9,6 +9,9 @@ dependency is back one probe resumes full speed and everything is handled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import json
 from collections import Counter
 from typing import Any
 
@@ -23,9 +26,11 @@ from delayed_retry import (
     consume,
     with_delayed_retry,
 )
+from delayed_retry.cli import main
 from delayed_retry.consumer.decorator import RetryingHandler
 from delayed_retry.consumer.throttling import THROTTLE_TRIPS, THROTTLED
 from delayed_retry.headers import X_DELIVERY_COUNT
+from delayed_retry.throttle import marker_queue_name
 from tests.support.chain import Scenario, publish
 from tests.support.telemetry import make_telemetry
 from tests.support.waiting import wait_until
@@ -68,16 +73,44 @@ class Dependency:
             self.running -= 1
 
 
-async def consumers_of(queue: AbstractQueue, scenario: Scenario) -> int:
+def _status(scenario: Scenario, queue: str, url: str) -> dict[str, Any]:
+    """``delayed-retry status --queue QUEUE --json`` for the scenario's chain."""
+    out = io.StringIO()
+    args = [
+        "--url",
+        url,
+        "status",
+        "--queue",
+        queue,
+        "--json",
+        "--prefix",
+        scenario.topology.prefix,
+    ]
+    args += ["--levels", str(scenario.topology.levels), "--unit-ms", str(scenario.topology.unit_ms)]
+    args += ["--queue-type", scenario.topology.queue_type]
+    with contextlib.redirect_stdout(out):
+        assert main(args) == 0
+    data: dict[str, Any] = json.loads(out.getvalue())
+    return data
+
+
+async def _count(name: str, scenario: Scenario, expected: int) -> bool:
+    return await consumers_of(name, scenario) == expected
+
+
+async def consumers_of(queue: AbstractQueue | str, scenario: Scenario) -> int:
     ch = await scenario.connection.channel()
     try:
-        declared = await ch.declare_queue(queue.name, passive=True)
+        name = queue if isinstance(queue, str) else queue.name
+        declared = await ch.declare_queue(name, passive=True)
         return int(declared.declaration_result.consumer_count or 0)
     finally:
         await ch.close()
 
 
-async def test_throttle_stops_the_consumer_probes_and_resumes(scenario: Scenario) -> None:
+async def test_throttle_stops_the_consumer_probes_and_resumes(
+    scenario: Scenario, rabbitmq_url: str
+) -> None:
     ch = scenario.ch
     await ch.set_qos(prefetch_count=PREFETCH)
     queue = await scenario.queue(queue_type=scenario.topology.queue_type)
@@ -115,6 +148,12 @@ async def test_throttle_stops_the_consumer_probes_and_resumes(scenario: Scenario
     await wait_until(
         lambda: _zero(queue, scenario), what="the broker to see no consumer on the queue"
     )
+    marker = marker_queue_name(scenario.topology.prefix, queue.name)
+    scenario.track_queue(marker)
+    await wait_until(lambda: _count(marker, scenario, 1), what="the process counted as throttled")
+    status = await asyncio.to_thread(_status, scenario, queue.name, rabbitmq_url)
+    assert status["queues"][0]["throttled_consumers"] == 1
+    assert status["queues"][0]["consumers"] == 0
     # While throttled the handler takes one message at a time: let several probes run.
     failed_at_trip = sum(dependency.failed.values())
     await wait_until(
@@ -134,6 +173,7 @@ async def test_throttle_stops_the_consumer_probes_and_resumes(scenario: Scenario
     await wait_until(lambda: len(dependency.handled) == MESSAGES, timeout=60, what="all handled")
     assert not control.throttled
     await wait_until(lambda: _one(queue, scenario), what="the consumer to be back")
+    await wait_until(lambda: _count(marker, scenario, 0), what="no process counted as throttled")
     parked = await scenario.depth(scenario.topology.default_parking_queue(queue.name))
     assert parked == 0
     if scenario.topology.queue_type == "classic":

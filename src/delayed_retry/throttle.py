@@ -24,10 +24,32 @@ from tenacity.retry import retry_base, retry_if_exception_type
 from delayed_retry.durations import to_seconds
 from delayed_retry.errors import ConfigurationError
 
-__all__ = ["Throttle", "ThrottleMode", "ThrottleState", "Transition"]
+__all__ = [
+    "MARKER_EXPIRES_MS",
+    "Throttle",
+    "ThrottleMode",
+    "ThrottleState",
+    "Transition",
+    "marker_queue_name",
+]
 
 ThrottleMode = Literal["running", "throttled"]
 Transition = Literal["tripped", "resumed"]
+
+
+MARKER_EXPIRES_MS = 3_600_000
+"""A marker queue no one has used for an hour is deleted by the broker (``x-expires``)."""
+
+
+def marker_queue_name(prefix: str, queue: str) -> str:
+    """The queue whose consumers are the throttled consumer processes of ``queue``.
+
+    Nothing is ever published to it: each process whose throttle has tripped
+    consumes it until it resumes (or dies, which ends its consumer too), so
+    its consumer count, which ``delayed-retry status`` reads, is the number of
+    processes throttled now.
+    """
+    return f"{prefix}.throttled.{queue}"
 
 
 class _NoCall(tenacity.Retrying):

@@ -15,6 +15,7 @@ from delayed_retry.cli.main import run
 from delayed_retry.cli.output import CommandError, add_json_option, emit_json, print_table
 from delayed_retry.durations import format_duration
 from delayed_retry.errors import NotFoundError, queue_not_found
+from delayed_retry.throttle import marker_queue_name
 
 __all__ = ["register"]
 
@@ -67,6 +68,11 @@ async def _status(args: argparse.Namespace) -> int:
         parking = {
             q: await _declared(connection, topology.default_parking_queue(q)) for q in args.queue
         }
+        # Each consumer process whose throttle has tripped consumes this queue until it resumes.
+        throttled = {
+            q: _at(await _declared(connection, marker_queue_name(topology.prefix, q)), 1) or 0
+            for q in args.queue
+        }
         levels = [
             await _declared(connection, topology.level_name(n)) for n in range(topology.levels)
         ]
@@ -101,6 +107,7 @@ async def _status(args: argparse.Namespace) -> int:
                         "messages": _at(work[q], 0),
                         "consumers": _at(work[q], 1),
                         "parked": _at(parking[q], 0),
+                        "throttled_consumers": throttled[q],
                     }
                     for q in args.queue
                 ],
@@ -120,17 +127,18 @@ async def _status(args: argparse.Namespace) -> int:
     if args.queue:
         print()
         print_table(
-            ("queue", "ready", "consumers", "parked"),
+            ("queue", "ready", "consumers", "throttled", "parked"),
             [
                 (
                     q,
                     _shown(work[q], 0, "missing"),
                     _shown(work[q], 1, "-"),
+                    throttled[q],
                     _shown(parking[q], 0, "missing"),
                 )
                 for q in args.queue
             ],
-            right=(1, 2, 3),
+            right=(1, 2, 3, 4),
         )
     waiting = sum(r["messages"] or 0 for r in level_rows)
     shown = [r for r in level_rows if args.all_levels or r["messages"]]

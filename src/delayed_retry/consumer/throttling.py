@@ -54,7 +54,13 @@ from delayed_retry.headers import (
     exception_text,
 )
 from delayed_retry.observability.metrics import meter_for
-from delayed_retry.throttle import Throttle, ThrottleState, Transition
+from delayed_retry.throttle import (
+    MARKER_EXPIRES_MS,
+    Throttle,
+    ThrottleState,
+    Transition,
+    marker_queue_name,
+)
 from delayed_retry.topology import DelayTopology
 
 __all__ = ["THROTTLED", "THROTTLE_TRIPS", "ThrottleControl"]
@@ -121,6 +127,7 @@ class ThrottleControl:
         self.state = ThrottleState(throttle)
         self._stopped: dict[tuple[int, str], _Stopped] = {}
         self._probe_task: asyncio.Task[None] | None = None
+        self._marker: aiormq.abc.AbstractChannel | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._instruments = _Instruments(meter_provider)
         self._attributes = {"messaging.destination.name": queue}
@@ -194,6 +201,7 @@ class ThrottleControl:
         )
         self._instruments.throttled.add(-1, self._attributes)
         self._spawn(self._restart_consumers(), "delayed-retry-throttle-resume")
+        self._spawn(self._unmark(), "delayed-retry-throttle-unmark")
         self._spawn(
             self._alert(_channel_of(message), "resumed", None), "delayed-retry-throttle-alert"
         )
@@ -224,6 +232,37 @@ class ThrottleControl:
             await channel.basic_cancel(tag)
         except Exception as err:  # the channel is closing: the broker stops it anyway
             log.warning("could not cancel consumer %r of queue %r: %r", tag, self.queue, err)
+        await self._mark(channel)
+
+    async def _mark(self, channel: aiormq.abc.AbstractChannel) -> None:
+        """Consume the marker queue while throttled, so that the broker counts this process."""
+        if self._marker is not None and not self._marker.is_closed:
+            return
+        name = marker_queue_name(self.topology.prefix, self.queue)
+        try:
+            marker = await channel.connection.channel()
+            await marker.queue_declare(
+                name,
+                durable=True,
+                arguments={"x-queue-type": "classic", "x-expires": MARKER_EXPIRES_MS},
+            )
+            await marker.basic_consume(name, _nothing, no_ack=True)
+        except Exception as err:
+            log.warning(
+                "could not mark queue %r as throttled in %r (delayed-retry status will not "
+                "count this process): %r",
+                self.queue,
+                name,
+                err,
+            )
+            return
+        self._marker = marker
+
+    async def _unmark(self) -> None:
+        marker, self._marker = self._marker, None
+        if marker is not None and not marker.is_closed:
+            with contextlib.suppress(Exception):
+                await marker.close()
 
     async def _restart_consumers(self) -> None:
         """Register every consumer the throttle cancelled again, on its channel, with its tag."""
@@ -322,6 +361,7 @@ class ThrottleControl:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._unmark()
 
 
 def _channel_of(message: AbstractIncomingMessage) -> aiormq.abc.AbstractChannel | None:
@@ -329,3 +369,7 @@ def _channel_of(message: AbstractIncomingMessage) -> aiormq.abc.AbstractChannel 
         return message.channel
     except Exception:  # aio-pika raises once the channel is closed
         return None
+
+
+async def _nothing(_: Any) -> None:
+    """The marker queue's consumer callback: nothing is ever published there."""

@@ -48,6 +48,7 @@ from delayed_retry.consumer.decorator import (
     retry_options,
 )
 from delayed_retry.consumer.settlement import GuardedMessage
+from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.durations import Duration, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.faststream.in_memory import InMemoryDecision, is_in_memory, run_in_memory
@@ -190,6 +191,14 @@ class DelayedRetry:
     def __repr__(self) -> str:
         retries, prefix = self.options.policy.max_retries, self.options.topology.prefix
         return f"<DelayedRetry max_retries={retries} prefix={prefix!r}>"
+
+    def throttle_of(self, queue: str) -> ThrottleControl | None:
+        """The throttle of the subscriber of ``queue`` this middleware serves, once it has had a
+        message (``None`` before, or without ``throttle=``): its state, for health checks."""
+        for served in self._served.values():
+            if served.queue == queue and served.handler is not None:
+                return served.handler.throttle
+        return None
 
     def __call__(self, msg: Any | None, /, *, context: ContextRepo) -> _RetryMiddleware:
         return _RetryMiddleware(msg, context=context, retrier=self)
