@@ -28,8 +28,8 @@ from delayed_retry import (
 )
 from delayed_retry.cli import main
 from delayed_retry.consumer.decorator import RetryingHandler
-from delayed_retry.consumer.throttling import THROTTLE_TRIPS, THROTTLED
 from delayed_retry.headers import X_DELIVERY_COUNT
+from delayed_retry.observability.metrics import THROTTLE_TRIPS, THROTTLED
 from delayed_retry.throttle import marker_queue_name
 from tests.support.chain import Scenario, publish
 from tests.support.telemetry import make_telemetry

@@ -21,6 +21,7 @@ from delayed_retry.consumer.decorator import (
     with_delayed_retry,
 )
 from delayed_retry.consumer.router import ConsumerRejected, RetryRouter
+from delayed_retry.crashes import CrashGuard
 from delayed_retry.delivery.forwarder import Forwarder
 from delayed_retry.delivery.front_door import FrontDoor
 from delayed_retry.delivery.schedule import publish_delayed
@@ -29,6 +30,7 @@ from delayed_retry.errors import (
     DelayedRetryError,
     DelayOutOfRangeError,
     HandlerSignal,
+    MessageCrashedError,
     NotFoundError,
     ParkMessage,
     PublishError,
@@ -64,6 +66,7 @@ __all__ = [
     "Hold",
     "DEFAULT_HOLD",
     "Throttle",
+    "CrashGuard",
     "retry_state",
     "current_retry_state",
     # retries for consumers in any language
@@ -103,6 +106,7 @@ __all__ = [
     "DelayedRetryError",
     "ConfigurationError",
     "DelayOutOfRangeError",
+    "MessageCrashedError",
     "NotFoundError",
     "TopologyMismatchError",
     "PublishError",

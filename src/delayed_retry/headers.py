@@ -40,6 +40,7 @@ __all__ = [
     "X_REPLAYED_AT",
     "X_REPLAYED_BY",
     "X_REPLAY_CANARY",
+    "X_RETRY_CRASHES",
     "X_SCHEDULE_ID",
     "X_THROTTLED_AT",
     "X_THROTTLE_EVENT",
@@ -129,6 +130,8 @@ X_HEADER_PROBLEMS = "x-retry-header-problems"
 """On a parking record: headers of the message that were present but unusable."""
 X_MIGRATED_FROM = "x-retry-migrated-from"
 """On a message moved out of another chain: the level queue it was taken from."""
+X_RETRY_CRASHES = "x-retry-crashes"
+"""Times a message's consumer went away while holding it (the crash guard's count, an int)."""
 X_THROTTLE_EVENT = "x-retry-throttle-event"
 """On an alert-queue event: ``tripped`` or ``resumed`` (a consumer's throttle changed state)."""
 X_THROTTLE_TRIGGER = "x-retry-throttle-trigger"

@@ -29,11 +29,14 @@ from tenacity.wait import wait_base
 from delayed_retry.amqp.declare import declarer_for, underlay_of
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.checks import warn_about_delivery_limit
+from delayed_retry.consumer.crash_guard import guard_redelivery
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import Trouble, ack, channel_open
+from delayed_retry.consumer.put_back import put_back
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
+from delayed_retry.crashes import CrashGuard
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import (
@@ -172,6 +175,8 @@ class RetryOptions:
     framework that acks after publishing the handler's result (FastStream)."""
     throttle: Throttle | None = None
     """When to stop taking messages after a run of failures, and how to probe (``None``: never)."""
+    crash_guard: CrashGuard | None = None
+    """How many times a message may take its consumer down before it is parked (``None``: off)."""
 
 
 class RetryingHandler(Generic[P]):
@@ -297,6 +302,15 @@ class RetryingHandler(Generic[P]):
                 connection, opts.topology, queue, opts.parking_queue
             )
             self._declared_on = weakref.ref(connection)
+        if opts.crash_guard is not None:
+            if opts.held.stopping:  # shutting down: back to the queue, not counted as a crash
+                await self._put_back(message, queue)
+                return
+            if message.redelivered:  # its last consumer went away holding it
+                await guard_redelivery(
+                    message, cell.get(), guard=opts.crash_guard, failures=self._failures(queue)
+                )
+                return
         if opts.topology.is_chain_exchange(message.exchange):
             due_at = cell.get().due_at
             if due_at is not None and not await self._wait_until_due(message, due_at, queue):
@@ -365,13 +379,23 @@ class RetryingHandler(Generic[P]):
                 decision, failure = Decision.park("internal-error"), policy_exc
             await self._failures(queue).failed(message, state, failure, decision, scope)
 
+    async def _put_back(self, message: AbstractIncomingMessage, queue: str) -> None:
+        await put_back(
+            message,
+            queue,
+            topology=self.options.topology,
+            publish_timeout=self.options.publish_timeout,
+        )
+
     async def release_held(self) -> int:
         """Give back every message this handler holds until due (``nack``, requeue) at once.
 
         Call it when shutting a consumer down gracefully, after cancelling the
         consumer and before closing the channel: the held messages go back to
         their queue now instead of when their hold ends (a closed channel
-        returns them too). Returns how many were released.
+        returns them too). Returns how many were released. With a crash guard,
+        they and every message that reaches the handler afterwards are put
+        back as new messages, so that the shutdown counts as no crash.
         """
         if self.throttle is not None:
             await self.throttle.stop()
@@ -395,6 +419,9 @@ class RetryingHandler(Generic[P]):
             due_at,
             max_delay=opts.topology.max_delay,
             tolerance=early_tolerance(opts.topology),
+            give_back=(
+                None if opts.crash_guard is None else functools.partial(self._put_back, queue=queue)
+            ),
         )
         if outcome != "early":
             return outcome == "due"
@@ -471,6 +498,7 @@ def with_delayed_retry(
     return_to: ReturnTo = "queue",
     hold: Hold | None = DEFAULT_HOLD,
     throttle: Throttle | None = None,
+    crash_guard: CrashGuard | None = None,
 ) -> Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]: ...
 
 
@@ -490,6 +518,7 @@ def with_delayed_retry(
     return_to: ReturnTo = "queue",
     hold: Hold | None = DEFAULT_HOLD,
     throttle: Throttle | None = None,
+    crash_guard: CrashGuard | None = None,
 ) -> RetryingHandler[P] | Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]:
     """Wrap an aio-pika consumer handler with delayed retries and parking.
 
@@ -526,6 +555,10 @@ def with_delayed_retry(
         failures (a dependency down) the consumer stops taking messages,
         puts back those it was sent, and handles one at a time at the probe
         interval until one succeeds. ``None`` (default): never.
+      crash_guard: a :class:`~delayed_retry.crashes.CrashGuard`: a message
+        whose consumer went away while handling it ``max_crashes`` times (the
+        process died, or lost its connection) is parked as ``crashed`` before
+        its handler runs again. ``None`` (default): off.
     """
     options = retry_options(
         queue=queue,
@@ -540,6 +573,7 @@ def with_delayed_retry(
         return_to=return_to,
         hold=hold,
         throttle=throttle,
+        crash_guard=crash_guard,
     )
 
     def decorate(func: Callable[P, Awaitable[object]]) -> RetryingHandler[P]:
@@ -570,6 +604,7 @@ def retry_options(
     return_to: ReturnTo = "queue",
     hold: Hold | None = DEFAULT_HOLD,
     throttle: Throttle | None = None,
+    crash_guard: CrashGuard | None = None,
 ) -> RetryOptions:
     """Check the options of :func:`with_delayed_retry` and build its :class:`RetryOptions`.
 
@@ -599,6 +634,11 @@ def retry_options(
             f"throttle={throttle!r} must be a delayed_retry.Throttle, e.g. "
             "Throttle(consecutive=5, probe_every=1.0), or None"
         )
+    if crash_guard is not None and not isinstance(crash_guard, CrashGuard):
+        raise ConfigurationError(
+            f"crash_guard={crash_guard!r} must be a delayed_retry.CrashGuard, e.g. "
+            "CrashGuard(max_crashes=3), or None"
+        )
     policy_kwargs: dict[str, Any] = {"max_retries": max_retries, "wait": wait, "stop": stop}
     if retry is not None:
         policy_kwargs["retry"] = retry
@@ -613,6 +653,7 @@ def retry_options(
         return_to=return_to,
         hold=hold,
         throttle=throttle,
+        crash_guard=crash_guard,
     )
 
 

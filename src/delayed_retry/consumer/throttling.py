@@ -53,7 +53,7 @@ from delayed_retry.headers import (
     exception_name,
     exception_text,
 )
-from delayed_retry.observability.metrics import meter_for
+from delayed_retry.observability.metrics import THROTTLE_TRIPS, THROTTLED, meter_for
 from delayed_retry.throttle import (
     MARKER_EXPIRES_MS,
     Throttle,
@@ -63,14 +63,10 @@ from delayed_retry.throttle import (
 )
 from delayed_retry.topology import DelayTopology
 
-__all__ = ["THROTTLED", "THROTTLE_TRIPS", "ThrottleControl"]
+__all__ = ["ThrottleControl"]
 
 log = logging.getLogger(__name__)
 
-THROTTLED = "delayed_retry.throttled"
-"""Up-down counter: consumers of a queue throttled now (0 or 1 per process and queue)."""
-THROTTLE_TRIPS = "delayed_retry.throttle.trips"
-"""Counter: how often a queue's consumer in this process tripped its throttle."""
 
 _probing: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "delayed_retry_throttle_probe", default=False

@@ -49,6 +49,7 @@ from delayed_retry.consumer.decorator import (
 )
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.throttling import ThrottleControl
+from delayed_retry.crashes import CrashGuard
 from delayed_retry.durations import Duration, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.faststream.in_memory import InMemoryDecision, is_in_memory, run_in_memory
@@ -168,6 +169,7 @@ class DelayedRetry:
         return_to: ReturnTo = "queue",
         hold: Hold | None = DEFAULT_HOLD,
         throttle: Throttle | None = None,
+        crash_guard: CrashGuard | None = None,
     ) -> None:
         self.options: RetryOptions = retry_options(
             max_retries=max_retries,
@@ -181,6 +183,7 @@ class DelayedRetry:
             return_to=return_to,
             hold=hold,
             throttle=throttle,
+            crash_guard=crash_guard,
         )
         self._served: dict[int, _Served] = {}
         self.refused: set[int] = set()
