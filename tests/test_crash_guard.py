@@ -85,7 +85,8 @@ def guarded(calls: list[bytes], guard: CrashGuard | None = GUARD) -> RetryingHan
 
 
 async def test_a_first_delivery_runs_as_usual() -> None:
-    channel, calls = FakeChannel(), []
+    channel = FakeChannel()
+    calls: list[bytes] = []
     message = fake_message(channel)
     await guarded(calls)(message)
     assert calls == [b"{}"]
@@ -94,7 +95,8 @@ async def test_a_first_delivery_runs_as_usual() -> None:
 
 
 async def test_a_redelivery_is_counted_and_put_back_without_running() -> None:
-    channel, calls = FakeChannel(), []
+    channel = FakeChannel()
+    calls: list[bytes] = []
     message = fake_message(
         channel, redelivered=True, exchange="orders", routing_key="new", headers={"a": 1}
     )
@@ -111,7 +113,8 @@ async def test_a_redelivery_is_counted_and_put_back_without_running() -> None:
 
 
 async def test_at_the_limit_it_is_parked_as_crashed_with_its_count() -> None:
-    channel, calls = FakeChannel(), []
+    channel = FakeChannel()
+    calls: list[bytes] = []
     message = fake_message(channel, redelivered=True, headers={X_RETRY_CRASHES: 2})
     await guarded(calls)(message)
     assert calls == []
@@ -123,7 +126,8 @@ async def test_at_the_limit_it_is_parked_as_crashed_with_its_count() -> None:
 
 
 async def test_an_unconfirmed_put_back_leaves_the_message_unacked() -> None:
-    channel, calls = FakeChannel(default_answer="closed"), []
+    channel = FakeChannel(default_answer="closed")
+    calls: list[bytes] = []
     message = fake_message(channel, redelivered=True)
     await guarded(calls)(message)
     assert calls == []
@@ -131,7 +135,8 @@ async def test_an_unconfirmed_put_back_leaves_the_message_unacked() -> None:
 
 
 async def test_after_a_shutdown_began_arrivals_are_put_back_not_run() -> None:
-    channel, calls = FakeChannel(), []
+    channel = FakeChannel()
+    calls: list[bytes] = []
     handler = guarded(calls)
     assert await handler.release_held() == 0
     message = fake_message(channel)
@@ -144,7 +149,8 @@ async def test_after_a_shutdown_began_arrivals_are_put_back_not_run() -> None:
 
 
 async def test_without_a_guard_a_redelivery_runs() -> None:
-    channel, calls = FakeChannel(), []
+    channel = FakeChannel()
+    calls: list[bytes] = []
     message = fake_message(channel, redelivered=True)
     await guarded(calls, guard=None)(message)
     assert calls == [b"{}"]
