@@ -9,8 +9,8 @@ Both use the same retry policy (``max_retries`` delayed retries, backoff
 ``1 s * 2**r`` capped at 30 s), short enough that without a throttle every
 message runs out of retries within the outage.
 
-Counted per run: messages that spent at least one delayed retry, delayed
-retries in all, messages parked, messages handled, the time until every
+Counted per run: messages that spent at least one delayed retry, failed
+handlings in all (each one a delayed retry, or the last one a parking), messages parked, messages handled, the time until every
 message was handled or parked, and the broker's delivery counts of the
 messages handled (``redelivered``, ``x-delivery-count`` from quorum queues on
 4.x, ``x-acquired-count`` on 4.3), which show that the messages that waited
@@ -59,7 +59,7 @@ class Run:
     throttle: bool
     messages: int
     spent_a_retry: int = 0
-    delayed_retries: int = 0
+    failed_handlings: int = 0
     parked: int = 0
     handled: int = 0
     trips: int = 0
@@ -157,7 +157,7 @@ async def one_run(url: str, args: argparse.Namespace, *, throttled: bool) -> Run
         run.parked = await _depth(connection, parking)
         run.handled = len(dependency.handled)
         run.spent_a_retry = len(dependency.failures)
-        run.delayed_retries = sum(dependency.failures.values())
+        run.failed_handlings = sum(dependency.failures.values())
         run.redelivered = dependency.redelivered
         run.delivery_counts = dict(dependency.delivery_counts)
         run.acquired_counts = dict(dependency.acquired_counts)
