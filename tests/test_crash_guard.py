@@ -155,3 +155,10 @@ async def test_without_a_guard_a_redelivery_runs() -> None:
     await guarded(calls, guard=None)(message)
     assert calls == [b"{}"]
     assert channel.published == []
+
+
+async def test_faststream_release_held_begins_the_shutdown_of_every_subscriber() -> None:
+    retrier = DelayedRetry(crash_guard=GUARD)
+    assert not retrier.options.held.stopping
+    assert await retrier.release_held() == 0
+    assert retrier.options.held.stopping

@@ -23,7 +23,10 @@ the process would keep them from other, healthy consumers of the queue.
 Each trip and resume is one WARNING line, moves the
 ``delayed_retry.throttled`` gauge and the ``delayed_retry.throttle.trips``
 counter, and sends an event to the alert queue, where
-:class:`~delayed_retry.alerts.ParkingAlerts` passes it to its sinks.
+:class:`~delayed_retry.alerts.ParkingAlerts` passes it to its sinks. While
+throttled, the process consumes the empty marker queue
+(:func:`~delayed_retry.throttle.marker_queue_name`), whose consumer count
+``delayed-retry status`` shows.
 """
 
 from __future__ import annotations

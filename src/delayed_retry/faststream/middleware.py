@@ -195,6 +195,19 @@ class DelayedRetry:
         retries, prefix = self.options.policy.max_retries, self.options.topology.prefix
         return f"<DelayedRetry max_retries={retries} prefix={prefix!r}>"
 
+    async def release_held(self) -> int:
+        """Give back what every subscriber holds, before ``broker.stop()`` on a graceful stop.
+
+        Messages held until due go back to their queue now; with a crash guard
+        they, and every message that reaches a handler afterwards, go back as
+        new messages, so the stop counts as no crash; throttles stop probing.
+        Returns how many held messages were released.
+        """
+        for served in list(self._served.values()):
+            if served.handler is not None and served.handler.throttle is not None:
+                await served.handler.throttle.stop()
+        return self.options.held.release()
+
     def throttle_of(self, queue: str) -> ThrottleControl | None:
         """The throttle of the subscriber of ``queue`` this middleware serves, once it has had a
         message (``None`` before, or without ``throttle=``): its state, for health checks."""
