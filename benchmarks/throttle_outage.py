@@ -10,10 +10,11 @@ Both use the same retry policy (``max_retries`` delayed retries, backoff
 message runs out of retries within the outage.
 
 Counted per run: messages that spent at least one delayed retry, failed
-handlings in all (each one a delayed retry, or the last one a parking), messages parked, messages handled, the time until every
-message was handled or parked, and the broker's delivery counts of the
-messages handled (``redelivered``, ``x-delivery-count`` from quorum queues on
-4.x, ``x-acquired-count`` on 4.3), which show that the messages that waited
+handlings in all (each one a delayed retry, or the last one a parking),
+messages parked, messages handled, the time until every message was handled
+or parked, and the broker's delivery counts of the messages handled
+(``redelivered``, ``x-delivery-count`` from quorum queues, ``x-acquired-count``
+on 4.3), which show that the messages that waited
 were not returned to the queue in a way the broker counts.
 
     .venv/bin/python benchmarks/throttle_outage.py                  # shared broker (3.10)
@@ -47,7 +48,7 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.headers import X_ACQUIRED_COUNT, X_DELIVERY_COUNT
-from delayed_retry.testing import RabbitMQNode
+from harness import RabbitMQNode
 
 SHARED_URL = "amqp://guest:guest@127.0.0.1:5672/"
 

@@ -25,7 +25,7 @@ from delayed_retry.headers import (
     X_PARKED_REASON,
     X_RETRY_CRASHES,
 )
-from delayed_retry.testing.fake import FakeChannel, fake_message
+from delayed_retry.testing import FakeChannel, fake_message
 
 
 def test_default_is_three_crashes() -> None:

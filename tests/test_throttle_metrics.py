@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     from delayed_retry import DelayTopology, Throttle
     from delayed_retry.cli.service_metrics import ServiceMetrics
     from delayed_retry.consumer.throttling import ThrottleControl
-    from delayed_retry.testing.fake import FakeChannel, fake_message
+    from delayed_retry.testing import FakeChannel, fake_message
 
     metrics = ServiceMetrics(
         service="forwarder", counts=lambda: {}, held=lambda: 0, ready=lambda: True
