@@ -8,7 +8,7 @@ import pytest
 from faststream.rabbit import QueueType, RabbitBroker, RabbitQueue
 from tenacity import retry_if_exception_type, wait_fixed
 
-from delayed_retry import ConfigurationError, NoInstrumentation, Throttle
+from delayed_retry import ConfigurationError, CrashGuard, NoInstrumentation, Throttle
 from delayed_retry import with_delayed_retry as decorator
 from delayed_retry.faststream import DelayedRetry
 from tests.support.chain import Scenario
@@ -91,3 +91,46 @@ async def test_a_faststream_subscriber_stops_probes_and_resumes(
 async def _equals(value: object, expected: int) -> bool:
     assert asyncio.iscoroutine(value)
     return bool(await value == expected)
+
+
+async def test_a_faststream_stop_with_release_held_counts_as_no_crash(
+    quorum: Scenario, rabbitmq_url: str
+) -> None:
+    name = quorum.name("deploys")
+    quorum.track_queue(name, quorum.topology.default_parking_queue(name))
+    queue = RabbitQueue(name, queue_type=QueueType.QUORUM, durable=True)
+    handled: list[str] = []
+    bodies = [str(i) for i in range(30)]
+
+    def app() -> tuple[RabbitBroker, DelayedRetry]:
+        retrier = DelayedRetry(
+            topology=quorum.topology,
+            instrumentation=NoInstrumentation(),
+            crash_guard=CrashGuard(max_crashes=1),  # any counted crash would park
+        )
+        broker = RabbitBroker(rabbitmq_url, logger=None, middlewares=[retrier])
+
+        @broker.subscriber(queue)
+        async def handle(body: str) -> None:
+            await asyncio.sleep(0.05)
+            handled.append(body)
+
+        return broker, retrier
+
+    first, retrier = app()
+    await first.start()
+    try:
+        for body in bodies:
+            await first.publish(body, name)
+        await wait_until(lambda: len(handled) >= 5, what="some handled")
+    finally:
+        await retrier.release_held()  # a rolling deploy's graceful stop
+        await first.stop()
+    second, _ = app()
+    await second.start()
+    try:
+        await wait_until(lambda: set(handled) == set(bodies), what="every message handled")
+        parking = quorum.topology.default_parking_queue(name)
+        assert await depth(quorum.connection, parking) == 0
+    finally:
+        await second.stop()
