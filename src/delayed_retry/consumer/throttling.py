@@ -130,8 +130,6 @@ class ThrottleControl:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._instruments = _Instruments(meter_provider)
         self._attributes = {"messaging.destination.name": queue}
-        self.changed = asyncio.Condition()
-        """Notified at each trip and resume (tests and status wait on it)."""
 
     @property
     def throttled(self) -> bool:
@@ -182,7 +180,6 @@ class ThrottleControl:
             self._probe_task = asyncio.create_task(
                 self._probe_loop(), name=f"delayed-retry-throttle-probe-{self.queue}"
             )
-        self._spawn(self._notify(), "delayed-retry-throttle-notify")
 
     async def _on_trip(
         self,
@@ -204,11 +201,6 @@ class ThrottleControl:
         self._spawn(
             self._alert(_channel_of(message), "resumed", None), "delayed-retry-throttle-alert"
         )
-        self._spawn(self._notify(), "delayed-retry-throttle-notify")
-
-    async def _notify(self) -> None:
-        async with self.changed:
-            self.changed.notify_all()
 
     async def _stop_consumer(self, message: AbstractIncomingMessage) -> None:
         """Cancel the consumer that delivered ``message`` (once), keeping its callback."""
