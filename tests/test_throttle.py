@@ -6,9 +6,11 @@ from datetime import timedelta
 
 import pytest
 from tenacity import retry_if_exception_type
+from tenacity.retry import retry_base
 
-from delayed_retry import ConfigurationError, Throttle, with_delayed_retry
+from delayed_retry import ConfigurationError, DelayTopology, Throttle, with_delayed_retry
 from delayed_retry.alerts.grouping import arrival_from, group_arrivals
+from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.headers import (
     X_EXCEPTION_MESSAGE,
     X_EXCEPTION_TYPE,
@@ -17,6 +19,7 @@ from delayed_retry.headers import (
     X_THROTTLE_EVENT,
     X_THROTTLE_TRIGGER,
 )
+from delayed_retry.testing import FakeChannel, fake_message
 from delayed_retry.throttle import ThrottleState
 
 
@@ -156,3 +159,18 @@ def test_an_alert_of_throttle_events_alone_says_so() -> None:
     )
     assert alert.total == 0
     assert alert.title() == "consumer of ? throttled after a run of failures (last: -)"
+
+
+async def test_a_counts_predicate_that_raises_counts_nothing_and_changes_nothing() -> None:
+    class Broken(retry_base):
+        def __call__(self, retry_state: object) -> bool:
+            raise RuntimeError("bug in the predicate")
+
+    control = ThrottleControl(
+        Throttle(consecutive=1, counts=Broken()),
+        queue="orders",
+        topology=DelayTopology(),
+        publish_timeout=1.0,
+    )
+    control.observe(fake_message(FakeChannel()), ConnectionError("down"))
+    assert not control.throttled

@@ -152,11 +152,24 @@ class ThrottleControl:
         if failure is None:
             transition: Transition | None = self.state.record(failed=False)
         else:
-            transition = self.state.record(failed=True, counted=self.throttle.counted(failure))
+            transition = self.state.record(failed=True, counted=self._counted(failure))
         if transition == "tripped":
             self._tripped(message, failure)
         elif transition == "resumed":
             self._resumed(message)
+
+    def _counted(self, failure: BaseException) -> bool:
+        """The ``counts`` predicate's answer; a predicate that raises counts nothing (logged),
+        so that it never changes what happens to the message."""
+        try:
+            return self.throttle.counted(failure)
+        except Exception:
+            log.exception(
+                "the throttle's counts predicate of queue %r raised on %r; not counted",
+                self.queue,
+                failure,
+            )
+            return False
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
