@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -17,8 +18,10 @@ from delayed_retry import (
 )
 from delayed_retry.consumer.decorator import RetryingHandler
 from delayed_retry.crashes import MAX_CRASH_COUNT, crashes_of
+from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.faststream import DelayedRetry
 from delayed_retry.headers import (
+    X_DUE_AT,
     X_EXCEPTION_TYPE,
     X_ORIGINAL_EXCHANGE,
     X_ORIGINAL_ROUTING_KEY,
@@ -26,6 +29,7 @@ from delayed_retry.headers import (
     X_RETRY_CRASHES,
 )
 from delayed_retry.testing import FakeChannel, fake_message
+from tests.support.waiting import wait_until
 
 
 def test_default_is_three_crashes() -> None:
@@ -162,3 +166,22 @@ async def test_faststream_release_held_begins_the_shutdown_of_every_subscriber()
     assert not retrier.options.held.stopping
     assert await retrier.release_held() == 0
     assert retrier.options.held.stopping
+
+
+async def test_a_message_held_until_due_is_put_back_on_shutdown_not_returned() -> None:
+    channel = FakeChannel()
+    calls: list[bytes] = []
+    handler = guarded(calls)
+    due = utcnow() + timedelta(milliseconds=800)  # within the default hold's 1 s limit
+    message = fake_message(
+        channel, exchange=TOPOLOGY.delivery_exchange, headers={X_DUE_AT: to_epoch_ms(due)}
+    )
+    running = asyncio.create_task(handler(message))
+    await wait_until(lambda: len(handler.options.held) == 1, what="the message held until due")
+    assert await handler.release_held() == 1
+    await asyncio.wait_for(running, 10)
+    assert calls == []
+    [copy] = channel.published
+    assert (copy.exchange, copy.routing_key) == ("", QUEUE)
+    assert X_RETRY_CRASHES not in copy.headers
+    assert channel.settlement_of(message) == [("ack", False)]  # not a nack: no redelivery
