@@ -18,9 +18,9 @@ from pathlib import Path
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractChannel
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from delayed_retry import DelayTopology
+from delayed_retry import CrashGuard, DelayTopology, consume, with_delayed_retry
 from delayed_retry.headers import X_PARKED_REASON, X_RETRY_CRASHES
 from tests.support.queues import delete_all, depth
 from tests.support.waiting import wait_until
@@ -163,4 +163,46 @@ async def test_a_graceful_stop_holding_messages_counts_as_no_crash(
         child.kill()
         await delete_all(
             channel, queues=[queue, parking, *(spec.name for spec in topology.queues())]
+        )
+
+
+async def test_a_consumer_not_cancelled_before_its_shutdown_is_cancelled_not_spun(
+    channel: AbstractChannel, rabbitmq_url: str, unique: str
+) -> None:
+    queue_name = f"{unique}.work"
+    topology = DelayTopology(prefix=unique, levels=12)
+    await channel.set_qos(prefetch_count=1)
+    queue = await channel.declare_queue(
+        queue_name, durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    handled: list[bytes] = []
+
+    @with_delayed_retry(topology=topology, crash_guard=CrashGuard())
+    async def handle(message: AbstractIncomingMessage) -> None:
+        handled.append(message.body)
+
+    try:
+        await consume(queue, handle)
+        await handle.release_held()  # a shutdown begun without cancelling the consumer first
+        await _publish(channel, queue_name, [f"m-{i}" for i in range(5)])
+
+        async def stopped_and_waiting() -> bool:
+            other = await aio_pika.connect(rabbitmq_url)  # a channel of its own: fresh counts
+            try:
+                declared = await (await other.channel()).declare_queue(queue_name, passive=True)
+            finally:
+                await other.close()
+            result = declared.declaration_result
+            return result.consumer_count == 0 and result.message_count == 5
+
+        await wait_until(stopped_and_waiting, what="no consumer, the 5 messages waiting")
+        assert handled == []
+    finally:
+        await delete_all(
+            channel,
+            queues=[
+                queue_name,
+                topology.default_parking_queue(queue_name),
+                *(spec.name for spec in topology.queues()),
+            ],
         )

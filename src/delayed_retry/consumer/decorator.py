@@ -32,7 +32,7 @@ from delayed_retry.checks import warn_about_delivery_limit
 from delayed_retry.consumer.crash_guard import guard_redelivery
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import Trouble, ack, channel_open
-from delayed_retry.consumer.put_back import put_back
+from delayed_retry.consumer.put_back import cancel_consumer_of, put_back
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
@@ -304,6 +304,7 @@ class RetryingHandler(Generic[P]):
             self._declared_on = weakref.ref(connection)
         if opts.crash_guard is not None:
             if opts.held.stopping:  # shutting down: back to the queue, not counted as a crash
+                await cancel_consumer_of(message)
                 await self._put_back(message, queue)
                 return
             if message.redelivered:  # its last consumer went away holding it

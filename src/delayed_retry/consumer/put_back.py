@@ -15,6 +15,8 @@ message's fault.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +27,9 @@ from delayed_retry.consumer.handover import hand_over
 from delayed_retry.headers import X_ORIGINAL_EXCHANGE, X_ORIGINAL_ROUTING_KEY, sanitize_headers
 from delayed_retry.topology import DelayTopology
 
-__all__ = ["put_back", "put_back_headers"]
+log = logging.getLogger(__name__)
+
+__all__ = ["cancel_consumer_of", "put_back", "put_back_headers"]
 
 
 def put_back_headers(
@@ -75,3 +79,23 @@ async def put_back(
         return True
 
     return await hand_over(message, publish_it, queue=queue) is not None
+
+
+async def cancel_consumer_of(message: AbstractIncomingMessage) -> None:
+    """Cancel the consumer that delivered ``message``, if it still consumes (``basic.cancel``).
+
+    For a consumer that is shutting down but was not cancelled first: without
+    it, every message put back would come straight back to it.
+    """
+    tag = message.consumer_tag
+    if tag is None:
+        return
+    with contextlib.suppress(Exception):  # a closed channel has no consumer left
+        channel = message.channel
+        if tag in getattr(channel, "consumers", {}):
+            log.warning(
+                "consumer %r delivered message %s after its shutdown began; cancelling it",
+                tag,
+                message.message_id,
+            )
+            await channel.basic_cancel(tag)
