@@ -35,7 +35,7 @@ from tests.support.chain import Scenario, publish
 from tests.support.telemetry import make_telemetry
 from tests.support.waiting import wait_until
 
-MESSAGES = 30
+MESSAGES = 40
 PREFETCH = 8
 
 
@@ -183,9 +183,9 @@ async def test_throttle_stops_the_consumer_probes_and_resumes(
         # is dropped by the channel and returned when the consumer comes back, once.
         assert dependency.redelivered <= PREFETCH
         assert set(dependency.delivery_counts) <= {1}, dependency.delivery_counts
-    # The messages that failed are the ones in flight at the trip and the probes.
-    spent = sum(1 for key in dependency.failed if dependency.failed[key])
-    assert spent < MESSAGES // 2, dependency.failed
+    # Those in flight at the trip (a prefetch) and the probes failed; the rest waited untouched.
+    spent = len(dependency.failed)
+    assert MESSAGES - spent >= 15, dependency.failed
 
     points = telemetry.metrics()
     assert sum(p.value for p in points[THROTTLE_TRIPS]) == 1
