@@ -140,7 +140,7 @@ async def test_a_graceful_stop_holding_messages_counts_as_no_crash(
     handled_file.touch()
     args = [rabbitmq_url, queue, unique, queue_type, str(handled_file), "1", "graceful"]
     child = Child(args, tmp_path / "child.log")
-    bodies = [f"m-{i}" for i in range(40)]
+    bodies = [f"m-{i}" for i in range(150)]  # enough that no stop finds the queue empty
     try:
         await _publish(channel, queue, bodies)
         for _ in range(3):  # three rolling deploys, each while it holds a prefetch
@@ -156,7 +156,9 @@ async def test_a_graceful_stop_holding_messages_counts_as_no_crash(
             await wait_until(consuming_and_handling, what="the new process consuming and handling")
             assert await asyncio.to_thread(child.terminate) == 0, child.log.read_text()[-3000:]
         child.start()
-        await wait_until(lambda: set(_handled(handled_file)) == set(bodies), what="all handled")
+        await wait_until(
+            lambda: set(_handled(handled_file)) == set(bodies), timeout=90, what="all handled"
+        )
         assert await depth(channel, parking) == 0, child.log.read_text()[-3000:]
         assert "came back from a consumer that went away" not in child.log.read_text()
     finally:
