@@ -44,3 +44,39 @@ async def test_a_handler_test_sees_its_failures_retried_or_parked() -> None:
     assert (last.action, last.reason, last.attempt) == ("park", "max-retries", 4)
     assert (invalid.action, invalid.reason) == ("park", "not-retryable")
     assert isinstance(invalid.error, ValueError)
+
+
+async def test_immediate_retries_run_in_a_handler_test_as_on_a_broker() -> None:
+    retrier = DelayedRetry(
+        immediate_retries=2, max_retries=3, retry=retry_if_exception_type(Transient)
+    )
+    broker = RabbitBroker(middlewares=[retrier])
+    seen: list[tuple[str, int]] = []
+
+    @broker.subscriber("orders")
+    async def handle(body: str, state: CurrentRetryState) -> str:
+        seen.append((body, state.immediate_retries))
+        if body == "flaky" and state.immediate_retries < 1:
+            raise Transient("pool reset")
+        if body == "down":
+            raise Transient("database down")
+        if body == "invalid":
+            raise ValueError("no such order")
+        return "done"
+
+    async with TestRabbitBroker(broker) as br:
+        await br.publish("flaky", "orders")
+        await br.publish("down", "orders")
+        await br.publish("invalid", "orders")
+
+    assert seen == [
+        ("flaky", 0),
+        ("flaky", 1),
+        ("down", 0),
+        ("down", 1),
+        ("down", 2),
+        ("invalid", 0),
+    ]
+    down, invalid = retrier.decisions
+    assert (down.action, down.immediate_retries) == ("retry", 2)
+    assert (invalid.reason, invalid.immediate_retries) == ("not-retryable", 0)

@@ -536,3 +536,58 @@ async def test_one_publish_per_message_id_in_flight() -> None:
     await asyncio.gather(*tasks)
     assert channel.max_in_flight == 1
     assert len(channel.published) == 3
+
+
+# --- hooks: told of what happened, and only of that ------------------------------------
+
+
+async def test_on_park_is_told_of_an_internal_error_parking() -> None:
+    from delayed_retry.consumer.hooks import FailureEvent
+
+    events: list[FailureEvent] = []
+    channel = FakeChannel()
+    message = fake_message(channel)
+
+    async def handler(msg: AbstractIncomingMessage) -> None:
+        raise Boom("handler failed")
+
+    await decorate(handler, wait=_raising_wait, on_park=events.append, on_retry=events.append)(
+        message
+    )
+    [event] = events
+    assert event.decision.reason == "internal-error"
+    assert "user wait broke" in str(event.exception)
+    assert channel.settlement_of(message) == [("ack", False)]
+
+
+async def test_no_hook_is_told_when_the_message_goes_back_unhandled() -> None:
+    from delayed_retry.consumer.hooks import FailureEvent
+
+    events: list[FailureEvent] = []
+    channel = FakeChannel(default_answer="nack")  # every hand-over refused: given back
+    message = fake_message(channel)
+
+    async def handler(msg: AbstractIncomingMessage) -> None:
+        raise Boom("handler failed")
+
+    await decorate(handler, on_park=events.append, on_retry=events.append)(message)
+    assert channel.settlement_of(message) == [("nack", True)]
+    assert events == []
+
+
+async def test_immediate_retries_make_no_publish_until_the_last_run_fails() -> None:
+    channel = FakeChannel()
+    message = fake_message(channel)
+    runs: list[int] = []
+
+    async def handler(msg: AbstractIncomingMessage) -> None:
+        state = middleware.current_retry_state()
+        assert state is not None
+        runs.append(state.immediate_retries)
+        raise Boom("still failing")
+
+    await decorate(handler, immediate_retries=3)(message)
+    assert runs == [0, 1, 2, 3]
+    [headers] = retries(channel)
+    assert headers["x-retry-immediate-runs"] == [4]
+    assert channel.settlement_of(message) == [("ack", False)]

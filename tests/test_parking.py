@@ -50,8 +50,10 @@ def test_replay_headers_reset_the_budget_and_drop_the_record() -> None:
         "x-death": [{"count": 1}],
         "app": "kept",
         X_REPLAYED: 2,
+        "x-retry-immediate-runs": [3, 3],
     }
     out = replay_headers(headers, due_at=datetime(2030, 1, 1, tzinfo=UTC))
+    assert "x-retry-immediate-runs" not in out, "a replay starts a fresh history"
     assert out[X_RETRY] == 0
     assert out[X_REPLAYED] == 3
     assert out["app"] == "kept"

@@ -20,6 +20,7 @@ from delayed_retry.consumer.decorator import (
     retry_state,
     with_delayed_retry,
 )
+from delayed_retry.consumer.hooks import FailureEvent
 from delayed_retry.consumer.router import ConsumerRejected, RetryRouter
 from delayed_retry.crashes import CrashGuard
 from delayed_retry.delivery.forwarder import Forwarder
@@ -69,6 +70,7 @@ __all__ = [
     "CrashGuard",
     "retry_state",
     "current_retry_state",
+    "FailureEvent",
     # retries for consumers in any language
     "RetryRouter",
     "ConsumerRejected",

@@ -32,6 +32,7 @@ __all__ = [
     "X_DELIVERY_COUNT",
     "X_FORWARD_ROUTING_KEY",
     "X_HEADER_PROBLEMS",
+    "X_IMMEDIATE_RUNS",
     "X_MIGRATED_FROM",
     "X_PARKED_NOTE",
     "X_PARKED_REFRESHED_AT",
@@ -130,6 +131,10 @@ X_HEADER_PROBLEMS = "x-retry-header-problems"
 """On a parking record: headers of the message that were present but unusable."""
 X_MIGRATED_FROM = "x-retry-migrated-from"
 """On a message moved out of another chain: the level queue it was taken from."""
+X_IMMEDIATE_RUNS = "x-retry-immediate-runs"
+"""With immediate retries on: how many times the handler ran in each failed delivery, oldest
+first (a list of ints; ``[3, 3]``: two deliveries, each run three times). The most recent
+:data:`MAX_IMMEDIATE_HISTORY` are kept."""
 X_RETRY_CRASHES = "x-retry-crashes"
 """Times a message's consumer went away while holding it (the crash guard's count, an int)."""
 X_THROTTLE_EVENT = "x-retry-throttle-event"
@@ -164,6 +169,8 @@ sender wrote, labelled, never as the message's own (:func:`split_read_counters`)
 MAX_RETRY_COUNT = 1_000_000
 """An ``x-retry`` above this is treated as malformed, not as a real count."""
 
+MAX_IMMEDIATE_HISTORY = 100
+"""Entries of :data:`X_IMMEDIATE_RUNS` kept; ``x-retry`` still counts every delivery."""
 MAX_ERROR_CHARS = 2_000
 MAX_TRACEBACK_CHARS = 8_000
 MAX_HEADER_STRING_CHARS = 32_000
@@ -197,6 +204,8 @@ class RetryState:
     due_at: datetime | None = None
     broker_deaths: int = 0
     problems: tuple[str, ...] = field(default=())
+    immediate_retries: int = 0
+    """Immediate retries made so far in this delivery: 0 on its first run, 1 on the next …"""
 
 
 def _epoch_ms(value: object, name: str, problems: list[str]) -> datetime | None:
@@ -472,9 +481,19 @@ def failure_headers(
     *,
     now: datetime,
     retries: int,
+    runs: int | None = None,
 ) -> dict[str, Any]:
-    """Headers recording one more failure of a message; ``retries`` is the new count."""
+    """Headers recording one more failure of a message; ``retries`` is the new count.
+
+    ``runs``: how many times the handler ran in this delivery, appended to
+    :data:`X_IMMEDIATE_RUNS` (given only when immediate retries are on).
+    """
     out = sanitize_headers(headers)
+    if runs is not None:
+        history = out.get(X_IMMEDIATE_RUNS)
+        old = history if isinstance(history, list) else []
+        kept = [n for n in old if isinstance(n, int) and not isinstance(n, bool)]
+        out[X_IMMEDIATE_RUNS] = [*kept, runs][-MAX_IMMEDIATE_HISTORY:]
     out[X_RETRY] = retries
     out[X_FIRST_FAILURE_AT] = to_epoch_ms(state.first_failure_at or now)
     out[X_LAST_FAILURE_AT] = to_epoch_ms(now)
@@ -493,9 +512,10 @@ def parking_headers(
     *,
     now: datetime,
     reason: str,
+    runs: int | None = None,
 ) -> dict[str, Any]:
     """The parking record: failure headers plus reason, time, exception type, message, traceback."""
-    out = failure_headers(headers, state, exc, now=now, retries=state.retries)
+    out = failure_headers(headers, state, exc, now=now, retries=state.retries, runs=runs)
     out.pop(X_DUE_AT, None)
     out[X_PARKED_REASON] = reason
     out[X_PARKED_AT] = to_epoch_ms(now)

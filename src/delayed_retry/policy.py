@@ -22,6 +22,7 @@ from tenacity.wait import wait_base
 from delayed_retry.durations import to_seconds
 from delayed_retry.errors import ConfigurationError, ParkMessage, RetryAfter
 from delayed_retry.headers import RetryState
+from delayed_retry.strategies import refuse_result_predicates
 
 __all__ = ["DEFAULT_WAIT", "Decision", "ParkReason", "RetryPolicy", "call_state"]
 
@@ -116,6 +117,7 @@ class RetryPolicy:
                 raise ConfigurationError(
                     f"{name}={value!r} is not a tenacity strategy; use tenacity.{name}_* objects"
                 )
+        refuse_result_predicates(self.retry)
         if (
             self.stop is not None
             and not isinstance(self.stop, stop_base)
@@ -123,34 +125,51 @@ class RetryPolicy:
         ):
             raise ConfigurationError(f"stop={self.stop!r} is not a tenacity stop_* strategy")
 
+    def retryable(
+        self, state: RetryState, exc: BaseException, *, now: datetime
+    ) -> tenacity.RetryCallState | bool:
+        """Whether ``retry`` accepts ``exc``: ``False``, or the call state it was asked with.
+
+        The call state (``True`` when none was needed, for the default ``retry``)
+        serves the stop and the wait that follow, as in tenacity.
+        """
+        if self.retry is DEFAULT_RETRY:
+            return isinstance(exc, Exception)
+        rcs = call_state(state, exc, now=now)
+        return rcs if self.retry(rcs) else False
+
     def decide(self, state: RetryState, exc: BaseException, *, now: datetime) -> Decision:
-        """The fate of a message whose handling attempt ``state.attempt`` raised ``exc``."""
+        """The fate of a message whose handling attempt ``state.attempt`` raised ``exc``.
+
+        In tenacity's order: ``retry`` first, then the wait, then ``stop``, which
+        sees the wait coming as ``upcoming_sleep`` (``stop_before_delay`` needs it).
+        """
         if isinstance(exc, ParkMessage):
             return Decision.park("park-requested")
         # The tenacity call state is built only when a strategy needs it: a RetryAfter
         # with no stop condition needs none, and the default ``retry`` is an isinstance.
         rcs: tenacity.RetryCallState | None = None
         if not isinstance(exc, RetryAfter):
-            if self.retry is DEFAULT_RETRY:
-                retryable = isinstance(exc, Exception)
-            else:
-                rcs = call_state(state, exc, now=now)
-                retryable = bool(self.retry(rcs))
-            if not retryable:
+            accepted = self.retryable(state, exc, now=now)
+            if accepted is False:
                 return Decision.park("not-retryable")
+            if not isinstance(accepted, bool):
+                rcs = accepted
         if state.retries >= self.max_retries:
             return Decision.park("max-retries")
-        if self.stop is not None:
-            rcs = rcs or call_state(state, exc, now=now)
-            if self.stop(rcs):
-                return Decision.park("stopped")
         try:
             if isinstance(exc, RetryAfter):
                 delay = to_seconds(exc.delay)
             else:
-                delay = to_seconds(self.wait(rcs or call_state(state, exc, now=now)))
+                rcs = rcs or call_state(state, exc, now=now)
+                delay = to_seconds(self.wait(rcs))
         except ConfigurationError:
             # Negative, NaN, or not a duration at all (``RetryAfter("soon")``, a custom wait
             # returning None): raising here would leave the message unacked, so park it.
             return Decision.park("delay-out-of-range")
+        if self.stop is not None:
+            rcs = rcs or call_state(state, exc, now=now)
+            rcs.upcoming_sleep = delay
+            if self.stop(rcs):
+                return Decision.park("stopped")
         return Decision.retry_after(delay)

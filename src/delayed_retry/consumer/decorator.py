@@ -13,6 +13,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,8 @@ from delayed_retry.checks import warn_about_delivery_limit
 from delayed_retry.consumer.crash_guard import guard_redelivery
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import Trouble, ack, channel_open
+from delayed_retry.consumer.hooks import FailureHook, FailureHooks
+from delayed_retry.consumer.immediate import Pauses, pause_before_rerun
 from delayed_retry.consumer.put_back import cancel_consumer_of, put_back
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.throttling import ThrottleControl
@@ -44,6 +47,7 @@ from delayed_retry.headers import (
     parse_retry_state,
 )
 from delayed_retry.hold import DEFAULT_HOLD, Hold, check_hold
+from delayed_retry.immediate import ImmediateRetries
 from delayed_retry.observability.instrumentation import (
     QUIET_SCOPE,
     AttemptScope,
@@ -82,14 +86,22 @@ class _StateCell:
     path parses no headers. Header problems are logged when the state is read.
     """
 
-    __slots__ = ("_message", "_queue", "_state")
+    __slots__ = ("_message", "_queue", "_rerun", "_state")
 
     def __init__(self, message: AbstractIncomingMessage, queue: str) -> None:
         self._message = message
         self._queue = queue
         self._state: RetryState | None = None
+        self._rerun: RetryState | None = None
+
+    def rerun(self) -> None:
+        """One more immediate retry of this delivery: the state says so from now on."""
+        state = self._rerun or self.get()
+        self._rerun = replace(state, immediate_retries=state.immediate_retries + 1)
 
     def get(self) -> RetryState:
+        if self._rerun is not None:
+            return self._rerun
         if self._state is None:
             message = self._message
             self._state = state = parse_retry_state(
@@ -133,14 +145,20 @@ def current_retry_state() -> RetryState | None:
 
 
 @contextlib.contextmanager
-def retry_state_scope(message: AbstractIncomingMessage, queue: str) -> Iterator[None]:
+def retry_state_scope(
+    message: AbstractIncomingMessage, queue: str, *, immediate_retries: int = 0
+) -> Iterator[None]:
     """Make :func:`current_retry_state` answer for ``message`` inside the block.
 
     For a front end that runs a handler without a broker to hand failures to
     (FastStream's in-memory test client); :class:`RetryingHandler` does the same
     around every attempt. The headers are read only if something asks.
+    ``immediate_retries``: how many this run of the delivery follows.
     """
-    token = _current_state.set(_StateCell(message, queue))
+    cell = _StateCell(message, queue)
+    for _ in range(immediate_retries):
+        cell.rerun()
+    token = _current_state.set(cell)
     try:
         yield
     finally:
@@ -173,6 +191,12 @@ class RetryOptions:
     ack_on_success: bool = True
     """Whether a handler that returns is acked here. ``False`` leaves that to the caller: a
     framework that acks after publishing the handler's result (FastStream)."""
+    immediate: ImmediateRetries | None = None
+    """Immediate retries before a failure goes on to the policy; ``None``: none."""
+    pauses: Pauses = field(default_factory=Pauses, compare=False, repr=False)
+    """The messages this handler is pausing between immediate runs right now."""
+    hooks: FailureHooks | None = None
+    """``on_retry`` / ``on_park``, called after each confirmed hand-over."""
     throttle: Throttle | None = None
     """When to stop taking messages after a run of failures, and how to probe (``None``: never)."""
     crash_guard: CrashGuard | None = None
@@ -244,6 +268,8 @@ class RetryingHandler(Generic[P]):
             trouble=opts.trouble,
             return_to=opts.return_to,
             hold=opts.hold,
+            record_runs=opts.immediate is not None,
+            hooks=opts.hooks,
         )
 
     def _queue(self) -> str:
@@ -319,66 +345,122 @@ class RetryingHandler(Generic[P]):
         throttle = self.throttle
         if throttle is not None and not await throttle.admit(message):
             return  # throttled: put back at the tail of its queue, unhandled
-        observed: contextlib.AbstractContextManager[AttemptScope] = (
-            opts.instrumentation.attempt(message, cell.get(), queue=queue)
-            if self._telemetry_on()
-            else QUIET_SCOPE
-        )
-        with observed as scope:
-            token = _current_state.set(cell)
-            failure: Exception | None = None
-            try:
-                await self.fn(*call_args, **kwargs)
-            except asyncio.CancelledError as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise
-                failure = HandlerCancelledError(
-                    f"handler {self!r} raised CancelledError without being cancelled"
-                )
-                failure.__cause__ = exc
-            except Exception as exc:
-                failure = exc
-            finally:
-                _current_state.reset(token)
-            if throttle is not None:
-                throttle.observe(message, failure)
-            if failure is None:
-                opts.trouble.clear()
-                if guarded.deferred is not None:
-                    # The handler rejected or nacked without raising: its explicit choice.
-                    await guarded.send_deferred()
-                    scope.finish("error", reason="settled-by-handler")
+        immediate = opts.immediate
+        started = time.monotonic() if immediate is not None else 0.0
+        paused = 0.0
+        while True:
+            pause: float | None = None
+            observed: contextlib.AbstractContextManager[AttemptScope] = (
+                opts.instrumentation.attempt(message, cell.get(), queue=queue)
+                if self._telemetry_on()
+                else QUIET_SCOPE
+            )
+            with observed as scope:
+                # Inline, not a helper coroutine: the success path pays for every frame.
+                token = _current_state.set(cell)
+                failure: Exception | None = None
+                try:
+                    await self.fn(*call_args, **kwargs)
+                except asyncio.CancelledError as exc:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise
+                    failure = HandlerCancelledError(
+                        f"handler {self!r} raised CancelledError without being cancelled"
+                    )
+                    failure.__cause__ = exc
+                except Exception as exc:
+                    failure = exc
+                finally:
+                    _current_state.reset(token)
+                if failure is None:
+                    opts.trouble.clear()
+                    if throttle is not None:
+                        throttle.observe(message, None)
+                    if guarded.deferred is not None:
+                        # The handler rejected or nacked without raising: its explicit choice.
+                        await guarded.send_deferred()
+                        scope.finish("error", reason="settled-by-handler")
+                        return
+                    if opts.ack_on_success and not message.processed:
+                        # Handled: a failed ack means a redelivery (a duplicate), never a park.
+                        await ack(message, queue)
+                    scope.finish("success")
                     return
-                if opts.ack_on_success and not message.processed:
-                    # Handled: a failed ack means a redelivery (a duplicate), never a park.
-                    await ack(message, queue)
-                scope.finish("success")
+                if guarded.acked or message.processed:
+                    log.error(
+                        "handler %r acked message %s itself and then raised %r; the ack "
+                        "stands, so it is neither retried nor parked",
+                        self,
+                        message.message_id,
+                        failure,
+                    )
+                    scope.finish("error", exc=failure, reason="settled-by-handler")
+                    return
+                # A reject or nack the handler asked for on its way out (message.process())
+                # is dropped: the failure is retried or parked like any other.
+                state = cell.get()
+                if immediate is not None:
+                    pause = immediate.next_pause(
+                        opts.policy,
+                        state,
+                        failure,
+                        now=utcnow(),
+                        running_for=time.monotonic() - started,
+                        paused=paused,
+                    )
+                if pause is None:
+                    if throttle is not None:  # a delivery's failure, immediate retries spent
+                        throttle.observe(message, failure)
+                    await self._decide_and_hand_over(message, queue, state, failure, scope)
+                    return
+                scope.finish("immediate-retry", delay=pause, exc=failure)
+            log.info(
+                "message %s on queue %r failed (%s); running it again at once (immediate retry "
+                "%d of %d)",
+                message.message_id,
+                queue,
+                type(failure).__name__,
+                state.immediate_retries + 1,
+                immediate.times if immediate is not None else 0,
+            )
+            if not await pause_before_rerun(
+                opts.pauses,
+                message,
+                pause,
+                queue=queue,
+                give_back=(
+                    None
+                    if opts.crash_guard is None
+                    else functools.partial(self._put_back, queue=queue)
+                ),
+            ):
                 return
-            if guarded.acked or message.processed:
-                log.error(
-                    "handler %r acked message %s itself and then raised %r; the ack stands, "
-                    "so it is neither retried nor parked",
-                    self,
-                    message.message_id,
-                    failure,
-                )
-                scope.finish("error", exc=failure, reason="settled-by-handler")
-                return
-            # A reject or nack the handler asked for on its way out (message.process())
-            # is dropped: the failure is retried or parked like any other.
-            state = cell.get()
-            try:
-                decision = opts.policy.decide(state, failure, now=utcnow())
-            except Exception as policy_exc:
-                log.exception(
-                    "the retry policy of %r failed on message %s; parking it",
-                    self,
-                    message.message_id,
-                )
-                policy_exc.__context__ = failure  # the record shows both tracebacks
-                decision, failure = Decision.park("internal-error"), policy_exc
-            await self._failures(queue).failed(message, state, failure, decision, scope)
+            paused += pause
+            guarded.deferred = None  # the failed run's reject or nack was dropped
+            cell.rerun()
+
+    async def _decide_and_hand_over(
+        self,
+        message: AbstractIncomingMessage,
+        queue: str,
+        state: RetryState,
+        failure: Exception,
+        scope: AttemptScope,
+    ) -> None:
+        """Let the policy decide on ``failure`` and carry the decision out."""
+        opts = self.options
+        try:
+            decision = opts.policy.decide(state, failure, now=utcnow())
+        except Exception as policy_exc:
+            log.exception(
+                "the retry policy of %r failed on message %s; parking it",
+                self,
+                message.message_id,
+            )
+            policy_exc.__context__ = failure  # the record shows both tracebacks
+            decision, failure = Decision.park("internal-error"), policy_exc
+        await self._failures(queue).failed(message, state, failure, decision, scope)
 
     async def _put_back(self, message: AbstractIncomingMessage, queue: str) -> None:
         await put_back(
@@ -389,18 +471,20 @@ class RetryingHandler(Generic[P]):
         )
 
     async def release_held(self) -> int:
-        """Give back every message this handler holds until due (``nack``, requeue) at once.
+        """Give back every message this handler holds (``nack``, requeue) at once.
 
         Call it when shutting a consumer down gracefully, after cancelling the
-        consumer and before closing the channel: the held messages go back to
-        their queue now instead of when their hold ends (a closed channel
-        returns them too). Returns how many were released. With a crash guard,
-        they and every message that reaches the handler afterwards are put
-        back as new messages, so that the shutdown counts as no crash.
+        consumer and before closing the channel: the messages held until due,
+        and those pausing between immediate retries, go back to their queue now
+        instead of when their wait ends (a closed channel returns them too).
+        Returns how many were released. With a crash guard, messages held until
+        due, and every message that reaches the handler afterwards, are put back
+        as new messages, so that the shutdown counts as no crash; a throttle
+        stops probing.
         """
         if self.throttle is not None:
             await self.throttle.stop()
-        return self.options.held.release()
+        return self.options.held.release() + self.options.pauses.release()
 
     async def _wait_until_due(
         self, message: AbstractIncomingMessage, due_at: datetime, queue: str
@@ -498,6 +582,10 @@ def with_delayed_retry(
     instrumentation: Instrumentation | None = None,
     return_to: ReturnTo = "queue",
     hold: Hold | None = DEFAULT_HOLD,
+    immediate_retries: int = 0,
+    immediate_wait: wait_base | None = None,
+    on_retry: FailureHook | None = None,
+    on_park: FailureHook | None = None,
     throttle: Throttle | None = None,
     crash_guard: CrashGuard | None = None,
 ) -> Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]: ...
@@ -518,6 +606,10 @@ def with_delayed_retry(
     instrumentation: Instrumentation | None = None,
     return_to: ReturnTo = "queue",
     hold: Hold | None = DEFAULT_HOLD,
+    immediate_retries: int = 0,
+    immediate_wait: wait_base | None = None,
+    on_retry: FailureHook | None = None,
+    on_park: FailureHook | None = None,
     throttle: Throttle | None = None,
     crash_guard: CrashGuard | None = None,
 ) -> RetryingHandler[P] | Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]:
@@ -552,6 +644,17 @@ def with_delayed_retry(
         broker hops (:class:`~delayed_retry.hold.Hold`; default
         :data:`~delayed_retry.hold.DEFAULT_HOLD`). ``None`` turns it off: the
         chain rounds every delay up and the handler holds nothing.
+      immediate_retries: runs of the handler again at once, in this process, before
+        a failure counts as one delayed retry (default 0: none); for glitches that
+        pass in milliseconds. Exceptions ``retry`` rejects, ``RetryAfter`` and
+        ``ParkMessage`` are not run again.
+      immediate_wait: a tenacity wait between those runs (default: none); the pauses
+        of one delivery are capped at
+        :data:`~delayed_retry.immediate.IMMEDIATE_WAIT_LIMIT` seconds in all.
+      on_retry: called (plain or async) with a
+        :class:`~delayed_retry.consumer.hooks.FailureEvent` after each retry is
+        handed over; bounded, logged if it fails, never changes the message's fate.
+      on_park: the same, after each parking.
       throttle: a :class:`~delayed_retry.throttle.Throttle`: after a run of
         failures (a dependency down) the consumer stops taking messages,
         puts back those it was sent, and handles one at a time at the probe
@@ -573,6 +676,10 @@ def with_delayed_retry(
         instrumentation=instrumentation,
         return_to=return_to,
         hold=hold,
+        immediate_retries=immediate_retries,
+        immediate_wait=immediate_wait,
+        on_retry=on_retry,
+        on_park=on_park,
         throttle=throttle,
         crash_guard=crash_guard,
     )
@@ -604,6 +711,10 @@ def retry_options(
     instrumentation: Instrumentation | None = None,
     return_to: ReturnTo = "queue",
     hold: Hold | None = DEFAULT_HOLD,
+    immediate_retries: int = 0,
+    immediate_wait: wait_base | None = None,
+    on_retry: FailureHook | None = None,
+    on_park: FailureHook | None = None,
     throttle: Throttle | None = None,
     crash_guard: CrashGuard | None = None,
 ) -> RetryOptions:
@@ -640,6 +751,8 @@ def retry_options(
             f"crash_guard={crash_guard!r} must be a delayed_retry.CrashGuard, e.g. "
             "CrashGuard(max_crashes=3), or None"
         )
+    immediate = ImmediateRetries(times=immediate_retries, wait=immediate_wait)
+    hooks = FailureHooks(on_retry=on_retry, on_park=on_park)
     policy_kwargs: dict[str, Any] = {"max_retries": max_retries, "wait": wait, "stop": stop}
     if retry is not None:
         policy_kwargs["retry"] = retry
@@ -653,6 +766,8 @@ def retry_options(
         instrumentation=instrumentation or default_instrumentation(),
         return_to=return_to,
         hold=hold,
+        immediate=immediate if immediate.times else None,
+        hooks=hooks if hooks.any else None,
         throttle=throttle,
         crash_guard=crash_guard,
     )

@@ -14,7 +14,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from aio_pika.abc import AbstractIncomingMessage
 
@@ -22,6 +22,7 @@ from delayed_retry.amqp import publish
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.consumer.handover import Trouble, ack, give_back_later, hand_over
+from delayed_retry.consumer.hooks import FailureEvent, FailureHooks
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import DelayOutOfRangeError, PublishError
 from delayed_retry.headers import (
@@ -35,7 +36,7 @@ from delayed_retry.headers import (
 )
 from delayed_retry.hold import Hold, chain_units, redelay_units
 from delayed_retry.observability.instrumentation import AttemptScope, NoInstrumentation
-from delayed_retry.policy import Decision
+from delayed_retry.policy import Decision, ParkReason
 from delayed_retry.topology import DelayTopology
 
 __all__ = ["FailureHandling"]
@@ -63,6 +64,10 @@ class FailureHandling:
     A message handed over from elsewhere keeps the chain route, whose alternate
     exchange keeps it in the unroutable queue if ``queue`` was deleted.
     """
+    record_runs: bool = False
+    """Whether immediate retries are on: each copy then records the delivery's handler runs."""
+    hooks: FailureHooks | None = None
+    """Told of each retry and parking once its hand-over is done."""
 
     async def _publish(
         self,
@@ -114,6 +119,9 @@ class FailureHandling:
         with NoInstrumentation().attempt(message, state, queue=self.queue) as scope:
             await self._park(message, state, exc, reason, scope, utcnow(), extra=extra)
         await ack(message, self.queue)
+        if self.hooks is not None:
+            decision = Decision("park", reason=cast(ParkReason, reason))
+            await self._notify(message, state, exc, decision)
 
     async def give_back_later(self, message: AbstractIncomingMessage, err: BaseException) -> None:
         """Keep ``message`` for a backoff pause, then return it to its queue (nack, requeue)."""
@@ -135,10 +143,26 @@ class FailureHandling:
         )
         if carried_out is None:
             scope.finish("error", exc=exc)
-        elif carried_out.action == "retry":
+            return
+        if carried_out.action == "retry":
             scope.finish("retry", delay=carried_out.delay, exc=exc)
         else:
             scope.finish("parked", exc=exc, reason=carried_out.reason)
+        if self.hooks is not None:
+            await self._notify(message, state, exc, carried_out)
+
+    async def _notify(
+        self,
+        message: AbstractIncomingMessage,
+        state: RetryState,
+        exc: BaseException,
+        decision: Decision,
+    ) -> None:
+        assert self.hooks is not None
+        event = FailureEvent(
+            message=message, queue=self.queue, state=state, exception=exc, decision=decision
+        )
+        await self.hooks.notify(event)
 
     async def _publish_copy(
         self,
@@ -183,7 +207,9 @@ class FailureHandling:
             # returned and the original stays unacked (nothing to catch in the unroutable
             # queue: the queue's own messages went with it).
             exchange, routing_key = "", target
-        headers = failure_headers(message.headers, state, exc, now=now, retries=state.retries + 1)
+        headers = failure_headers(
+            message.headers, state, exc, now=now, retries=state.retries + 1, runs=self._runs(state)
+        )
         headers[X_DUE_AT] = to_epoch_ms(due_at)
         if forward_key is not None:
             headers[X_FORWARD_ROUTING_KEY] = forward_key
@@ -224,6 +250,10 @@ class FailureHandling:
             decision.delay,
         )
         return decision
+
+    def _runs(self, state: RetryState) -> int | None:
+        """Handler runs in this delivery, for the copy's record; ``None``: not recorded."""
+        return state.immediate_retries + 1 if self.record_runs else None
 
     async def _retry_target(self, message: AbstractIncomingMessage) -> tuple[str, str | None]:
         """(chain destination, forward routing key or None) of a retry of ``message``.
@@ -266,7 +296,9 @@ class FailureHandling:
         await declarer_for(connection).parking(
             connection, self.topology, self.queue, self.parking_queue
         )
-        headers = parking_headers(message.headers, state, exc, now=now, reason=reason)
+        headers = parking_headers(
+            message.headers, state, exc, now=now, reason=reason, runs=self._runs(state)
+        )
         if extra:
             headers.update(extra)
         exchange = self.topology.parking_exchange
@@ -279,7 +311,7 @@ class FailureHandling:
             if not _unencodable(err):
                 raise
             # The original headers cannot be encoded: park with the record alone.
-            record = parking_headers({}, state, exc, now=now, reason=reason)
+            record = parking_headers({}, state, exc, now=now, reason=reason, runs=self._runs(state))
             record[X_PARKED_NOTE] = f"original headers dropped: {err}"
             await self._publish(message, exchange=exchange, routing_key=self.queue, headers=record)
         log.warning(

@@ -12,7 +12,9 @@ with the retry headers it would carry (``x-retry``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import time
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from faststream.exceptions import HandlerException
@@ -20,6 +22,7 @@ from faststream.rabbit.testing import PatchedMessage
 
 from delayed_retry.consumer.decorator import retry_state, retry_state_scope
 from delayed_retry.durations import utcnow
+from delayed_retry.immediate import ImmediateRetries
 from delayed_retry.policy import RetryPolicy
 
 if TYPE_CHECKING:
@@ -41,6 +44,8 @@ class InMemoryDecision:
     reason: str | None
     """Why it would be parked (``max-retries``, ``not-retryable``, ``park-requested`` …)."""
     error: BaseException
+    immediate_retries: int = 0
+    """Immediate retries the handler made before this decision."""
 
 
 def is_in_memory(raw: object) -> bool:
@@ -49,23 +54,51 @@ def is_in_memory(raw: object) -> bool:
 
 
 async def run_in_memory(
-    call_next: AsyncFuncAny, msg: StreamMessage[Any], queue: str, policy: RetryPolicy
+    call_next: AsyncFuncAny,
+    msg: StreamMessage[Any],
+    queue: str,
+    policy: RetryPolicy,
+    immediate: ImmediateRetries | None = None,
 ) -> tuple[Any, InMemoryDecision | None]:
-    """Run the handler; return its result, or the policy's decision on its failure."""
+    """Run the handler; return its result, or the policy's decision on its failure.
+
+    With ``immediate``, a failure runs the handler again first, as on a broker.
+    """
     raw = msg.raw_message
-    with retry_state_scope(raw, queue):
-        try:
-            return await call_next(msg), None
-        except HandlerException:
-            raise  # FastStream's own signals: the test client settles them
-        except Exception as exc:
-            state = retry_state(raw, queue=queue)
-            decision = policy.decide(state, exc, now=utcnow())
-            return None, InMemoryDecision(
-                queue=queue,
-                attempt=state.attempt,
-                action=decision.action,
-                delay=decision.delay,
-                reason=decision.reason,
-                error=exc,
+    started, paused, runs = time.monotonic(), 0.0, 0
+    while True:
+        with retry_state_scope(raw, queue, immediate_retries=runs):
+            try:
+                return await call_next(msg), None
+            except HandlerException:
+                raise  # FastStream's own signals: the test client settles them
+            except Exception as exc:
+                state = replace(retry_state(raw, queue=queue), immediate_retries=runs)
+                failure = exc
+        pause = (
+            None
+            if immediate is None
+            else immediate.next_pause(
+                policy,
+                state,
+                failure,
+                now=utcnow(),
+                running_for=time.monotonic() - started,
+                paused=paused,
             )
+        )
+        if pause is None:
+            break
+        await asyncio.sleep(pause)
+        paused += pause
+        runs += 1
+    decision = policy.decide(state, failure, now=utcnow())
+    return None, InMemoryDecision(
+        queue=queue,
+        attempt=state.attempt,
+        action=decision.action,
+        delay=decision.delay,
+        reason=decision.reason,
+        error=failure,
+        immediate_retries=runs,
+    )

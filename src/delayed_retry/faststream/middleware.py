@@ -47,6 +47,7 @@ from delayed_retry.consumer.decorator import (
     ReturnTo,
     retry_options,
 )
+from delayed_retry.consumer.hooks import FailureHook
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.crashes import CrashGuard
@@ -113,8 +114,13 @@ class _Attempt:
 async def _run_handler(
     call_next: AsyncFuncAny, msg: StreamMessage[Any], attempt: _Attempt, guarded: GuardedMessage
 ) -> None:
-    """The function a subscriber's ``RetryingHandler`` wraps: FastStream's handler call."""
+    """The function a subscriber's ``RetryingHandler`` wraps: FastStream's handler call.
+
+    Called again for each immediate retry: only the last run's outcome counts.
+    """
     attempt.called = True
+    attempt.failed = False
+    attempt.signal = None
     raw = msg.raw_message
     # The handler's msg.nack()/reject() reach the guarded message: deferred until it
     # returns, dropped if it raises (the failure is retried), as in the decorator.
@@ -168,6 +174,10 @@ class DelayedRetry:
         instrumentation: Instrumentation | None = None,
         return_to: ReturnTo = "queue",
         hold: Hold | None = DEFAULT_HOLD,
+        immediate_retries: int = 0,
+        immediate_wait: wait_base | None = None,
+        on_retry: FailureHook | None = None,
+        on_park: FailureHook | None = None,
         throttle: Throttle | None = None,
         crash_guard: CrashGuard | None = None,
     ) -> None:
@@ -182,6 +192,10 @@ class DelayedRetry:
             instrumentation=instrumentation,
             return_to=return_to,
             hold=hold,
+            immediate_retries=immediate_retries,
+            immediate_wait=immediate_wait,
+            on_retry=on_retry,
+            on_park=on_park,
             throttle=throttle,
             crash_guard=crash_guard,
         )
@@ -298,7 +312,10 @@ class _RetryMiddleware(BaseMiddleware):
         return attempt.result
 
     async def _in_memory(self, call_next: AsyncFuncAny, msg: StreamMessage[Any], queue: str) -> Any:
-        result, decision = await run_in_memory(call_next, msg, queue, self.retrier.options.policy)
+        options = self.retrier.options
+        result, decision = await run_in_memory(
+            call_next, msg, queue, options.policy, options.immediate
+        )
         if decision is None:
             return result
         self.retrier.decisions.append(decision)

@@ -26,8 +26,9 @@ __all__ = [
     "QuietScope",
 ]
 
-Outcome = Literal["success", "retry", "parked", "redelayed", "error"]
-"""How an attempt ended; ``error``: the hand-over failed and the message went back to its queue."""
+Outcome = Literal["success", "retry", "parked", "redelayed", "error", "immediate-retry"]
+"""How an attempt ended; ``error``: the hand-over failed and the message went back to its queue;
+``immediate-retry``: the handler failed and runs again at once on the same delivery."""
 
 PublishKind = Literal["retry", "park", "schedule"]
 

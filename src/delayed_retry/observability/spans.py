@@ -36,6 +36,7 @@ from delayed_retry.headers import X_TRACE_ORIGIN, RetryState, exception_name, ex
 __all__ = [
     "ATTR_ATTEMPT",
     "ATTR_DELAY",
+    "ATTR_IMMEDIATE_RETRY",
     "ATTR_OUTCOME",
     "ATTR_PUBLISH_KIND",
     "ATTR_REASON",
@@ -80,7 +81,10 @@ ERROR_TYPE = "error.type"
 ATTR_ATTEMPT = "delayed_retry.attempt"
 """1 on the first handling, 2 on the first retry …"""
 ATTR_OUTCOME = "delayed_retry.outcome"
-"""``success``, ``retry``, ``parked``, ``error`` (hand-over failed, message requeued)."""
+"""``success``, ``retry``, ``parked``, ``error`` (hand-over failed, message requeued),
+``immediate-retry`` (the handler runs again at once)."""
+ATTR_IMMEDIATE_RETRY = "delayed_retry.immediate_retry"
+"""On an immediate retry's span: 1 on the first immediate retry of a delivery, 2 on the next …"""
 ATTR_DELAY = "delayed_retry.delay"
 """The delay chosen, in seconds."""
 ATTR_REASON = "delayed_retry.reason"
@@ -285,13 +289,19 @@ def attempt_span(
     spans are children) and detached in ``finally``.
     """
     existing = active_consumer_span()
-    if existing is not None:
+    if existing is not None and not state.immediate_retries:
         existing.set_attributes(message_attributes(message, queue=queue))
         existing.set_attribute(ATTR_ATTEMPT, state.attempt)
         yield AttemptSpan(existing, owned=False, queue=queue, message_id=message.message_id)
         return
     headers: Mapping[str, Any] = message.headers or {}
-    parent = propagator.extract(headers, getter=HEADER_GETTER)
+    # An immediate retry under a framework's consumer span (FastStream's) is its child;
+    # otherwise each attempt is a child of the context the message carries.
+    parent = (
+        otel_context.get_current()
+        if existing is not None
+        else propagator.extract(headers, getter=HEADER_GETTER)
+    )
     parent_context = trace.get_current_span(parent).get_span_context()
     link = _origin_link(headers, parent_context)
     # What a sampler may look at is given at the start; the rest only to a recording
@@ -312,6 +322,8 @@ def attempt_span(
     )
     if span.is_recording():
         span.set_attributes(message_attributes(message, queue=queue))
+        if state.immediate_retries:
+            span.set_attribute(ATTR_IMMEDIATE_RETRY, state.immediate_retries)
     token = otel_context.attach(trace.set_span_in_context(span, parent))
     scope = AttemptSpan(span, owned=True, queue=queue, message_id=message.message_id)
     try:

@@ -25,6 +25,7 @@ from delayed_retry.headers import (
     X_EXCEPTION_TYPE,
     X_FIRST_FAILURE_AT,
     X_HEADER_PROBLEMS,
+    X_IMMEDIATE_RUNS,
     X_LAST_ERROR,
     X_LAST_FAILURE_AT,
     X_PARKED_AT,
@@ -66,7 +67,14 @@ _RECORD_HEADERS = (
 )
 # A replay starts a fresh retry budget in every respect: the count and every time the
 # decorator's stop/wait policies read are dropped (the decorator writes them again).
-_BUDGET_HEADERS = (X_RETRY, X_FIRST_FAILURE_AT, X_LAST_FAILURE_AT, X_LAST_ERROR, X_QUEUE)
+_BUDGET_HEADERS = (
+    X_RETRY,
+    X_FIRST_FAILURE_AT,
+    X_LAST_FAILURE_AT,
+    X_LAST_ERROR,
+    X_QUEUE,
+    X_IMMEDIATE_RUNS,
+)
 
 
 # -- records ------------------------------------------------------------------

@@ -1,0 +1,109 @@
+"""The pauses between immediate runs of a delivery: bounded, releasable, given back on shutdown.
+
+While a handler waits to run a message again (see
+:class:`~delayed_retry.immediate.ImmediateRetries`), the message is unacked.
+A consumer that stops must not lose it nor run it again on a closed channel:
+released (:meth:`Pauses.release`, called by
+:meth:`~delayed_retry.consumer.decorator.RetryingHandler.release_held`) or
+cancelled, the pause gives the message back to its queue (``nack``, requeue;
+no delayed retry spent) and the handler does not run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from delayed_retry.consumer.handover import channel_open
+
+__all__ = ["Pauses", "pause_before_rerun"]
+
+log = logging.getLogger(__name__)
+
+
+class Pauses:
+    """The pauses one handler (and its copies for other queues) is in right now."""
+
+    __slots__ = ("_waiting",)
+
+    def __init__(self) -> None:
+        self._waiting: set[asyncio.Future[bool]] = set()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    async def pause(self, seconds: float) -> bool:
+        """Wait ``seconds``: ``True`` when the time is up, ``False`` when released before."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        timer = loop.call_later(seconds, _settle, future, True)
+        self._waiting.add(future)
+        try:
+            return await future
+        finally:
+            timer.cancel()
+            self._waiting.discard(future)
+
+    def release(self) -> int:
+        """End every pause now (each message goes back to its queue); returns how many."""
+        waiting = list(self._waiting)
+        for future in waiting:
+            _settle(future, False)
+        return len(waiting)
+
+
+def _settle(future: asyncio.Future[bool], done: bool) -> None:
+    if not future.done():
+        future.set_result(done)
+
+
+async def pause_before_rerun(
+    pauses: Pauses,
+    message: AbstractIncomingMessage,
+    seconds: float,
+    *,
+    queue: str,
+    give_back: Callable[[AbstractIncomingMessage], Awaitable[object]] | None = None,
+) -> bool:
+    """Pause, then say whether the handler may run ``message`` again.
+
+    ``False`` when the pause was released, or when the channel closed meanwhile
+    (the broker delivers the message again elsewhere: running it here would be
+    a second handling of a message this process can no longer settle). Cancelled,
+    it gives the message back and lets the cancellation through. ``give_back``
+    replaces the ``nack`` of a released message (the crash guard's put-back,
+    which the broker does not mark ``redelivered``).
+    """
+    if seconds > 0:
+        try:
+            due = await pauses.pause(seconds)
+        except asyncio.CancelledError:
+            await _give_back(message)  # a closed channel returns it too
+            raise
+        if not due:
+            log.info(
+                "message %s on queue %r released between immediate retries; back to its queue",
+                message.message_id,
+                queue,
+            )
+            await (give_back or _give_back)(message)
+            return False
+    if not channel_open(message):
+        log.warning(
+            "the channel of message %s on queue %r closed between immediate retries; the "
+            "broker will deliver it again",
+            message.message_id,
+            queue,
+        )
+        return False
+    return True
+
+
+async def _give_back(message: AbstractIncomingMessage) -> None:
+    # nack, not reject: RabbitMQ 4.3 counts a reject toward a quorum queue's delivery limit.
+    with contextlib.suppress(Exception):  # channel gone: the broker returns it anyway
+        await message.nack(requeue=True)
