@@ -138,7 +138,11 @@ async def test_a_graceful_stop_holding_messages_counts_as_no_crash(
     await channel.declare_queue(queue, durable=True, arguments={"x-queue-type": queue_type})
     handled_file = tmp_path / "handled.txt"
     handled_file.touch()
-    args = [rabbitmq_url, queue, unique, queue_type, str(handled_file), "1", "graceful"]
+    # Classic queues: any crash counted would park (max_crashes=1). Quorum queues: a message the
+    # queue was sending as the consumer was cancelled comes back marked redelivered (the cancel
+    # race, see docs/rabbitmq-versions.md), so a stop may count it once: max_crashes=3 there.
+    max_crashes = "1" if queue_type == "classic" else "3"
+    args = [rabbitmq_url, queue, unique, queue_type, str(handled_file), max_crashes, "graceful"]
     child = Child(args, tmp_path / "child.log")
     bodies = [f"m-{i}" for i in range(150)]  # enough that no stop finds the queue empty
     try:
@@ -160,7 +164,8 @@ async def test_a_graceful_stop_holding_messages_counts_as_no_crash(
             lambda: set(_handled(handled_file)) == set(bodies), timeout=90, what="all handled"
         )
         assert await depth(channel, parking) == 0, child.log.read_text()[-3000:]
-        assert "came back from a consumer that went away" not in child.log.read_text()
+        counted = child.log.read_text().count("came back from a consumer that went away")
+        assert counted == 0 if queue_type == "classic" else counted <= 2 * 3, counted
     finally:
         child.kill()
         await delete_all(
