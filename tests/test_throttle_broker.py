@@ -180,9 +180,10 @@ async def test_throttle_stops_the_consumer_probes_and_resumes(
         assert dependency.redelivered == 0, "a put-back message must come as a new one"
     else:
         # Quorum queues: a message the queue sent as the consumer was being cancelled
-        # is dropped by the channel and returned when the consumer comes back, once.
+        # is dropped by the channel and returned when the consumer comes back, once:
+        # x-delivery-count 1 on 3.10-4.2, absent (a return 4.3 does not count) on 4.3.
         assert dependency.redelivered <= PREFETCH
-        assert set(dependency.delivery_counts) <= {1}, dependency.delivery_counts
+        assert set(dependency.delivery_counts) <= {1, None}, dependency.delivery_counts
     # Those in flight at the trip (a prefetch) and the probes failed; the rest waited untouched.
     spent = len(dependency.failed)
     assert MESSAGES - spent >= 15, dependency.failed
