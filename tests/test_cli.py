@@ -129,6 +129,7 @@ def test_status_shows_the_work_queue_and_what_is_due_when(
             "messages": 0,
             "consumers": 0,
             "parked": 0,
+            "throttled_consumers": 0,
             "dead_lettered": None,  # no unique.dead-letter
             "warning": None,  # the management API does not answer here: not checked
         }

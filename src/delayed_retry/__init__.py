@@ -22,6 +22,7 @@ from delayed_retry.consumer.decorator import (
 )
 from delayed_retry.consumer.hooks import FailureEvent
 from delayed_retry.consumer.router import ConsumerRejected, RetryRouter
+from delayed_retry.crashes import CrashGuard
 from delayed_retry.delivery.forwarder import Forwarder
 from delayed_retry.delivery.front_door import FrontDoor
 from delayed_retry.delivery.schedule import publish_delayed
@@ -30,6 +31,7 @@ from delayed_retry.errors import (
     DelayedRetryError,
     DelayOutOfRangeError,
     HandlerSignal,
+    MessageCrashedError,
     NotFoundError,
     ParkMessage,
     PublishError,
@@ -45,6 +47,7 @@ from delayed_retry.observability.instrumentation import Instrumentation, NoInstr
 from delayed_retry.observability.otel import OpenTelemetryInstrumentation
 from delayed_retry.parking.shortcuts import ParkedMessage, ReplayResult, peek_parked, replay_parked
 from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
+from delayed_retry.throttle import Throttle
 from delayed_retry.topology import (
     DEFAULT_TOPOLOGY,
     WORK_QUEUE_DELIVERY_LIMIT,
@@ -68,6 +71,8 @@ __all__ = [
     "RetryState",
     "Hold",
     "DEFAULT_HOLD",
+    "Throttle",
+    "CrashGuard",
     "retry_state",
     "current_retry_state",
     "FailureEvent",
@@ -110,6 +115,7 @@ __all__ = [
     "DelayedRetryError",
     "ConfigurationError",
     "DelayOutOfRangeError",
+    "MessageCrashedError",
     "NotFoundError",
     "TopologyMismatchError",
     "PublishError",

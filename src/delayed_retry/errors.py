@@ -18,6 +18,7 @@ __all__ = [
     "DelayOutOfRangeError",
     "DelayedRetryError",
     "HandlerSignal",
+    "MessageCrashedError",
     "NotFoundError",
     "ParkMessage",
     "PublishError",
@@ -111,6 +112,11 @@ class PublishNotConfirmedError(PublishError):
 
 class PublishTimeoutError(PublishError):
     """No publisher confirm arrived in time. The publish may or may not have landed."""
+
+
+class MessageCrashedError(DelayedRetryError):
+    """A message's handling ended with its consumer gone (the process died or lost its
+    connection) too many times: the crash guard parked it, reason ``crashed``."""
 
 
 class HandlerSignal(Exception):

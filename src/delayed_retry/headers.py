@@ -41,7 +41,11 @@ __all__ = [
     "X_REPLAYED_AT",
     "X_REPLAYED_BY",
     "X_REPLAY_CANARY",
+    "X_RETRY_CRASHES",
     "X_SCHEDULE_ID",
+    "X_THROTTLED_AT",
+    "X_THROTTLE_EVENT",
+    "X_THROTTLE_TRIGGER",
     "X_TRACE_ORIGIN",
     "MAX_RETRY_COUNT",
     "X_DUE_AT",
@@ -131,6 +135,14 @@ X_IMMEDIATE_RUNS = "x-retry-immediate-runs"
 """With immediate retries on: how many times the handler ran in each failed delivery, oldest
 first (a list of ints; ``[3, 3]``: two deliveries, each run three times). The most recent
 :data:`MAX_IMMEDIATE_HISTORY` are kept."""
+X_RETRY_CRASHES = "x-retry-crashes"
+"""Times a message's consumer went away while holding it (the crash guard's count, an int)."""
+X_THROTTLE_EVENT = "x-retry-throttle-event"
+"""On an alert-queue event: ``tripped`` or ``resumed`` (a consumer's throttle changed state)."""
+X_THROTTLE_TRIGGER = "x-retry-throttle-trigger"
+"""On a throttle event: the trigger in words ("5 consecutive failures")."""
+X_THROTTLED_AT = "x-retry-throttled-at"
+"""On a throttle event: when it happened (epoch milliseconds)."""
 X_DEATH = "x-death"
 """The broker's dead-letter history (read to count rejections, never re-published)."""
 X_DELIVERY_COUNT = "x-delivery-count"

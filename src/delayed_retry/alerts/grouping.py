@@ -28,6 +28,8 @@ from delayed_retry.headers import (
     X_PARKED_AT,
     X_PARKED_REASON,
     X_QUEUE,
+    X_THROTTLE_EVENT,
+    X_THROTTLE_TRIGGER,
 )
 
 __all__ = ["Alert", "AlertGroup", "AlertWindow", "ParkedArrival", "arrival_from", "group_arrivals"]
@@ -50,6 +52,9 @@ class ParkedArrival:
     parked_at: datetime | None = None
     frame: str | None = None
     """The raising frame (``path in function``), read from the parking record's traceback."""
+    event: str | None = None
+    """Not a parked message but a consumer's throttle event, in words (see
+    :mod:`delayed_retry.consumer.throttling`); alerted on, never counted as parked."""
 
     @property
     def fingerprint(self) -> Fingerprint:
@@ -80,6 +85,9 @@ def arrival_from(
     key be read back into its destination queue.
     """
     headers = headers or {}
+    throttle_event = _text(headers.get(X_THROTTLE_EVENT))
+    if throttle_event is not None:
+        return _throttle_arrival(headers, throttle_event, message_id=message_id)
     reason = _text(headers.get(X_PARKED_REASON))
     queue = _text(headers.get(X_QUEUE))
     parked_ms = headers.get(X_PARKED_AT)
@@ -112,6 +120,28 @@ def arrival_from(
     )
 
 
+def _throttle_arrival(
+    headers: Mapping[str, Any], event: str, *, message_id: str | None
+) -> ParkedArrival:
+    """A consumer's throttle tripped or resumed: one line for the alert."""
+    queue = _text(headers.get(X_QUEUE)) or "?"
+    exception_type = _text(headers.get(X_EXCEPTION_TYPE)) or "-"
+    if event == "tripped":
+        trigger = _text(headers.get(X_THROTTLE_TRIGGER)) or "a run of failures"
+        error = _text(headers.get(X_EXCEPTION_MESSAGE))
+        last = f"{exception_type}: {error}" if error else exception_type
+        words = f"consumer of {queue} throttled after {trigger} (last: {last[:200]})"
+    else:
+        words = f"consumer of {queue} resumed full speed after a successful probe"
+    return ParkedArrival(
+        message_id=message_id,
+        queue=queue,
+        exception_type=exception_type,
+        reason=f"throttle-{event}",
+        event=words,
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class AlertGroup:
     """Arrivals of one queue that failed the same way (one failure fingerprint)."""
@@ -135,6 +165,8 @@ class Alert:
     message_ids: tuple[str, ...]
     first_parked_at: datetime | None = None
     last_parked_at: datetime | None = None
+    events: tuple[str, ...] = ()
+    """Throttle events of consumers in the window (trips and resumes), oldest first."""
 
     @property
     def more(self) -> int:
@@ -152,11 +184,17 @@ class Alert:
     def title(self) -> str:
         """One line: how many messages, which queues."""
         noun = "message" if self.total == 1 else "messages"
-        return f"{self.total} {noun} parked on {', '.join(self.queues)}"
+        parked = f"{self.total} {noun} parked on {', '.join(self.queues)}"
+        if not self.events:
+            return parked
+        more = f" (and {len(self.events) - 1} more throttle events)" if self.events[1:] else ""
+        throttled = f"{self.events[-1]}{more}"
+        return f"{parked}; {throttled}" if self.total else throttled
 
     def text(self) -> str:
         """A few lines for a person: counts per queue and exception, ids, how to list the rest."""
         lines = [self.title()]
+        lines.extend(f"  throttle: {event}" for event in self.events)
         for group in self.groups:
             line = f"  {group.queue}: {group.count} × {group.exception_type}"
             if group.example:
@@ -191,6 +229,7 @@ class Alert:
                 for g in self.groups
             ],
             "message_ids": list(self.message_ids),
+            "events": list(self.events),
             "more": self.more,
             "first_parked_at": self.first_parked_at.isoformat() if self.first_parked_at else None,
             "last_parked_at": self.last_parked_at.isoformat() if self.last_parked_at else None,
@@ -213,6 +252,8 @@ def group_arrivals(arrivals: Iterable[ParkedArrival], *, max_ids: int = 5) -> Al
     in one group; its ``example`` is the first real message of the group.
     """
     items = list(arrivals)
+    events = tuple(a.event for a in items if a.event is not None)
+    items = [a for a in items if a.event is None]
     counts: Counter[tuple[str, str]] = Counter()
     prints: dict[tuple[str, str], Fingerprint] = {}
     examples: dict[tuple[str, str], str] = {}
@@ -245,6 +286,7 @@ def group_arrivals(arrivals: Iterable[ParkedArrival], *, max_ids: int = 5) -> Al
         message_ids=ids,
         first_parked_at=min(times) if times else None,
         last_parked_at=max(times) if times else None,
+        events=events,
     )
 
 

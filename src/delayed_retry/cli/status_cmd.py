@@ -17,6 +17,7 @@ from delayed_retry.cli.output import CommandError, add_json_option, emit_json, p
 from delayed_retry.cli.work_queue import check_work_queue
 from delayed_retry.durations import format_duration
 from delayed_retry.errors import NotFoundError, queue_not_found
+from delayed_retry.throttle import marker_queue_name
 
 __all__ = ["register"]
 
@@ -83,6 +84,11 @@ async def _status(args: argparse.Namespace) -> int:
             for q in args.queue
         }
         warnings = [c.warning for c in checks.values() if c.warning is not None]
+        # Each consumer process whose throttle has tripped consumes this queue until it resumes.
+        throttled = {
+            q: _at(await _declared(connection, marker_queue_name(topology.prefix, q)), 1) or 0
+            for q in args.queue
+        }
         levels = [
             await _declared(connection, topology.level_name(n)) for n in range(topology.levels)
         ]
@@ -119,6 +125,7 @@ async def _status(args: argparse.Namespace) -> int:
                         "parked": _at(parking[q], 0),
                         "dead_lettered": _at(dead_letter[q], 0),
                         "warning": checks[q].warning,
+                        "throttled_consumers": throttled[q],
                     }
                     for q in args.queue
                 ],
@@ -138,12 +145,13 @@ async def _status(args: argparse.Namespace) -> int:
     if args.queue:
         print()
         print_table(
-            ("queue", "ready", "consumers", "parked", "dead-lettered"),
+            ("queue", "ready", "consumers", "throttled", "parked", "dead-lettered"),
             [
                 (
                     q,
                     _shown(work[q], 0, "missing"),
                     _shown(work[q], 1, "-"),
+                    throttled[q],
                     _shown(parking[q], 0, "missing"),
                     _shown(dead_letter[q], 0, "-"),
                 )

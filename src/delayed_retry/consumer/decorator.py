@@ -31,12 +31,16 @@ from delayed_retry.amqp.consumers import check_restorable, start_consumer
 from delayed_retry.amqp.declare import declarer_for, underlay_of
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.checks import warn_about_delivery_limit
+from delayed_retry.consumer.crash_guard import guard_redelivery
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import Trouble, ack, channel_open
 from delayed_retry.consumer.hooks import FailureHook, FailureHooks
 from delayed_retry.consumer.immediate import Pauses, pause_before_rerun
+from delayed_retry.consumer.put_back import cancel_consumer_of, put_back
 from delayed_retry.consumer.settlement import GuardedMessage
+from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
+from delayed_retry.crashes import CrashGuard
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import (
@@ -52,6 +56,7 @@ from delayed_retry.observability.instrumentation import (
 )
 from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
+from delayed_retry.throttle import Throttle
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, dead_letter_target
 
 __all__ = [
@@ -197,6 +202,10 @@ class RetryOptions:
     """Where the consumed queue's broker dead-letters past its delivery limit, when its
     arguments say so (:func:`~delayed_retry.topology.work_queue_arguments`): declared with
     the queue's binding, so the broker has somewhere to put what no consumer could take."""
+    throttle: Throttle | None = None
+    """When to stop taking messages after a run of failures, and how to probe (``None``: never)."""
+    crash_guard: CrashGuard | None = None
+    """How many times a message may take its consumer down before it is parked (``None``: off)."""
 
 
 class RetryingHandler(Generic[P]):
@@ -217,6 +226,17 @@ class RetryingHandler(Generic[P]):
         self._telemetry_on: Callable[[], bool] = getattr(
             options.instrumentation, "enabled", _always
         )
+        self.throttle: ThrottleControl | None = (
+            ThrottleControl(
+                options.throttle,
+                queue=options.queue,
+                topology=options.topology,
+                publish_timeout=options.publish_timeout,
+                meter_provider=getattr(options.instrumentation, "meter_provider", None),
+            )
+            if options.throttle is not None and options.queue is not None
+            else None
+        )
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", self.fn)
@@ -224,6 +244,8 @@ class RetryingHandler(Generic[P]):
 
     def for_queue(self, queue: str) -> RetryingHandler[P]:
         """The same handler, retrying to ``queue``: for one handler consuming several queues."""
+        if queue == self.options.queue:
+            return self  # one handler, one throttle: its state is the one the caller sees
         self.options.topology.check_destination(queue)
         return RetryingHandler(self.fn, replace(self.options, queue=queue))
 
@@ -314,10 +336,23 @@ class RetryingHandler(Generic[P]):
             # to the queue after a backoff (_rescue): nothing is lost, nothing spins.
             await self._declare_on(connection, queue)
             self._declared_on = weakref.ref(connection)
+        if opts.crash_guard is not None:
+            if opts.held.stopping:  # shutting down: back to the queue, not counted as a crash
+                await cancel_consumer_of(message)
+                await self._put_back(message, queue)
+                return
+            if message.redelivered:  # its last consumer went away holding it
+                await guard_redelivery(
+                    message, cell.get(), guard=opts.crash_guard, failures=self._failures(queue)
+                )
+                return
         if opts.topology.is_chain_exchange(message.exchange):
             due_at = cell.get().due_at
             if due_at is not None and not await self._wait_until_due(message, due_at, queue):
                 return
+        throttle = self.throttle
+        if throttle is not None and not await throttle.admit(message):
+            return  # throttled: put back at the tail of its queue, unhandled
         immediate = opts.immediate
         started = time.monotonic() if immediate is not None else 0.0
         paused = 0.0
@@ -348,6 +383,8 @@ class RetryingHandler(Generic[P]):
                     _current_state.reset(token)
                 if failure is None:
                     opts.trouble.clear()
+                    if throttle is not None:
+                        throttle.observe(message, None)
                     if guarded.deferred is not None:
                         # The handler rejected or nacked without raising: its explicit choice.
                         await guarded.send_deferred()
@@ -381,6 +418,8 @@ class RetryingHandler(Generic[P]):
                         paused=paused,
                     )
                 if pause is None:
+                    if throttle is not None:  # a delivery's failure, immediate retries spent
+                        throttle.observe(message, failure)
                     await self._decide_and_hand_over(message, queue, state, failure, scope)
                     return
                 scope.finish("immediate-retry", delay=pause, exc=failure)
@@ -393,7 +432,17 @@ class RetryingHandler(Generic[P]):
                 state.immediate_retries + 1,
                 immediate.times if immediate is not None else 0,
             )
-            if not await pause_before_rerun(opts.pauses, message, pause, queue=queue):
+            if not await pause_before_rerun(
+                opts.pauses,
+                message,
+                pause,
+                queue=queue,
+                give_back=(
+                    None
+                    if opts.crash_guard is None
+                    else functools.partial(self._put_back, queue=queue)
+                ),
+            ):
                 return
             paused += pause
             guarded.deferred = None  # the failed run's reject or nack was dropped
@@ -421,6 +470,14 @@ class RetryingHandler(Generic[P]):
             decision, failure = Decision.park("internal-error"), policy_exc
         await self._failures(queue).failed(message, state, failure, decision, scope)
 
+    async def _put_back(self, message: AbstractIncomingMessage, queue: str) -> None:
+        await put_back(
+            message,
+            queue,
+            topology=self.options.topology,
+            publish_timeout=self.options.publish_timeout,
+        )
+
     async def release_held(self) -> int:
         """Give back every message this handler holds (``nack``, requeue) at once.
 
@@ -428,8 +485,13 @@ class RetryingHandler(Generic[P]):
         consumer and before closing the channel: the messages held until due,
         and those pausing between immediate retries, go back to their queue now
         instead of when their wait ends (a closed channel returns them too).
-        Returns how many were released.
+        Returns how many were released. With a crash guard, messages held until
+        due, and every message that reaches the handler afterwards, are put back
+        as new messages, so that the shutdown counts as no crash; a throttle
+        stops probing.
         """
+        if self.throttle is not None:
+            await self.throttle.stop()
         return self.options.held.release() + self.options.pauses.release()
 
     async def _wait_until_due(
@@ -450,6 +512,9 @@ class RetryingHandler(Generic[P]):
             due_at,
             max_delay=opts.topology.max_delay,
             tolerance=early_tolerance(opts.topology),
+            give_back=(
+                None if opts.crash_guard is None else functools.partial(self._put_back, queue=queue)
+            ),
         )
         if outcome != "early":
             return outcome == "due"
@@ -529,6 +594,8 @@ def with_delayed_retry(
     immediate_wait: wait_base | None = None,
     on_retry: FailureHook | None = None,
     on_park: FailureHook | None = None,
+    throttle: Throttle | None = None,
+    crash_guard: CrashGuard | None = None,
 ) -> Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]: ...
 
 
@@ -551,6 +618,8 @@ def with_delayed_retry(
     immediate_wait: wait_base | None = None,
     on_retry: FailureHook | None = None,
     on_park: FailureHook | None = None,
+    throttle: Throttle | None = None,
+    crash_guard: CrashGuard | None = None,
 ) -> RetryingHandler[P] | Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]:
     """Wrap an aio-pika consumer handler with delayed retries and parking.
 
@@ -594,6 +663,14 @@ def with_delayed_retry(
         :class:`~delayed_retry.consumer.hooks.FailureEvent` after each retry is
         handed over; bounded, logged if it fails, never changes the message's fate.
       on_park: the same, after each parking.
+      throttle: a :class:`~delayed_retry.throttle.Throttle`: after a run of
+        failures (a dependency down) the consumer stops taking messages,
+        puts back those it was sent, and handles one at a time at the probe
+        interval until one succeeds. ``None`` (default): never.
+      crash_guard: a :class:`~delayed_retry.crashes.CrashGuard`: a message
+        whose consumer went away while handling it ``max_crashes`` times (the
+        process died, or lost its connection) is parked as ``crashed`` before
+        its handler runs again. ``None`` (default): off.
     """
     options = retry_options(
         queue=queue,
@@ -611,6 +688,8 @@ def with_delayed_retry(
         immediate_wait=immediate_wait,
         on_retry=on_retry,
         on_park=on_park,
+        throttle=throttle,
+        crash_guard=crash_guard,
     )
 
     def decorate(func: Callable[P, Awaitable[object]]) -> RetryingHandler[P]:
@@ -644,6 +723,8 @@ def retry_options(
     immediate_wait: wait_base | None = None,
     on_retry: FailureHook | None = None,
     on_park: FailureHook | None = None,
+    throttle: Throttle | None = None,
+    crash_guard: CrashGuard | None = None,
 ) -> RetryOptions:
     """Check the options of :func:`with_delayed_retry` and build its :class:`RetryOptions`.
 
@@ -668,6 +749,16 @@ def retry_options(
             "delayed_retry.NoInstrumentation() or an object with attempt() and scheduling()"
         )
     check_hold(hold, topology)
+    if throttle is not None and not isinstance(throttle, Throttle):
+        raise ConfigurationError(
+            f"throttle={throttle!r} must be a delayed_retry.Throttle, e.g. "
+            "Throttle(consecutive=5, probe_every=1.0), or None"
+        )
+    if crash_guard is not None and not isinstance(crash_guard, CrashGuard):
+        raise ConfigurationError(
+            f"crash_guard={crash_guard!r} must be a delayed_retry.CrashGuard, e.g. "
+            "CrashGuard(max_crashes=3), or None"
+        )
     immediate = ImmediateRetries(times=immediate_retries, wait=immediate_wait)
     hooks = FailureHooks(on_retry=on_retry, on_park=on_park)
     policy_kwargs: dict[str, Any] = {"max_retries": max_retries, "wait": wait, "stop": stop}
@@ -685,6 +776,8 @@ def retry_options(
         hold=hold,
         immediate=immediate if immediate.times else None,
         hooks=hooks if hooks.any else None,
+        throttle=throttle,
+        crash_guard=crash_guard,
     )
 
 

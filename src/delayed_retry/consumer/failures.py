@@ -105,11 +105,19 @@ class FailureHandling:
         await hand_over(message, publish, queue=self.queue)
 
     async def park_now(
-        self, message: AbstractIncomingMessage, state: RetryState, exc: BaseException, reason: str
+        self,
+        message: AbstractIncomingMessage,
+        state: RetryState,
+        exc: BaseException,
+        reason: str,
+        *,
+        extra: Mapping[str, Any] | None = None,
     ) -> None:
-        """Park ``message`` for ``reason`` (one attempt, raising if not confirmed), then ack it."""
+        """Park ``message`` for ``reason`` (one attempt, raising if not confirmed), then ack it.
+
+        ``extra`` headers are added to the parking record."""
         with NoInstrumentation().attempt(message, state, queue=self.queue) as scope:
-            await self._park(message, state, exc, reason, scope, utcnow())
+            await self._park(message, state, exc, reason, scope, utcnow(), extra=extra)
         await ack(message, self.queue)
         if self.hooks is not None:
             decision = Decision("park", reason=cast(ParkReason, reason))
@@ -279,6 +287,8 @@ class FailureHandling:
         reason: str,
         scope: AttemptScope,
         now: datetime,
+        *,
+        extra: Mapping[str, Any] | None = None,
     ) -> None:
         # Re-declared so that one deleted by hand comes back; one declaration (one channel)
         # at a time per connection serves a whole storm of parks (amqp/declare.py).
@@ -289,6 +299,8 @@ class FailureHandling:
         headers = parking_headers(
             message.headers, state, exc, now=now, reason=reason, runs=self._runs(state)
         )
+        if extra:
+            headers.update(extra)
         exchange = self.topology.parking_exchange
         try:
             with scope.publishing(headers, kind="park", exchange=exchange, routing_key=self.queue):

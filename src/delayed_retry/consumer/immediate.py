@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from aio_pika.abc import AbstractIncomingMessage
 
@@ -61,14 +62,21 @@ def _settle(future: asyncio.Future[bool], done: bool) -> None:
 
 
 async def pause_before_rerun(
-    pauses: Pauses, message: AbstractIncomingMessage, seconds: float, *, queue: str
+    pauses: Pauses,
+    message: AbstractIncomingMessage,
+    seconds: float,
+    *,
+    queue: str,
+    give_back: Callable[[AbstractIncomingMessage], Awaitable[object]] | None = None,
 ) -> bool:
     """Pause, then say whether the handler may run ``message`` again.
 
     ``False`` when the pause was released, or when the channel closed meanwhile
     (the broker delivers the message again elsewhere: running it here would be
     a second handling of a message this process can no longer settle). Cancelled,
-    it gives the message back and lets the cancellation through.
+    it gives the message back and lets the cancellation through. ``give_back``
+    replaces the ``nack`` of a released message (the crash guard's put-back,
+    which the broker does not mark ``redelivered``).
     """
     if seconds > 0:
         try:
@@ -82,7 +90,7 @@ async def pause_before_rerun(
                 message.message_id,
                 queue,
             )
-            await _give_back(message)
+            await (give_back or _give_back)(message)
             return False
     if not channel_open(message):
         log.warning(

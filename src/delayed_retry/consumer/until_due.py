@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -32,10 +33,12 @@ def _settle(future: asyncio.Future[bool], due: bool) -> None:
 class HeldUntilDue:
     """The messages one handler (and its copies for other queues) holds right now."""
 
-    __slots__ = ("_waiting",)
+    __slots__ = ("_waiting", "stopping")
 
     def __init__(self) -> None:
         self._waiting: set[asyncio.Future[bool]] = set()
+        self.stopping = False
+        """Set by :meth:`release`: the consumer is shutting down and takes nothing new."""
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -53,7 +56,11 @@ class HeldUntilDue:
             self._waiting.discard(future)
 
     def release(self) -> int:
-        """End every hold now (each message goes back to its queue); returns how many."""
+        """End every hold now (each message goes back to its queue); returns how many.
+
+        For a shutdown: from now on :attr:`stopping` is true.
+        """
+        self.stopping = True
         waiting = list(self._waiting)
         for future in waiting:
             _settle(future, False)
@@ -76,6 +83,7 @@ async def hold_until_due(
     *,
     max_delay: timedelta,
     tolerance: timedelta = _ZERO,
+    give_back: Callable[[AbstractIncomingMessage], Awaitable[object]] | None = None,
 ) -> Outcome:
     """Keep ``message`` until ``due_at`` if ``hold`` allows; say what became of it.
 
@@ -83,7 +91,9 @@ async def hold_until_due(
     held already; the caller sends it back into the chain. ``"released"``: it
     went back to its queue (``nack``, requeue). A due time beyond
     ``max_delay`` (no chain sets one) counts as due. Cancelled while holding,
-    it requeues the message and lets the cancellation through. With no
+    it requeues the message and lets the cancellation through. ``give_back``
+    replaces the ``nack`` of a released message (the crash guard's put-back,
+    which the broker does not mark ``redelivered``). With no
     ``hold``, nothing is held: a message at most ``tolerance`` early is due,
     an earlier one ``"early"``.
     """
@@ -104,7 +114,7 @@ async def hold_until_due(
             log.info(
                 "message %s released before its due time; back to its queue", message.message_id
             )
-            await _requeue(message)
+            await (give_back or _requeue)(message)
             return "released"
         # Due by the loop's clock; check the wall clock the due time was set with.
 

@@ -49,6 +49,8 @@ from delayed_retry.consumer.decorator import (
 )
 from delayed_retry.consumer.hooks import FailureHook
 from delayed_retry.consumer.settlement import GuardedMessage
+from delayed_retry.consumer.throttling import ThrottleControl
+from delayed_retry.crashes import CrashGuard
 from delayed_retry.durations import Duration, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.faststream.in_memory import InMemoryDecision, is_in_memory, run_in_memory
@@ -62,6 +64,7 @@ from delayed_retry.faststream.subscribers import (
 from delayed_retry.hold import DEFAULT_HOLD, Hold
 from delayed_retry.observability.instrumentation import Instrumentation
 from delayed_retry.policy import DEFAULT_WAIT
+from delayed_retry.throttle import Throttle
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, dead_letter_target
 
 if TYPE_CHECKING:
@@ -176,6 +179,8 @@ class DelayedRetry:
         immediate_wait: wait_base | None = None,
         on_retry: FailureHook | None = None,
         on_park: FailureHook | None = None,
+        throttle: Throttle | None = None,
+        crash_guard: CrashGuard | None = None,
     ) -> None:
         self.options: RetryOptions = retry_options(
             max_retries=max_retries,
@@ -192,6 +197,8 @@ class DelayedRetry:
             immediate_wait=immediate_wait,
             on_retry=on_retry,
             on_park=on_park,
+            throttle=throttle,
+            crash_guard=crash_guard,
         )
         self._served: dict[int, _Served] = {}
         self.refused: set[int] = set()
@@ -202,6 +209,27 @@ class DelayedRetry:
     def __repr__(self) -> str:
         retries, prefix = self.options.policy.max_retries, self.options.topology.prefix
         return f"<DelayedRetry max_retries={retries} prefix={prefix!r}>"
+
+    async def release_held(self) -> int:
+        """Give back what every subscriber holds, before ``broker.stop()`` on a graceful stop.
+
+        Messages held until due go back to their queue now; with a crash guard
+        they, and every message that reaches a handler afterwards, go back as
+        new messages, so the stop counts as no crash; throttles stop probing.
+        Returns how many held messages were released.
+        """
+        for served in list(self._served.values()):
+            if served.handler is not None and served.handler.throttle is not None:
+                await served.handler.throttle.stop()
+        return self.options.held.release()
+
+    def throttle_of(self, queue: str) -> ThrottleControl | None:
+        """The throttle of the subscriber of ``queue`` this middleware serves, once it has had a
+        message (``None`` before, or without ``throttle=``): its state, for health checks."""
+        for served in self._served.values():
+            if served.queue == queue and served.handler is not None:
+                return served.handler.throttle
+        return None
 
     def __call__(self, msg: Any | None, /, *, context: ContextRepo) -> _RetryMiddleware:
         return _RetryMiddleware(msg, context=context, retrier=self)

@@ -12,6 +12,8 @@ instrument                             unit       attributes
 ``delayed_retry.parked`` (counter)     {message}  destination, ``error.type``, reason
 ``delayed_retry.delay`` (histogram)    s          destination, ``delayed_retry.publish.kind``
 ``delayed_retry.resolution.duration``  s          destination, outcome (success/parked)
+``delayed_retry.throttled`` (up-down)  {consumer} destination (1 while throttled, per process)
+``delayed_retry.throttle.trips``       {trip}     destination
 =====================================  =========  ========================================
 
 The queue-depth gauges (messages delayed per level, parked per queue) are
@@ -44,6 +46,8 @@ __all__ = [
     "RESOLUTION",
     "RETRIES",
     "SUCCESSES_AFTER_RETRY",
+    "THROTTLED",
+    "THROTTLE_TRIPS",
     "RetryMetrics",
     "meter_for",
 ]
@@ -54,6 +58,11 @@ SUCCESSES_AFTER_RETRY = "delayed_retry.successes_after_retry"
 PARKED = "delayed_retry.parked"
 DELAY = "delayed_retry.delay"
 RESOLUTION = "delayed_retry.resolution.duration"
+THROTTLED = "delayed_retry.throttled"
+"""Consumers of a queue whose throttle has tripped, now (recorded by
+:mod:`delayed_retry.consumer.throttling`)."""
+THROTTLE_TRIPS = "delayed_retry.throttle.trips"
+"""How often a queue's consumer tripped its throttle."""
 
 # Delays span milliseconds to days: explicit buckets from 10 ms to 7 days.
 DELAY_BUCKETS = (

@@ -150,6 +150,11 @@ class OpenTelemetryInstrumentation:
         self._on = False
         self._quiet_until = 0.0
 
+    @property
+    def meter_provider(self) -> MeterProvider | None:
+        """The meter provider given, or ``None`` for the global one (other instruments share it)."""
+        return self._meter_provider
+
     def enabled(self) -> bool:
         """Whether spans or metrics are recorded now.
 
