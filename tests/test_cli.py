@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -124,9 +125,21 @@ def test_status_shows_the_work_queue_and_what_is_due_when(
     # 3600 units enter at the highest 1 bit (level 11, 2048 s), due within 2^12 - 1 s.
     assert [(w["level"], w["messages"]) for w in waiting] == [(11, 1)]
     assert data["queues"] == [{"queue": unique, "messages": 0, "consumers": 0, "parked": 0}]
+    # When it comes due is read from its own header, not the level's bound (1 h 8 m 15 s).
+    due = waiting[0]["due_in_seconds"]
+    assert 3000 < due["earliest"] == due["latest"] <= 3600 and waiting[0]["due_read"] == 1
     assert main(["--url", rabbitmq_url, "status", "--queue", unique, *topo]) == 0
     out = capsys.readouterr().out
-    assert "within 1 h 8 m" in out and "34 m 8 s" in out  # due bound and the level's hold
+    assert re.search(r"34 m 8 s +1 +in (59 m \d+ s|1 h)$", out, re.MULTILINE), out
+    assert "within" not in out
+    # Not read: the level's bound, rounded up, and said to be one.
+    assert main(["--url", rabbitmq_url, "status", "--queue", unique, "--no-peek", *topo]) == 0
+    out = capsys.readouterr().out
+    assert "within 1 h 9 m (level bound, not read)" in out
+    # The peeks gave the message back: it still waits, where it was.
+    assert main(["--url", rabbitmq_url, "status", "--queue", unique, "--json", *topo]) == 0
+    again = [level for level in json.loads(capsys.readouterr().out)["chain"] if level["messages"]]
+    assert [(w["level"], w["messages"]) for w in again] == [(11, 1)]
 
 
 def test_publish_to_a_missing_queue_gives_command_line_advice(
