@@ -162,7 +162,33 @@ def test_analyze_in_a_real_process_prints_no_jvm_start_up_warnings(tmp_path: Pat
     # "WARN Utils: Your hostname ... resolves to a loopback address", "WARN NativeCodeLoader".
     noise = [line for line in lines if "WARN" in line or "log4j" in line or "LogLevel" in line]
     assert noise == []
-    assert all(line.startswith("analyzing:") for line in lines), lines
+    # Not a terminal: no progress lines either.
+    assert lines == [] and "\r" not in done.stderr
+
+
+def test_a_bad_where_in_a_real_process_is_one_line_on_stderr(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    now = datetime(2024, 3, 1, 10, tzinfo=UTC)
+    rows = [parked_row(DelayTopology(), "orders", b"b", TimeoutError("slow"), parked_at=now)]
+    write_archive(tmp_path / "arch", "orders.parking", rows)
+    command = [str(Path(sys.executable).with_name("delayed-retry")), "spark", "redrive"]
+    done = subprocess.run(
+        [*command, str(tmp_path / "arch"), "--where", "fingerprnt = 'x'", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    # Before: 8.9 KB of PySpark's JSON log with a Java stack trace, then the error.
+    assert done.stderr.splitlines() == [
+        "delayed-retry: error: --where \"fingerprnt = 'x'\" names column 'fingerprnt', which "
+        "the archive does not have; its columns are "
+        + done.stderr.split("its columns are ")[1].strip()
+    ]
+    assert ", fingerprint, " in done.stderr
 
 
 @pytest.mark.parametrize(

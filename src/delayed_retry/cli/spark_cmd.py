@@ -20,10 +20,14 @@ from delayed_retry.errors import (
 __all__ = ["register"]
 
 
-def _spark(args: argparse.Namespace) -> Any:
+def _spark(args: argparse.Namespace, *, input_bytes: int | None = None) -> Any:
     from delayed_retry.spark.session import get_spark
 
-    return get_spark(master=args.master, verbose=bool(getattr(args, "verbose", False)))
+    return get_spark(
+        master=args.master,
+        verbose=bool(getattr(args, "verbose", False)),
+        input_bytes=input_bytes,
+    )
 
 
 def _check_broker(url: str, queue: str | None = None) -> None:
@@ -103,12 +107,12 @@ SPARK_JOB = ("pyarrow", "pyspark")
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Analyse archives: terminal tables plus an HTML report next to the archive."""
     from delayed_retry.spark.analyze import analyze_archive, default_report_path
-    from delayed_retry.spark.dataset import check_archive_paths
+    from delayed_retry.spark.dataset import archive_bytes, check_archive_paths
     from delayed_retry.spark.report import format_table, write_html_report
     from delayed_retry.spark.session import progress
 
     check_archive_paths(args.paths)
-    spark = _spark(args)
+    spark = _spark(args, input_bytes=archive_bytes(args.paths))
     with progress(spark, "analyzing"):
         analysis = analyze_archive(spark, args.paths, top=args.top)
     print(format_table(analysis))
@@ -121,14 +125,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 @_spark_command("spark redrive", needs=SPARK_JOB)
 def cmd_redrive(args: argparse.Namespace) -> int:
     """Send selected archived messages back to their queues through the delay chain."""
-    from delayed_retry.spark.dataset import check_archive_paths
+    from delayed_retry.spark.dataset import archive_bytes, check_archive_paths
     from delayed_retry.spark.redrive import redrive
     from delayed_retry.spark.session import progress
 
     check_archive_paths(args.paths)
     if not args.dry_run and args.url:
         _check_broker(args.url)
-    spark = _spark(args)
+    spark = _spark(args, input_bytes=archive_bytes(args.paths))
     with progress(spark, "redrive"):
         result = redrive(
             spark,
@@ -212,7 +216,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the ``spark`` command and its actions."""
-    spark = subparsers.add_parser("spark", help="analyse, redrive and schedule with PySpark")
+    spark = subparsers.add_parser(
+        "spark",
+        help="analyse, redrive and schedule with PySpark",
+        description="PySpark jobs over archives of parked messages and files of messages to "
+        "schedule. Spark's own log output is left out (errors only, each in one line); "
+        "'delayed-retry -v spark ...' shows its warnings too. Progress shows on a terminal "
+        "only.",
+    )
     commands = spark.add_subparsers(dest="spark_command", required=True, metavar="ACTION")
 
     def with_master(parser: argparse.ArgumentParser) -> None:
