@@ -341,7 +341,9 @@ class RetryingHandler(Generic[P]):
                 )
                 policy_exc.__context__ = failure  # the record shows both tracebacks
                 decision, failure = Decision.park("internal-error"), policy_exc
-            await self._failures(queue).failed(message, state, failure, decision, scope)
+            guarded.handed_over = await self._failures(queue).failed(
+                message, state, failure, decision, scope
+            )
 
     async def release_held(self) -> int:
         """Give back every message this handler holds until due (``nack``, requeue) at once.

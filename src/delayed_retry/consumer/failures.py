@@ -118,8 +118,12 @@ class FailureHandling:
         exc: Exception,
         decision: Decision,
         scope: AttemptScope,
-    ) -> None:
-        """Carry out ``decision`` for a message whose handler raised ``exc``, then ack it."""
+    ) -> Decision | None:
+        """Carry out ``decision`` for a message whose handler raised ``exc``, then ack it.
+
+        Returns the decision carried out (a retry can turn into a parking), or
+        ``None`` when the hand-over failed and the message was given back.
+        """
         carried_out = await hand_over(
             message,
             lambda: self._publish_copy(message, state, exc, decision, scope),
@@ -131,6 +135,7 @@ class FailureHandling:
             scope.finish("retry", delay=carried_out.delay, exc=exc)
         else:
             scope.finish("parked", exc=exc, reason=carried_out.reason)
+        return carried_out
 
     async def _publish_copy(
         self,

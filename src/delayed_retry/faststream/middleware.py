@@ -48,7 +48,7 @@ from delayed_retry.consumer.decorator import (
     retry_options,
 )
 from delayed_retry.consumer.settlement import GuardedMessage
-from delayed_retry.durations import Duration, utcnow
+from delayed_retry.durations import Duration, format_duration, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.faststream.in_memory import InMemoryDecision, is_in_memory, run_in_memory
 from delayed_retry.faststream.subscribers import (
@@ -59,7 +59,7 @@ from delayed_retry.faststream.subscribers import (
 )
 from delayed_retry.hold import DEFAULT_HOLD, Hold
 from delayed_retry.observability.instrumentation import Instrumentation
-from delayed_retry.policy import DEFAULT_WAIT
+from delayed_retry.policy import DEFAULT_WAIT, Decision
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 if TYPE_CHECKING:
@@ -78,11 +78,36 @@ class HandedOver(SkipMessage):
     """FastStream's signal that a failed message was retried or parked by the library.
 
     A :class:`~faststream.exceptions.SkipMessage`: FastStream neither settles the
-    message again nor publishes a result for it.
+    message again nor publishes a result for it. FastStream logs its text, so
+    the text says what happened to the message (:func:`handed_over_text`).
     """
 
+    def __init__(self, text: str = "") -> None:
+        super().__init__()
+        self.text = text or "not handled here: delayed-retry settled it"
+
     def __str__(self) -> str:
-        return "Message was retried or parked by delayed-retry"
+        return self.text
+
+
+def handed_over_text(
+    decision: Decision | None, error: BaseException | None, *, queue: str, parking_queue: str
+) -> str:
+    """What became of a message the handler did not finish, for FastStream's log line."""
+    failure = "" if error is None else f"failed ({type(error).__name__}: {error}); "
+    if error is None:
+        return (
+            "not handled yet: it came out of the delay chain before its due time and waits "
+            f"again, or was given back to {queue!r}"
+        )
+    if decision is None:
+        return f"{failure}could not be retried or parked now: given back to {queue!r}"
+    if decision.action == "retry":
+        return (
+            f"{failure}retried: back in {queue!r} in {format_duration(decision.delay)} "
+            "through the delay chain"
+        )
+    return f"{failure}parked in {parking_queue!r} ({decision.reason})"
 
 
 @dataclass(frozen=True)
@@ -98,11 +123,13 @@ class _Served:
 class _Attempt:
     """One run of the handler through FastStream's remaining middlewares."""
 
-    __slots__ = ("called", "failed", "result", "signal")
+    __slots__ = ("called", "error", "failed", "guarded", "result", "signal")
 
     def __init__(self) -> None:
         self.called = False
         self.failed = False
+        self.error: BaseException | None = None
+        self.guarded: GuardedMessage | None = None
         self.result: Any = None
         self.signal: HandlerException | None = None
 
@@ -112,6 +139,7 @@ async def _run_handler(
 ) -> None:
     """The function a subscriber's ``RetryingHandler`` wraps: FastStream's handler call."""
     attempt.called = True
+    attempt.guarded = guarded
     raw = msg.raw_message
     # The handler's msg.nack()/reject() reach the guarded message: deferred until it
     # returns, dropped if it raises (the failure is retried), as in the decorator.
@@ -124,8 +152,9 @@ async def _run_handler(
         await settle[type(signal)](**signal.extra_options)
     except SkipMessage as signal:
         attempt.signal = signal  # left unsettled, as FastStream does
-    except BaseException:
+    except BaseException as exc:
         attempt.failed = True
+        attempt.error = exc
         raise
     finally:
         msg.raw_message = raw
@@ -266,7 +295,16 @@ class _RetryMiddleware(BaseMiddleware):
             raise attempt.signal
         if attempt.failed or not attempt.called:
             # Retried, parked, held and sent back, or given back: settled by the library.
-            raise HandedOver
+            options = self.retrier.options
+            raise HandedOver(
+                handed_over_text(
+                    None if attempt.guarded is None else attempt.guarded.handed_over,
+                    attempt.error,
+                    queue=served.queue,
+                    parking_queue=options.parking_queue
+                    or options.topology.default_parking_queue(served.queue),
+                )
+            )
         return attempt.result
 
     async def _in_memory(self, call_next: AsyncFuncAny, msg: StreamMessage[Any], queue: str) -> Any:
