@@ -163,11 +163,25 @@ def test_demo_runs_on_the_given_broker(
     assert main(["--url", rabbitmq_url, "demo"]) == 0
     out = capsys.readouterr().out
     assert "order-2: done" in out and "2 message(s) parked" in out
-    # It says what it left on the user's broker, and its commands remove all of it.
-    assert f"left on the broker to look at: queue {DEMO_QUEUE!r}" in out
+    lines = out.splitlines()
+    # It says at once where it runs and what each order will show, before any attempt.
+    assert lines[0].endswith(
+        f"the demo runs on the broker at {redact_url(rabbitmq_url)}, with names of its own"
+    )
+    first_attempt = next(i for i, line in enumerate(lines) if "attempt 1" in line)
+    story = "\n".join(lines[:first_attempt])
+    for order in ("order-1", "order-2", "order-3", "order-4", "order-5"):
+        assert f"  {order}  " in story, order
+    # Every line is the story's, the library's warnings included (no log format of its own).
+    assert all(re.match(r"\[ *\d+\.\d\ds\] ", line) for line in lines if line[:1] != " "), out
+    assert "delayed-retry warning: message order-4 on queue" in out
+    # It ends with what to try next, then what it left on the user's broker and how to
+    # remove all of it.
+    after = "\n".join(lines[next(i for i, line in enumerate(lines) if line.endswith("next:")) :])
+    assert "docs/getting-started.md" in after and "delayed-retry publish --queue" in after
+    assert f"left on the broker to look at: queue {DEMO_QUEUE!r}" in after
     commands = [
-        line.split(":", 1)[-1].strip() if ":" in line else line.strip()
-        for line in out.splitlines()[-3:]
+        line.split(":", 1)[-1].strip() if ":" in line else line.strip() for line in lines[-3:]
     ]
     for command in commands[:2]:
         words = command.split()
