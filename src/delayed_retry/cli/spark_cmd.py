@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
@@ -28,6 +29,47 @@ def _spark(args: argparse.Namespace, *, input_bytes: int | None = None) -> Any:
         verbose=bool(getattr(args, "verbose", False)),
         input_bytes=input_bytes,
     )
+
+
+@contextlib.contextmanager
+def _short_run(args: argparse.Namespace, *, input_bytes: int) -> Iterator[Any]:
+    """The session of a job that reads ``input_bytes``; a small local one uses the class cache.
+
+    The first such run writes the cache as its JVM exits (it waits for that),
+    the next ones start from it (:mod:`delayed_retry.spark.class_cache`).
+    """
+    from pyspark import SparkContext
+
+    from delayed_retry.spark.class_cache import (
+        ClassCache,
+        class_cache_path,
+        keep_class_cache,
+        plan_class_cache,
+    )
+    from delayed_retry.spark.session import DEFAULT_MASTER, get_spark, quick_start_options
+
+    master = args.master or DEFAULT_MASTER
+    # Only a JVM this run starts can read or write it (a running one is someone else's).
+    new_jvm = SparkContext._gateway is None
+    quick = quick_start_options(master, input_bytes=input_bytes) is not None
+    path = class_cache_path() if new_jvm and quick else None
+    cache: ClassCache | None = None
+    if path is not None:
+        try:
+            cache = plan_class_cache(path)
+        except OSError:  # an unwritable cache folder: start without it
+            cache = None
+    spark = get_spark(
+        master=args.master,
+        verbose=bool(getattr(args, "verbose", False)),
+        input_bytes=input_bytes,
+        config=None if cache is None else {"spark.driver.extraJavaOptions": cache.java_options},
+    )
+    try:
+        yield spark
+    finally:
+        if cache is not None and cache.writing is not None:
+            keep_class_cache(cache, spark)
 
 
 def _check_broker(url: str, queue: str | None = None) -> None:
@@ -112,13 +154,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from delayed_retry.spark.session import progress
 
     check_archive_paths(args.paths)
-    spark = _spark(args, input_bytes=archive_bytes(args.paths))
-    with progress(spark, "analyzing"):
-        analysis = analyze_archive(spark, args.paths, top=args.top)
-    print(format_table(analysis))
-    if analysis.distinct and not args.no_report:
-        report = write_html_report(analysis, args.report or default_report_path(args.paths[0]))
-        print(f"report: {report}")
+    with _short_run(args, input_bytes=archive_bytes(args.paths)) as spark:
+        with progress(spark, "analyzing"):
+            analysis = analyze_archive(spark, args.paths, top=args.top)
+        print(format_table(analysis), flush=True)
+        if analysis.distinct and not args.no_report:
+            report = write_html_report(analysis, args.report or default_report_path(args.paths[0]))
+            print(f"report: {report}", flush=True)
     return 0
 
 
@@ -132,8 +174,10 @@ def cmd_redrive(args: argparse.Namespace) -> int:
     check_archive_paths(args.paths)
     if not args.dry_run and args.url:
         _check_broker(args.url)
-    spark = _spark(args, input_bytes=archive_bytes(args.paths))
-    with progress(spark, "redrive"):
+    with (
+        _short_run(args, input_bytes=archive_bytes(args.paths)) as spark,
+        progress(spark, "redrive"),
+    ):
         result = redrive(
             spark,
             args.paths,
