@@ -91,15 +91,24 @@ class HandedOver(SkipMessage):
 
 
 def handed_over_text(
-    decision: Decision | None, error: BaseException | None, *, queue: str, parking_queue: str
+    error: BaseException | None,
+    *,
+    decision: Decision | InMemoryDecision | None,
+    queue: str,
+    parking_queue: str | None,
 ) -> str:
-    """What became of a message the handler did not finish, for FastStream's log line."""
-    failure = "" if error is None else f"failed ({type(error).__name__}: {error}); "
+    """What became of a message the handler did not finish, for FastStream's log line.
+
+    ``decision`` is what was carried out (``None``: nothing could be, the
+    message was given back); ``parking_queue`` is ``None`` where there is none
+    (the in-memory test broker).
+    """
     if error is None:
         return (
             "not handled yet: it came out of the delay chain before its due time and waits "
             f"again, or was given back to {queue!r}"
         )
+    failure = f"failed ({type(error).__name__}: {error}); "
     if decision is None:
         return f"{failure}could not be retried or parked now: given back to {queue!r}"
     if decision.action == "retry":
@@ -107,7 +116,8 @@ def handed_over_text(
             f"{failure}retried: back in {queue!r} in {format_duration(decision.delay)} "
             "through the delay chain"
         )
-    return f"{failure}parked in {parking_queue!r} ({decision.reason})"
+    where = "" if parking_queue is None else f" in {parking_queue!r}"
+    return f"{failure}parked{where} ({decision.reason})"
 
 
 @dataclass(frozen=True)
@@ -298,8 +308,8 @@ class _RetryMiddleware(BaseMiddleware):
             options = self.retrier.options
             raise HandedOver(
                 handed_over_text(
-                    None if attempt.guarded is None else attempt.guarded.handed_over,
                     attempt.error,
+                    decision=None if attempt.guarded is None else attempt.guarded.handed_over,
                     queue=served.queue,
                     parking_queue=options.parking_queue
                     or options.topology.default_parking_queue(served.queue),
@@ -312,7 +322,9 @@ class _RetryMiddleware(BaseMiddleware):
         if decision is None:
             return result
         self.retrier.decisions.append(decision)
-        raise HandedOver
+        # No chain here: say what the policy decided, as FastStream's log line would.
+        text = handed_over_text(decision.error, decision=decision, queue=queue, parking_queue=None)
+        raise HandedOver(f"{text} (in-memory test broker: no chain; recorded in decisions)")
 
 
 REFUSED_REDELIVERY = timedelta(seconds=2)
