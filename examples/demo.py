@@ -11,7 +11,7 @@ what it left there. An installed package runs the same demo on a broker of yours
 import os
 import sys
 
-from delayed_retry.cli.demo import main
+from delayed_retry.cli.demo import introduce, main
 from harness import broker_url
 
 
@@ -19,8 +19,9 @@ def run() -> int:
     given = os.environ.get("RABBITMQ_URL")
     if given:
         return main(given)
+    introduce(None)  # before the node's few seconds of start-up
     with broker_url() as url:
-        return main(url, throwaway=True)
+        return main(url, throwaway=True, introduced=True)
 
 
 if __name__ == "__main__":

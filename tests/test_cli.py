@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -134,9 +135,21 @@ def test_status_shows_the_work_queue_and_what_is_due_when(
             "warning": None,  # the management API does not answer here: not checked
         }
     ]
+    # When it comes due is read from its own header, not the level's bound (1 h 8 m 15 s).
+    due = waiting[0]["due_in_seconds"]
+    assert 3000 < due["earliest"] == due["latest"] <= 3600 and waiting[0]["due_read"] == 1
     assert main(["--url", rabbitmq_url, "status", "--queue", unique, *topo]) == 0
     out = capsys.readouterr().out
-    assert "within 1 h 8 m" in out and "34 m 8 s" in out  # due bound and the level's hold
+    assert re.search(r"34 m 8 s +1 +in (59 m \d+ s|1 h)$", out, re.MULTILINE), out
+    assert "within" not in out
+    # Not read: the level's bound, rounded up, and said to be one.
+    assert main(["--url", rabbitmq_url, "status", "--queue", unique, "--no-peek", *topo]) == 0
+    out = capsys.readouterr().out
+    assert "within 1 h 9 m (level bound, not read)" in out
+    # The peeks gave the message back: it still waits, where it was.
+    assert main(["--url", rabbitmq_url, "status", "--queue", unique, "--json", *topo]) == 0
+    again = [level for level in json.loads(capsys.readouterr().out)["chain"] if level["messages"]]
+    assert [(w["level"], w["messages"]) for w in again] == [(11, 1)]
 
 
 def test_publish_to_a_missing_queue_gives_command_line_advice(
@@ -160,11 +173,25 @@ def test_demo_runs_on_the_given_broker(
     assert main(["--url", rabbitmq_url, "demo"]) == 0
     out = capsys.readouterr().out
     assert "order-2: done" in out and "2 message(s) parked" in out
-    # It says what it left on the user's broker, and its commands remove all of it.
-    assert f"left on the broker to look at: queue {DEMO_QUEUE!r}" in out
+    lines = out.splitlines()
+    # It says at once where it runs and what each order will show, before any attempt.
+    assert lines[0].endswith(
+        f"the demo runs on the broker at {redact_url(rabbitmq_url)}, with names of its own"
+    )
+    first_attempt = next(i for i, line in enumerate(lines) if "attempt 1" in line)
+    story = "\n".join(lines[:first_attempt])
+    for order in ("order-1", "order-2", "order-3", "order-4", "order-5"):
+        assert f"  {order}  " in story, order
+    # Every line is the story's, the library's warnings included (no log format of its own).
+    assert all(re.match(r"\[ *\d+\.\d\ds\] ", line) for line in lines if line[:1] != " "), out
+    assert "delayed-retry warning: message order-4 on queue" in out
+    # It ends with what to try next, then what it left on the user's broker and how to
+    # remove all of it.
+    after = "\n".join(lines[next(i for i, line in enumerate(lines) if line.endswith("next:")) :])
+    assert "docs/getting-started.md" in after and "delayed-retry publish --queue" in after
+    assert f"left on the broker to look at: queue {DEMO_QUEUE!r}" in after
     commands = [
-        line.split(":", 1)[-1].strip() if ":" in line else line.strip()
-        for line in out.splitlines()[-3:]
+        line.split(":", 1)[-1].strip() if ":" in line else line.strip() for line in lines[-3:]
     ]
     for command in commands[:2]:
         words = command.split()

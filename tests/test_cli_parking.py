@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import re
 from datetime import timedelta
 
 import aio_pika
 import pytest
 
+from delayed_retry import DelayTopology
 from delayed_retry.checks import broker_major_version
 from delayed_retry.cli import main
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.headers import X_PARKED_AT, X_PARKED_REASON
+from tests.support.queues import delete_all
 
 pytestmark = pytest.mark.broker
 
@@ -58,6 +62,9 @@ def test_list_groups_and_filters_and_show_prints_binary_bodies_safely(
     out = capsys.readouterr().out
     assert f"failure groups of {unique!r} (4 messages)" in out
     assert "billing.CardDeclined" in out and "2 h" in out and "nothing was removed" in out
+    # Each record shows the start of its body; a binary one says what it is.
+    assert re.search(r"m-0 .* \{\"order\": 1\}$", out, re.MULTILINE), out
+    assert re.search(r"m-3 .* \(binary, 9 bytes\)$", out, re.MULTILINE), out
 
     assert (
         main(
@@ -233,3 +240,61 @@ def test_show_sets_the_broker_read_counters_apart_from_the_headers(
         own, counted = headers.split("read counts: written by RabbitMQ on every read")
         assert "x-delivery-count" not in own
         assert "x-delivery-count = " in counted and "each look counts" in counted
+
+
+class _Terminal(io.StringIO):
+    """Standard input that is a terminal, answering ``answer``."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_an_unfiltered_replay_of_the_whole_lot_asks_first_like_purge(
+    rabbitmq_url: str,
+    unique: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asyncio.run(_setup(rabbitmq_url, unique))
+    topo = ["--prefix", unique, "--levels", "4"]
+    assert main(["--url", rabbitmq_url, "declare", *topo]) == 0
+    capsys.readouterr()
+    try:
+        _replay_asks(rabbitmq_url, unique, topo, capsys, monkeypatch)
+    finally:
+        asyncio.run(_delete(rabbitmq_url, DelayTopology(prefix=unique, levels=4), [unique]))
+
+
+async def _delete(url: str, topology: DelayTopology, queues: list[str]) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        await delete_all(connection, topology=topology, queues=queues)
+
+
+def _replay_asks(
+    rabbitmq_url: str,
+    unique: str,
+    topo: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    replay = ["--url", rabbitmq_url, "parking", "replay", "--queue", unique, *topo]
+
+    assert main(replay) == 2  # no terminal to ask on, no --yes: nothing moves
+    err = capsys.readouterr().err
+    assert f"replay all 4 parked message(s) of {unique!r}" in err and "add --yes" in err
+    assert _ids(rabbitmq_url, unique, capsys) == ["m-0", "m-1", "m-2", "m-3"]
+
+    monkeypatch.setattr("sys.stdin", _Terminal("n\n"))
+    assert main(replay) == 1  # asked on a terminal, answered no
+    captured = capsys.readouterr()
+    assert "[y/N]" in captured.out and "nothing replayed" in captured.err
+    assert _ids(rabbitmq_url, unique, capsys) == ["m-0", "m-1", "m-2", "m-3"]
+
+    monkeypatch.setattr("sys.stdin", _Terminal("y\n"))
+    assert main(replay) == 0
+    assert "replayed 4 message(s)" in capsys.readouterr().out
+    assert _ids(rabbitmq_url, unique, capsys) == []
+
+    assert main([*replay, "--yes"]) == 0  # nothing left: nothing to ask
+    assert "no parked messages" in capsys.readouterr().out

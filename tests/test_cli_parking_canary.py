@@ -85,6 +85,7 @@ def test_replay_reports_a_canary_that_parks_again_after_the_rest_and_warns_of_a_
                 queue,
                 *("--prefix", unique, "--levels", "16", "--queue-type", "classic"),
                 *("--canary", "1", "--canary-wait", "500ms"),
+                "--yes",
             ]
         )
     finally:

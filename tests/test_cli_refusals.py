@@ -97,7 +97,8 @@ def test_each_blocking_queue_gets_the_command_that_empties_it() -> None:
     topology = DelayTopology(prefix="P", levels=6)
     options = "--prefix P --levels 6 --unit-ms 1 --queue-type quorum"
     level = how_to_empty(topology, "P.level.03")
-    assert f"'delayed-retry topology show {options}'" in level
+    assert f"'delayed-retry status {options}' says when" in level  # read from the messages
+    assert "add --discard-waiting to remove them with the chain, never delivered" in level
     assert "topology migrate --prefix NEW --from delayed-retry --from-prefix P" in level
     assert "--purge-alerts" in how_to_empty(topology, "P.parking.alerts")
     assert (

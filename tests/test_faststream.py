@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -195,3 +196,38 @@ async def test_a_work_queues_dead_letter_queue_is_declared_with_its_binding(
         await broker.publish("first", queue.name)
         await wait_until(lambda: seen == ["first"], what="the first message handled")
         assert await quorum.depth(dead_letter) == 0  # exists: a missing queue raises
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[tuple[int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.levelno, record.getMessage()))
+
+
+async def test_faststreams_log_says_what_became_of_a_failed_message(
+    quorum: Scenario, rabbitmq_url: str
+) -> None:
+    lines = _Lines()
+    logger = logging.getLogger(f"faststream-test-{quorum.unique}")
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    broker = RabbitBroker(rabbitmq_url, logger=logger, middlewares=[retrier(quorum, max_retries=1)])
+    queue = queue_of(quorum, "logged")
+    parking = quorum.topology.default_parking_queue(queue.name)
+
+    @broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        raise Transient("card service down")
+
+    async with running(broker):
+        await broker.publish("x", queue.name, message_id="logged-1")
+        await quorum.wait_for_depth(parking, 1)
+    said = [text for _, text in lines.lines]
+    failed = "failed (Transient: card service down); "
+    assert f"{failed}retried: back in {queue.name!r} in 300 ms through the delay chain" in said
+    assert f"{failed}parked in {parking!r} (max-retries)" in said
+    # Before: only FastStream's "Processed" after "Message was retried or parked by delayed-retry".
+    assert not any("retried or parked" in text for text in said)

@@ -7,7 +7,9 @@ from faststream.rabbit import RabbitBroker, TestRabbitBroker
 from tenacity import retry_if_exception_type, wait_fixed
 
 from delayed_retry.faststream import CurrentRetryState, DelayedRetry
+from delayed_retry.faststream.middleware import handed_over_text
 from delayed_retry.headers import X_RETRY
+from delayed_retry.policy import Decision
 
 
 class Transient(Exception):
@@ -80,3 +82,24 @@ async def test_immediate_retries_run_in_a_handler_test_as_on_a_broker() -> None:
     down, invalid = retrier.decisions
     assert (down.action, down.immediate_retries) == ("retry", 2)
     assert (invalid.reason, invalid.immediate_retries) == ("not-retryable", 0)
+
+
+def test_the_text_faststream_logs_says_what_became_of_the_message() -> None:
+    error = Transient("database down")
+    failed = "failed (Transient: database down); "
+    retried = handed_over_text(
+        error, decision=Decision.retry_after(2), queue="orders", parking_queue="orders.parking"
+    )
+    assert retried == f"{failed}retried: back in 'orders' in 2 s through the delay chain"
+    parked = handed_over_text(
+        error, decision=Decision.park("max-retries"), queue="orders", parking_queue="o.parking"
+    )
+    assert parked == f"{failed}parked in 'o.parking' (max-retries)"
+    in_memory = handed_over_text(
+        error, decision=Decision.park("not-retryable"), queue="orders", parking_queue=None
+    )
+    assert in_memory == f"{failed}parked (not-retryable)"
+    given_back = handed_over_text(error, decision=None, queue="orders", parking_queue=None)
+    assert given_back == f"{failed}could not be retried or parked now: given back to 'orders'"
+    held = handed_over_text(None, decision=None, queue="orders", parking_queue=None)
+    assert held.startswith("not handled yet: it came out of the delay chain before its due")

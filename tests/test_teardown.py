@@ -17,6 +17,7 @@ from delayed_retry import DelayTopology, publish_delayed
 from delayed_retry.admin.teardown import plan_teardown, tear_down
 from delayed_retry.amqp.declare import declare_topology
 from delayed_retry.cli import main
+from delayed_retry.delivery.front_door import FrontDoor
 from tests.support.queues import cleaned, delete_all, depth, wait_for_depth
 
 pytestmark = pytest.mark.broker
@@ -152,12 +153,13 @@ def test_a_quorum_chain_is_torn_down_once_what_blocks_it_is_emptied_as_the_refus
         assert f"chain {unique!r} is not empty ({unroutable}, {alerts}); nothing removed" in (
             captured.err
         )
-        assert f"queue {alerts!r} holds 1 message(s): add --purge-alerts" in captured.err
+        assert f"✗ queue {alerts!r} holds 1 message(s): add --purge-alerts" in captured.out
+        assert len(captured.err.strip().splitlines()) == 1 and "holds" not in captured.err
         assert "cannot reach" not in captured.err
         assert asyncio.run(_exists(rabbitmq_url, topology.level_name(0)))
 
         # The command the refusal gives for the unroutable queue empties it.
-        purge = re.search(r"'delayed-retry (parking purge [^']*)'", captured.err)
+        purge = re.search(r"'delayed-retry (parking purge [^']*)'", captured.out)
         assert purge is not None and f"--parking-queue {unroutable}" in purge.group(1)
         assert main([*url, *shlex.split(purge.group(1)), "--yes"]) == 0
         assert "purged 1 message(s)" in capsys.readouterr().out
@@ -249,3 +251,75 @@ async def _queue_missing(connection: AbstractRobustConnection, name: str) -> boo
     finally:
         if not channel.is_closed:
             await channel.close()
+
+
+async def _open_front_door(url: str, topology: DelayTopology, exchange: str) -> None:
+    """Start and stop a front door for ``exchange``: what it declared stays, and a message
+    scheduled for ``exchange`` waits in the chain."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        async with FrontDoor(connection, exchange=exchange, topology=topology):
+            pass
+        channel = await connection.channel()
+        await publish_delayed(
+            channel, aio_pika.Message(b"x"), exchange=exchange, delay=3600, topology=topology
+        )
+
+
+def test_teardown_removes_forwarding_when_named_and_discards_waiting_messages_when_confirmed(
+    rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topology = DelayTopology(prefix=unique, levels=24, queue_type="classic")
+    topo = ["--prefix", unique, "--levels", "24", "--queue-type", "classic"]
+    teardown = ["--url", rabbitmq_url, "teardown", *topo]
+    exchange = f"{unique}-x"
+    forwarding = [
+        f"{exchange}.delay",
+        f"{exchange}.delay.parking",
+        f"{unique}.forward.{exchange}",
+        f"{unique}.forward.{exchange}.parking",
+    ]
+    try:
+        asyncio.run(_open_front_door(rabbitmq_url, topology, exchange))
+        capsys.readouterr()
+
+        # The waiting message blocks: one line per queue in the way, a short refusal.
+        assert main([*teardown, "--yes"]) == 1
+        out, err = capsys.readouterr()
+        blocker = next(line for line in out.splitlines() if line.startswith("✗"))
+        assert blocker.startswith(f"✗ queue '{unique}.level.21' holds 1 message(s)")
+        assert "add --discard-waiting" in blocker
+        assert len(err.strip().splitlines()) == 1 and "holds" not in err, err
+        assert f"chain {unique!r} is not empty ({unique}.level.21); nothing removed" in err
+
+        # Discarding is asked for, and confirmed with the count it discards.
+        both = [*teardown, "--discard-waiting", "--forward", exchange]
+        assert main(both) == 2
+        err = capsys.readouterr().err
+        assert "discarding the 1 message(s) still waiting in it (never delivered)" in err
+        assert "add --yes" in err
+        assert asyncio.run(_exists(rabbitmq_url, f"{unique}.level.21"))
+
+        assert main([*both, "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert f"queue    {unique}.level.21 (with its 1 message(s), --discard-waiting)" in out
+        for name in forwarding:
+            assert f"queue    {name}\n" in out, name
+        assert f"exchange {exchange}.delay\n" in out
+
+        assert main([*both, "--yes"]) == 0
+        out = capsys.readouterr().out
+        assert f"removed chain {unique!r}: 31 queue(s), 29 exchange(s)" in out
+        for name in [topology.level_name(21), *forwarding]:
+            assert not asyncio.run(_exists(rabbitmq_url, name)), name
+        assert not asyncio.run(_exchange_exists(rabbitmq_url, f"{exchange}.delay"))
+        assert asyncio.run(_exchange_exists(rabbitmq_url, exchange))  # the application's
+    finally:
+        asyncio.run(_delete(rabbitmq_url, topology, forwarding))
+        asyncio.run(_delete_exchanges(rabbitmq_url, [exchange, f"{exchange}.delay"]))
+
+
+async def _delete_exchanges(url: str, names: list[str]) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        await delete_all(connection, exchanges=names)

@@ -15,7 +15,14 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 from aiohttp import web
-from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+from playwright.async_api import (
+    Browser,
+    ConsoleMessage,
+    FloatRect,
+    Page,
+    async_playwright,
+    expect,
+)
 
 from delayed_retry import publish_delayed
 from delayed_retry.durations import to_epoch_ms, utcnow
@@ -399,4 +406,84 @@ async def test_browser_shows_tracebacks_group_keys_and_the_newest_parked_first(
         header = page.locator("#headers tr", has_text="x-exception-traceback").locator("td")
         assert (await header.inner_text()).splitlines() == _TRACEBACK.splitlines()
         await _shot(page, "message-traceback")
+    assert problems == [], problems
+
+
+_PLACEHOLDER_FITS = """input => {
+  const style = getComputedStyle(input);
+  const context = document.createElement("canvas").getContext("2d");
+  context.font = style.font;
+  const room = input.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  return context.measureText(input.placeholder).width <= room;
+}"""
+
+
+def _middle(box: FloatRect | None) -> float:
+    assert box is not None
+    return box["y"] + box["height"] / 2
+
+
+async def test_browser_offers_only_what_can_be_done_and_shows_every_filter_in_force(
+    browser: Browser, lot: Scenario, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    queue = _orders(lot)
+    await park(lot, queue, ["timeout", "missing", "timeout"])
+    settings = WebSettings(
+        url=rabbitmq_url,
+        queues=(queue,),
+        topology=lot.topology,
+        audit_log=tmp_path / "audit.jsonl",
+        live_interval=0.5,
+    )
+    problems: list[str] = []
+    async with serve(settings) as base:
+        page = await _page(browser, problems)
+        await page.goto(base + "/")
+        # The live state is a word as well as a colour, the same on every load.
+        await expect(page.locator("#live-state")).to_have_text("live")
+        await expect(page.locator("#live")).to_have_class("live on")
+        # The sparkline says what a bar is and how tall the tallest is.
+        label = page.locator("#parking tbody tr", has_text=queue).locator(".chart-label")
+        await expect(label).to_have_text(re.compile(r"^last .+, one bar per .+; tallest bar: 3 "))
+        await _shot(page, "overview-labels")
+
+        # A failure group picked from the table shows itself beside the empty boxes.
+        await page.goto(f"{base}/parked?queue={queue}")
+        group_row = page.locator("#groups tbody tr", has_text="GatewayTimeout")
+        group = await group_row.get_attribute("data-group")
+        await group_row.locator("td a").first.click()
+        chip = page.locator("#group-filter")
+        await expect(chip).to_be_visible()
+        await expect(chip).to_contain_text(f"failure group {group}")
+        await expect(page.locator("#messages tbody tr[data-key]")).to_have_count(2)
+        assert await page.locator("input[name=exception]").input_value() == ""
+        await _shot(page, "queue-group-filter")
+
+        # "or all at once" sits on the rate's line; the canary wait's hint is not cut.
+        rate = await page.locator("input[name=rate]").bounding_box()
+        at_once = await page.locator("input[name=all_at_once]").bounding_box()
+        assert abs(_middle(rate) - _middle(at_once)) < 8, (rate, at_once)
+        assert rate is not None and at_once is not None and at_once["x"] > rate["x"]
+        wait = page.locator("input[name=canary_wait]")
+        assert await wait.get_attribute("placeholder") == "from records"
+        assert await wait.evaluate(_PLACEHOLDER_FITS)
+
+        await chip.get_by_role("link").click()
+        await expect(page.locator("#group-filter")).to_have_count(0)
+        await expect(page.locator("#messages tbody tr[data-key]")).to_have_count(3)
+
+        # Nothing matches: nothing to replay or purge is offered.
+        await page.goto(f"{base}/parked?queue={queue}&exception=NoSuchError")
+        for name in ("Replay all 0 matching", "Purge all 0 matching"):
+            await expect(page.get_by_role("button", name=name)).to_be_disabled()
+        for name in ("Replay selected", "Purge selected"):
+            await expect(page.get_by_role("button", name=name)).to_be_disabled()
+        await page.goto(f"{base}/parked?queue={lot.topology.unroutable_queue}")
+        await expect(page.locator("#groups")).to_contain_text("Nothing parked.")
+        await expect(page.get_by_role("button", name="Replay all 0 matching")).to_be_disabled()
+        await expect(page.get_by_role("button", name="Purge all 0 matching")).to_be_disabled()
+        await _shot(page, "unroutable-empty")
+        # Where messages match, the buttons are there to use.
+        await page.goto(f"{base}/parked?queue={queue}")
+        await expect(page.get_by_role("button", name="Replay all 3 matching")).to_be_enabled()
     assert problems == [], problems

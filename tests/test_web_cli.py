@@ -75,6 +75,57 @@ async def test_web_serves_until_interrupted(rabbitmq_url: str, tmp_path: Path) -
         release_port(port)
 
 
+def test_web_refuses_an_audit_log_it_cannot_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    target = blocker / "audit.jsonl"
+    assert main(["web", "--queue", "orders", "--audit-log", str(target)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert f"cannot append the audit log to {str(target)!r}" in err[0]
+    assert "--audit-log PATH" in err[0]
+
+
+@pytest.mark.broker
+async def test_web_keeps_its_audit_log_in_the_users_state_folder_not_the_current_one(
+    rabbitmq_url: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    work = tmp_path / "checkout"
+    work.mkdir()
+    state = tmp_path / "state"
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *(str(CLI), "--url", rabbitmq_url, "web", "--port", str(port)),
+            *("--queue", "orders-web-audit"),
+            cwd=work,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "DELAYED_RETRY_WEB_TOKEN": "", "XDG_STATE_HOME": str(state)},
+        )
+        assert process.stdout is not None
+        try:
+            out = b""
+            while b"audit log:" not in out:
+                line = await asyncio.wait_for(process.stdout.readline(), 60)
+                assert line, out
+                out += line
+            expected = state / "delayed-retry" / "audit.jsonl"
+            assert f"audit log: {expected}" in out.decode()
+            assert expected.exists()
+            process.send_signal(signal.SIGINT)
+            assert await asyncio.wait_for(process.wait(), 30) == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    finally:
+        release_port(port)
+    assert list(work.iterdir()) == []  # nothing in the folder it was started from
+
+
 @pytest.mark.broker
 def test_web_without_queues_and_no_management_api_says_what_to_do(
     rabbitmq_url: str, capsys: pytest.CaptureFixture[str]

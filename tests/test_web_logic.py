@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from delayed_retry.web.records import (
 )
 from delayed_retry.web.render import histogram, view_body
 from delayed_retry.web.security import authenticate, check_bind, host_allowed, same_origin
-from delayed_retry.web.settings import parse_credentials
+from delayed_retry.web.settings import default_audit_log, parse_credentials
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -312,3 +313,25 @@ def test_a_confirmation_is_used_once_by_its_own_user_and_forgotten_when_old() ->
         book.take(old.id, user="ops")
     assert fresh.canary_plan().startswith("the message is the canary: watched until due plus 5 s")
     assert fresh.pace() == "all at once"
+
+
+def test_the_audit_log_defaults_to_the_users_state_folder() -> None:
+    home = Path("/home/ann")
+    assert default_audit_log({}, home=home) == Path(
+        "/home/ann/.local/state/delayed-retry/audit.jsonl"
+    )
+    assert default_audit_log({"XDG_STATE_HOME": "/var/lib/ann"}, home=home) == Path(
+        "/var/lib/ann/delayed-retry/audit.jsonl"
+    )
+    # A relative XDG_STATE_HOME is ignored, as the specification says: never the cwd.
+    assert default_audit_log({"XDG_STATE_HOME": "state"}, home=home) == Path(
+        "/home/ann/.local/state/delayed-retry/audit.jsonl"
+    )
+
+
+def test_the_sparkline_label_gives_its_scale() -> None:
+    now = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    moments = [now - timedelta(minutes=2, seconds=30), now - timedelta(minutes=2, seconds=40)]
+    chart = histogram(moments, now=now)
+    assert chart.label == "last 24 m, one bar per 1 m; tallest bar: 2 parked"
+    assert histogram([], now=now).label == "none parked in the last 1 d"

@@ -23,6 +23,7 @@ from delayed_retry.spark import (
     RedriveError,
     redrive,
 )
+from delayed_retry.spark.redrive import where_error
 from delayed_retry.spark.synthetic import parked_row, write_archive
 from delayed_retry.topology import DelayTopology
 
@@ -153,15 +154,53 @@ async def test_dry_run_then_spread_redrive_then_rerun_sends_nothing(
     assert sorted(m.body for m, _ in await _receive(connection, queue, 3)) == [b"v0", b"v1", b"v2"]
 
 
-@pytest.mark.parametrize(
-    "where", ["exception_type = = 'x'", "no_such_column > 3", "retries >", "body LIKE"]
-)
+@pytest.mark.parametrize("where", ["exception_type = = 'x'", "retries >", "body LIKE"])
 def test_malformed_where_is_a_one_line_error(spark: Any, tmp_path: Path, where: str) -> None:
     topology = DelayTopology(prefix="unused", levels=4)
     archive = _archive(tmp_path, topology, "orders")
     with pytest.raises(RedriveError, match="not a valid Spark SQL predicate") as info:
         redrive(spark, archive, url=None, where=where, dry_run=True)
-    assert "\n" not in str(info.value)
+    assert "\n" not in str(info.value) and "SQLSTATE" not in str(info.value)
+
+
+@pytest.mark.parametrize("where", ["fingerprnt = 'ab'", "no_such_column > 3 AND fingerprint = 'x'"])
+def test_an_unknown_column_is_named_with_the_real_ones_fingerprint_included(
+    spark: Any, tmp_path: Path, where: str
+) -> None:
+    archive = _archive(tmp_path, DelayTopology(prefix="unused", levels=4), "orders")
+    with pytest.raises(RedriveError) as info:
+        redrive(spark, archive, url=None, where=where, dry_run=True)
+    text = str(info.value)
+    bad = where.split()[0]
+    assert text.startswith(f"--where {where!r} names column {bad!r}, which the archive does not")
+    columns = text.split("its columns are ")[1].split(", ")
+    assert {"exception_type", "retries", "fingerprint", "fingerprint_template"} <= set(columns)
+    assert "\n" not in text and "Did you mean" not in text
+
+
+def test_where_error_names_the_column_or_keeps_sparks_first_line() -> None:
+    unknown = where_error(
+        "fingerprnt = 'a'",
+        condition="UNRESOLVED_COLUMN.WITH_SUGGESTION",
+        parameters={"objectName": "`fingerprnt`", "proposal": "`date`, `queue`"},
+        message="[UNRESOLVED_COLUMN.WITH_SUGGESTION] A column ... SQLSTATE: 42703; line 1 pos 0;",
+        columns=["queue", "fingerprint"],
+    )
+    assert unknown == (
+        "--where \"fingerprnt = 'a'\" names column 'fingerprnt', which the archive does not "
+        "have; its columns are queue, fingerprint"
+    )
+    syntax = where_error(
+        "retries >",
+        condition="PARSE_SYNTAX_ERROR",
+        parameters={},
+        message="[PARSE_SYNTAX_ERROR] Syntax error at or near end of input. SQLSTATE: 42601",
+        columns=["retries"],
+    )
+    assert syntax == (
+        "--where 'retries >' is not a valid Spark SQL predicate: [PARSE_SYNTAX_ERROR] Syntax "
+        "error at or near end of input; columns: retries"
+    )
 
 
 def test_messages_without_a_recorded_queue_are_not_sent(spark: Any, tmp_path: Path) -> None:

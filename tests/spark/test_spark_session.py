@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
-from delayed_retry.spark.session import local_driver_memory, shuffle_partitions_for
+from delayed_retry.spark.session import (
+    QUICK_START_BYTES,
+    QUICK_START_JAVA_OPTIONS,
+    local_driver_memory,
+    progress,
+    quick_start_options,
+    shuffle_partitions_for,
+)
 
 MB = 1024 * 1024
 GB = 1024 * MB
@@ -32,3 +41,32 @@ def test_the_local_driver_gets_a_quarter_of_the_machine_within_bounds(
     total: int, heap: str
 ) -> None:
     assert local_driver_memory(total) == heap
+
+
+@pytest.mark.parametrize(
+    ("master", "size", "quick"),
+    [
+        ("local[*]", 40_000, True),
+        ("local[2]", QUICK_START_BYTES, True),
+        ("local[*]", QUICK_START_BYTES + 1, False),  # a large input pays for the optimiser
+        ("local[*]", None, False),  # size unknown: the JVM's defaults
+        ("spark://host:7077", 40_000, False),  # a cluster's executors are not ours to tune
+    ],
+)
+def test_a_small_local_input_starts_a_jvm_for_a_short_run(
+    master: str, size: int | None, quick: bool
+) -> None:
+    expected = QUICK_START_JAVA_OPTIONS if quick else None
+    assert quick_start_options(master, input_bytes=size) == expected
+
+
+class _Never:
+    def sparkContext(self) -> None:
+        raise AssertionError("progress off: Spark is not asked")
+
+
+def test_progress_writes_nothing_to_a_stream_that_is_not_a_terminal() -> None:
+    out = io.StringIO()
+    with progress(_Never(), "analyzing", stream=out):
+        pass
+    assert out.getvalue() == ""

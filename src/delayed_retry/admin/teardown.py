@@ -27,6 +27,16 @@ the parking, unroutable, rejected and alert queues that receive from the
 chain; a message moving meanwhile reaches a queue not yet deleted, whose
 check stops the teardown. Stop whatever publishes into the chain (consumers
 retrying, schedulers, routers) before tearing it down.
+
+What a forwarder and a front door declared for an exchange ``X`` (the
+forward queue ``<prefix>.forward.X``, the front door's ``X.delay`` exchange
+and queue, and their parking queues) goes too when ``forwarding`` names
+``X``; :func:`found_forwarding` lists the exchanges a chain forwards to. The
+front door's queue goes first (it feeds the chain), the forward queue after
+the levels (the chain feeds it); ``X`` itself is the application's and stays.
+
+Messages still waiting in the levels block the teardown, unless
+``discard_waiting=True``: then the level queues are deleted with them.
 """
 
 from __future__ import annotations
@@ -41,7 +51,9 @@ import aiormq.abc
 from aio_pika.abc import AbstractConnection
 
 from delayed_retry.admin.chain_probe import declared_queue
+from delayed_retry.admin.management import ManagementClient, ManagementError
 from delayed_retry.amqp.channels import on_scratch_channel, scratch_channel, underlay_connection
+from delayed_retry.delivery.front_door import delay_exchange_name
 from delayed_retry.errors import TopologyMismatchError
 from delayed_retry.topology import DelayTopology, QueueSpec
 
@@ -49,6 +61,8 @@ __all__ = [
     "TeardownOutcome",
     "TeardownPlan",
     "deletion_order",
+    "forwarding_queues",
+    "found_forwarding",
     "plan_teardown",
     "tear_down",
 ]
@@ -71,7 +85,10 @@ class TeardownPlan:
     queue_types: dict[str, QueueType] = field(default_factory=dict)
     """The type of each queue to delete, as the topology declares it."""
     discard: dict[str, int] = field(default_factory=dict)
-    """Queues deleted with the messages they hold (the alert copies, when asked)."""
+    """Queues deleted with the messages they hold (the alert copies, messages waiting in
+    the levels, when asked)."""
+    forwarding: list[str] = field(default_factory=list)
+    """Exchanges whose forward queue and front door go with the chain."""
 
     @property
     def blocked(self) -> bool:
@@ -94,17 +111,58 @@ def _queue_type(spec: QueueSpec) -> QueueType:
     return "quorum" if spec.arguments.get("x_queue_type") == "quorum" else "classic"
 
 
-def deletion_order(topology: DelayTopology, queues: Iterable[str] = ()) -> list[QueueSpec]:
-    """The queues of ``topology`` and the parking queues of ``queues``, in deletion order.
+def forwarding_queues(topology: DelayTopology, exchange: str) -> tuple[list[QueueSpec], ...]:
+    """What a front door and a forwarder declare for ``exchange``, by place in the flow.
 
-    Levels from the highest down, then the queues the chain feeds (parking,
+    ``(feeding, fed, parking)``: the front door's queue ``X.delay`` feeds the
+    chain, the forward queue is fed by it, and the parking queue of each.
+    """
+    inbox = topology.inbox_queue_spec(delay_exchange_name(exchange))
+    forward = topology.forward_queue_spec(exchange)
+    parking = [topology.parking_queue_spec(inbox.name), topology.parking_queue_spec(forward.name)]
+    return [inbox], [forward], parking
+
+
+def deletion_order(
+    topology: DelayTopology, queues: Iterable[str] = (), forwarding: Iterable[str] = ()
+) -> list[QueueSpec]:
+    """The queues of ``topology``, the parking queues of ``queues`` and what a forwarder and a
+    front door declared for each exchange of ``forwarding``, in deletion order.
+
+    Front doors' queues first (they feed the chain), then the levels from the
+    highest down, then the queues the chain feeds (forward queues, parking,
     unroutable, rejected, alerts): a message moving down the chain during the
     teardown always reaches a queue that is still to be checked.
     """
     by_name = {spec.name: spec for spec in topology.queues()}
     levels = [by_name.pop(topology.level_name(level)) for level in reversed(range(topology.levels))]
+    feeding: list[QueueSpec] = []
+    fed: list[QueueSpec] = []
     parking = [topology.parking_queue_spec(q) for q in queues]
-    return [*levels, *parking, *by_name.values()]
+    for exchange in forwarding:
+        into, out_of, parked = forwarding_queues(topology, exchange)
+        feeding += into
+        fed += out_of
+        parking += parked
+    return [*feeding, *levels, *fed, *parking, *by_name.values()]
+
+
+async def found_forwarding(client: ManagementClient, topology: DelayTopology) -> list[str] | None:
+    """The exchanges ``topology``'s chain forwards to (it has their forward queues).
+
+    Queues cannot be listed over AMQP: this asks the management API and gives
+    ``None`` when it cannot be read.
+    """
+    try:
+        names = await client.queue_names()
+    except ManagementError:
+        return None
+    start = f"{topology.prefix}.forward."
+    return sorted(
+        name.removeprefix(start)
+        for name in names
+        if name.startswith(start) and not name.endswith(".parking")
+    )
 
 
 async def _exchange_exists(connection: aiormq.abc.AbstractConnection, name: str) -> bool:
@@ -121,14 +179,19 @@ async def plan_teardown(
     *,
     queues: Iterable[str] = (),
     discard_alerts: bool = False,
+    discard_waiting: bool = False,
+    forwarding: Iterable[str] = (),
 ) -> TeardownPlan:
-    """Look at every queue and exchange of ``topology`` (and ``queues``' parking queues).
+    """Look at every queue and exchange of ``topology`` (and ``queues``' parking queues, and
+    what a forwarder and a front door declared for each exchange of ``forwarding``).
 
     ``discard_alerts=True`` lets the alert queue go with the copies it holds
-    (copies of parked and unroutable messages, which stay where they are).
+    (copies of parked and unroutable messages, which stay where they are);
+    ``discard_waiting=True`` lets the level queues go with the messages still
+    waiting in them, which are then never delivered.
     """
-    plan = TeardownPlan()
-    for spec in deletion_order(topology, queues):
+    plan = TeardownPlan(forwarding=list(dict.fromkeys(forwarding)))
+    for spec in deletion_order(topology, queues, plan.forwarding):
         declared = await declared_queue(connection, spec.name)
         if declared is None:
             plan.missing.append(spec.name)
@@ -137,7 +200,10 @@ async def plan_teardown(
         consumers = int(declared.consumer_count or 0)
         if consumers:
             plan.consumers[spec.name] = consumers
-        if messages and discard_alerts and spec.name == topology.alerts_queue:
+        if messages and (
+            (discard_alerts and spec.name == topology.alerts_queue)
+            or (discard_waiting and topology.is_level_queue(spec.name))
+        ):
             plan.discard[spec.name] = messages
         elif messages:
             plan.not_empty[spec.name] = messages
@@ -145,11 +211,13 @@ async def plan_teardown(
             plan.queues.append(spec.name)
             plan.queue_types[spec.name] = _queue_type(spec)
     underlay = await underlay_connection(connection)
-    for exchange in topology.exchanges():
-        if await _exchange_exists(underlay, exchange.name):
-            plan.exchanges.append(exchange.name)
+    exchanges = [spec.name for spec in topology.exchanges()]
+    exchanges += [delay_exchange_name(exchange) for exchange in plan.forwarding]
+    for name in exchanges:
+        if await _exchange_exists(underlay, name):
+            plan.exchanges.append(name)
         else:
-            plan.missing.append(exchange.name)
+            plan.missing.append(name)
     return plan
 
 

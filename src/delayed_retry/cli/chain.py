@@ -5,8 +5,10 @@ a chain nobody consumes from. :func:`checked_topology` looks at the broker:
 the chain's delivery exchange must exist (its name carries the level count),
 its level-0 queue must have the arguments the options give, and, where the
 management API answers, the queue acted on must be bound to that chain. When
-neither ``--prefix`` nor ``$DELAYED_RETRY_PREFIX`` is given and the queue is
-bound to exactly one chain, that chain is used.
+neither ``--prefix`` (nor ``$DELAYED_RETRY_PREFIX``) nor ``--levels`` is given
+and the queue is bound to exactly one chain, that chain is used; an option
+given is never overridden: a queue bound to another chain is refused, naming
+both.
 """
 
 from __future__ import annotations
@@ -69,7 +71,11 @@ async def checked_topology(
     Raises :class:`CommandError` naming the mismatch and the options to pass.
     """
     topology = topology_from_args(args)
-    given = bool(args.prefix or os.environ.get("DELAYED_RETRY_PREFIX"))
+    given = bool(
+        args.prefix
+        or os.environ.get("DELAYED_RETRY_PREFIX")
+        or getattr(args, "levels", None) is not None
+    )
     if queue is not None:
         client = management_client(args, timeout=BEST_EFFORT_TIMEOUT)
         chains = await bound_chains(client, queue)

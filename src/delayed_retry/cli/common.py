@@ -36,7 +36,13 @@ def add_topology_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"name prefix (default: $DELAYED_RETRY_PREFIX or {defaults.prefix})",
     )
-    group.add_argument("--levels", type=int, default=defaults.levels, help="levels (%(default)s)")
+    group.add_argument(
+        "--levels",
+        type=int,
+        default=None,
+        help=f"levels (default: {defaults.levels}, or the chain QUEUE is bound to when neither "
+        "--prefix nor --levels is given)",
+    )
     group.add_argument(
         "--unit-ms",
         type=_milliseconds,
@@ -76,7 +82,7 @@ def topology_from_args(args: argparse.Namespace) -> DelayTopology:
         return DelayTopology.nservicebus(prefix=prefix)
     return DelayTopology(
         prefix=prefix,
-        levels=args.levels,
+        levels=DelayTopology().levels if args.levels is None else args.levels,
         unit=timedelta(milliseconds=args.unit_ms),
         queue_type=args.queue_type,
     )

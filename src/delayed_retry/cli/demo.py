@@ -8,8 +8,10 @@ broker of your own. It uses names of its own (``delayed-retry-demo``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import aio_pika
@@ -21,6 +23,7 @@ from delayed_retry.delivery.schedule import publish_delayed
 from delayed_retry.hold import DEFAULT_HOLD
 from delayed_retry.parking.shortcuts import peek_parked
 from delayed_retry.topology import DelayTopology
+from delayed_retry.urls import redact_url
 
 
 class PaymentGatewayDown(Exception):
@@ -37,6 +40,59 @@ DEMO_QUEUE = "delayed-retry-demo.orders"
 
 def say(text: str) -> None:
     print(f"[{time.monotonic() - START:6.2f}s] {text}", flush=True)
+
+
+STORY = (
+    "five orders go to {queue!r}, whose consumer is wrapped in @with_delayed_retry "
+    "(at most 4 retries, waiting 0.25 s, 0.5 s, 1 s, 2 s between attempts):",
+    "  order-1  succeeds at once",
+    "  order-2  times out twice, then succeeds: two retries through the delay chain",
+    "  order-3  always times out: 4 retries, each waiting longer, then parked (max-retries)",
+    "  order-4  has no customer id (ValueError, not retried): parked at once (not-retryable)",
+    "  order-5  is scheduled 1.5 s ahead with publish_delayed: handled when due, not before",
+    "each attempt shows how late it came after its due time",
+)
+"""What the demo is about to show, printed before it publishes anything."""
+
+
+def next_steps(*, own_broker: bool) -> list[str]:
+    """What to try after the demo, as lines (commands the user can paste)."""
+    lines = [
+        "next:",
+        "  your own consumer: the README's 'Use' section, or docs/getting-started.md "
+        "(publish to it with 'delayed-retry publish --queue orders --delay 0s', watch it "
+        "with 'delayed-retry status --queue orders')",
+        "  every option and path of the decorator: docs/retries.md; parked messages: "
+        "docs/parking.md",
+    ]
+    if not own_broker:
+        lines.append(
+            "  keep what the demo parks to look at: run it on a broker of yours, "
+            "'delayed-retry --url amqp://USER:PASSWORD@HOST:5672/ demo'"
+        )
+    return lines
+
+
+class _StoryLog(logging.Handler):
+    """The library's own warnings, told in the story's format (time, then the line)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        say(f"  delayed-retry {record.levelname.lower()}: {record.getMessage()}")
+
+
+@contextlib.contextmanager
+def _library_lines_in_the_story() -> Iterator[None]:
+    """Show delayed-retry's warnings as story lines instead of in the log's own format."""
+    library = logging.getLogger("delayed_retry")
+    handler = _StoryLog(level=logging.WARNING)
+    propagate = library.propagate
+    library.addHandler(handler)
+    library.propagate = False
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)
+        library.propagate = propagate
 
 
 async def run(url: str) -> int:
@@ -130,15 +186,39 @@ def left_behind(topology: DelayTopology, queue: str) -> str:
     )
 
 
-def main(url: str, *, throwaway: bool = False) -> int:
+def main(url: str, *, throwaway: bool = False, introduced: bool = False) -> int:
     """Run the demo on the broker at ``url``.
 
     On a broker of the user's it ends by saying what it left there and how to
     remove it; pass ``throwaway=True`` for a broker that goes away with all of
-    it (``scripts/demo`` starts one).
+    it (``scripts/demo`` starts one). ``introduced``: :func:`introduce` was
+    called already, before a throwaway node was started.
     """
+    global START
+    START = time.monotonic()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    code = asyncio.run(run(url))
+    if not introduced:
+        introduce(url)
+    with _library_lines_in_the_story():
+        code = asyncio.run(run(url))
+    for line in next_steps(own_broker=not throwaway):
+        say(line)
     if not throwaway:
         say(left_behind(DEMO_TOPOLOGY, DEMO_QUEUE))
     return code
+
+
+def introduce(url: str | None) -> None:
+    """Say at once what the demo runs on and what each order will show.
+
+    ``None``: a throwaway node is about to start (``scripts/demo``), which
+    takes a few seconds; call this first so those seconds are not silent.
+    """
+    say(
+        f"the demo runs on the broker at {redact_url(url)}, with names of its own"
+        if url is not None
+        else "starting a throwaway RabbitMQ node for the demo (a few seconds; RABBITMQ_URL "
+        "runs it on yours instead)"
+    )
+    for line in STORY:
+        say(line.format(queue=DEMO_QUEUE))

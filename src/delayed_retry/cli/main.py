@@ -93,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("RABBITMQ_URL") or DEFAULT_URL,
         help=f"broker URL, amqp:// or amqps:// (default: $RABBITMQ_URL or {DEFAULT_URL})",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log at DEBUG level (and Spark's warnings)"
+    )
     parser.add_argument(
         "--version",
         action="version",

@@ -160,7 +160,8 @@ def register(sub: Any) -> None:
         help="send parked messages back with a fresh retry budget",
         description="Move parked messages of QUEUE back to QUEUE (or --to) through the delay "
         "chain, with a fresh retry budget. Each leaves the parking queue only after the broker "
-        "confirmed its copy. Without --id or a filter, every parked message is replayed.",
+        "confirmed its copy. Without --id or a filter, every parked message is replayed, "
+        "after a confirmation (--yes without a terminal).",
     )
     _add_queue_args(replay)
     _add_filter_args(replay)
@@ -194,7 +195,8 @@ def register(sub: Any) -> None:
     replay.add_argument(
         "--yes",
         action="store_true",
-        help="do not ask for confirmation (asked when an --id selects more than one message)",
+        help="do not ask for confirmation (asked when an --id selects more than one message, "
+        "and before replaying every parked message when no --id or filter is given)",
     )
     add_json_option(replay)
     add_topology_args(replay)
@@ -255,6 +257,25 @@ def _exception(record: ParkedRecord) -> str:
         return "-"
     short = record.exception_type.rsplit(".", 1)[-1]
     return f"{short}: {record.exception_message}" if record.exception_message else short
+
+
+PREVIEW_CHARS = 40
+"""Characters of a body ``parking list`` shows; ``parking show`` prints it whole."""
+
+
+def _preview(record: ParkedRecord) -> str:
+    """The start of the body on one line, or what it is when it is not text."""
+    chunk = record.body[: PREVIEW_CHARS * 4]  # enough bytes for the characters shown
+    try:
+        text = chunk.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if len(chunk) == len(record.body) or exc.start < len(chunk) - 3:
+            return f"(binary, {len(record.body)} bytes)"
+        text = chunk[: exc.start].decode("utf-8")  # a character cut at the chunk's end
+    text = " ".join(text.split())
+    if not text:
+        return "(empty)" if not record.body else "(blank)"
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
 
 
 def _summary(record: ParkedRecord) -> dict[str, Any]:
@@ -320,8 +341,8 @@ async def _list(args: argparse.Namespace) -> int:
     )
     print()
     print_table(
-        ("id", "age", "reason", "attempts", "exception"),
-        [(r.id, _age(r), r.reason, r.attempts, _exception(r)) for r in page.records],
+        ("id", "age", "reason", "attempts", "exception", "body"),
+        [(r.id, _age(r), r.reason, r.attempts, _exception(r), _preview(r)) for r in page.records],
         right=(3,),
     )
     more = f"; next page: --offset {page.next_offset}" if page.next_offset is not None else ""
@@ -486,6 +507,29 @@ async def _replay(args: argparse.Namespace) -> int:
                 "than one)?"
             )
             if ambiguous and not args.dry_run and not confirm(question, assume_yes=args.yes):
+                print("nothing replayed", file=sys.stderr)
+                return 1
+        elif where.is_empty and not args.dry_run:
+            # The whole lot, unfiltered: asked like a purge, with the count it is.
+            preview = await replay_matching(
+                channel,
+                queue=args.queue,
+                parking_queue=args.parking_queue,
+                to_queue=args.to_queue,
+                where=where,
+                limit=limit,
+                dry_run=True,
+                topology=topology,
+            )
+            if preview.done == 0:
+                print(f"no parked messages of {args.queue!r}; nothing replayed")
+                return 0
+            limit = preview.done
+            question = (
+                f"replay all {limit} parked message(s) of {args.queue!r} (no --id or filter "
+                "selects fewer)?"
+            )
+            if not confirm(question, assume_yes=args.yes):
                 print("nothing replayed", file=sys.stderr)
                 return 1
         with progress_bar("replay", total=None, enabled=None if not args.json else False) as bar:

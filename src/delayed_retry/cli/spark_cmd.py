@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
@@ -20,10 +21,55 @@ from delayed_retry.errors import (
 __all__ = ["register"]
 
 
-def _spark(args: argparse.Namespace) -> Any:
+def _spark(args: argparse.Namespace, *, input_bytes: int | None = None) -> Any:
     from delayed_retry.spark.session import get_spark
 
-    return get_spark(master=args.master, verbose=bool(getattr(args, "verbose", False)))
+    return get_spark(
+        master=args.master,
+        verbose=bool(getattr(args, "verbose", False)),
+        input_bytes=input_bytes,
+    )
+
+
+@contextlib.contextmanager
+def _short_run(args: argparse.Namespace, *, input_bytes: int) -> Iterator[Any]:
+    """The session of a job that reads ``input_bytes``; a small local one uses the class cache.
+
+    The first such run writes the cache as its JVM exits (it waits for that),
+    the next ones start from it (:mod:`delayed_retry.spark.class_cache`).
+    """
+    from pyspark import SparkContext
+
+    from delayed_retry.spark.class_cache import (
+        ClassCache,
+        class_cache_path,
+        keep_class_cache,
+        plan_class_cache,
+    )
+    from delayed_retry.spark.session import DEFAULT_MASTER, get_spark, quick_start_options
+
+    master = args.master or DEFAULT_MASTER
+    # Only a JVM this run starts can read or write it (a running one is someone else's).
+    new_jvm = SparkContext._gateway is None
+    quick = quick_start_options(master, input_bytes=input_bytes) is not None
+    path = class_cache_path() if new_jvm and quick else None
+    cache: ClassCache | None = None
+    if path is not None:
+        try:
+            cache = plan_class_cache(path)
+        except OSError:  # an unwritable cache folder: start without it
+            cache = None
+    spark = get_spark(
+        master=args.master,
+        verbose=bool(getattr(args, "verbose", False)),
+        input_bytes=input_bytes,
+        config=None if cache is None else {"spark.driver.extraJavaOptions": cache.java_options},
+    )
+    try:
+        yield spark
+    finally:
+        if cache is not None and cache.writing is not None:
+            keep_class_cache(cache, spark)
 
 
 def _check_broker(url: str, queue: str | None = None) -> None:
@@ -103,33 +149,35 @@ SPARK_JOB = ("pyarrow", "pyspark")
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Analyse archives: terminal tables plus an HTML report next to the archive."""
     from delayed_retry.spark.analyze import analyze_archive, default_report_path
-    from delayed_retry.spark.dataset import check_archive_paths
+    from delayed_retry.spark.dataset import archive_bytes, check_archive_paths
     from delayed_retry.spark.report import format_table, write_html_report
     from delayed_retry.spark.session import progress
 
     check_archive_paths(args.paths)
-    spark = _spark(args)
-    with progress(spark, "analyzing"):
-        analysis = analyze_archive(spark, args.paths, top=args.top)
-    print(format_table(analysis))
-    if analysis.distinct and not args.no_report:
-        report = write_html_report(analysis, args.report or default_report_path(args.paths[0]))
-        print(f"report: {report}")
+    with _short_run(args, input_bytes=archive_bytes(args.paths)) as spark:
+        with progress(spark, "analyzing"):
+            analysis = analyze_archive(spark, args.paths, top=args.top)
+        print(format_table(analysis), flush=True)
+        if analysis.distinct and not args.no_report:
+            report = write_html_report(analysis, args.report or default_report_path(args.paths[0]))
+            print(f"report: {report}", flush=True)
     return 0
 
 
 @_spark_command("spark redrive", needs=SPARK_JOB)
 def cmd_redrive(args: argparse.Namespace) -> int:
     """Send selected archived messages back to their queues through the delay chain."""
-    from delayed_retry.spark.dataset import check_archive_paths
+    from delayed_retry.spark.dataset import archive_bytes, check_archive_paths
     from delayed_retry.spark.redrive import redrive
     from delayed_retry.spark.session import progress
 
     check_archive_paths(args.paths)
     if not args.dry_run and args.url:
         _check_broker(args.url)
-    spark = _spark(args)
-    with progress(spark, "redrive"):
+    with (
+        _short_run(args, input_bytes=archive_bytes(args.paths)) as spark,
+        progress(spark, "redrive"),
+    ):
         result = redrive(
             spark,
             args.paths,
@@ -212,7 +260,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the ``spark`` command and its actions."""
-    spark = subparsers.add_parser("spark", help="analyse, redrive and schedule with PySpark")
+    spark = subparsers.add_parser(
+        "spark",
+        help="analyse, redrive and schedule with PySpark",
+        description="PySpark jobs over archives of parked messages and files of messages to "
+        "schedule. Spark's own log output is left out (errors only, each in one line); "
+        "'delayed-retry -v spark ...' shows its warnings too. Progress shows on a terminal "
+        "only.",
+    )
     commands = spark.add_subparsers(dest="spark_command", required=True, metavar="ACTION")
 
     def with_master(parser: argparse.ArgumentParser) -> None:

@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime
 from typing import Any
 
 from aio_pika.abc import AbstractConnection
 
+from delayed_retry.admin.chain_due import DueTimes, peek_due_times, peeks_are_safe
 from delayed_retry.admin.chain_probe import declared_queue
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.common import add_management_option, add_topology_args
 from delayed_retry.cli.connection import connect
 from delayed_retry.cli.main import run
-from delayed_retry.cli.output import CommandError, add_json_option, emit_json, print_table
+from delayed_retry.cli.output import (
+    CommandError,
+    add_json_option,
+    emit_json,
+    format_at_most,
+    print_table,
+)
 from delayed_retry.cli.work_queue import check_work_queue
-from delayed_retry.durations import format_duration
+from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import NotFoundError, queue_not_found
 from delayed_retry.throttle import marker_queue_name
 
@@ -31,7 +39,12 @@ def register(sub: Any) -> None:
         "delay chain (only the levels holding any, unless --all-levels) with when they come "
         "due, and the parking, unroutable and alert queues. Where the management API "
         "answers, warns about a work queue that a message the client cannot decode would "
-        "stall (no delivery limit with a dead-letter target). Read-only.",
+        "stall (no delivery limit with a dead-letter target). Read-only. When they come due is "
+        "read from the messages' own due time (x-retry-due-at): the first 100 of each level "
+        "are taken and given back at once. Where that is not done (RabbitMQ 4.x quorum "
+        "levels, where each return counts toward the broker's delivery limit, or "
+        "--no-peek) or a message has no due time of its own, the level's bound is shown: "
+        "due within 2^(level+1) - 1 units.",
     )
     status.add_argument(
         "--queue",
@@ -41,6 +54,11 @@ def register(sub: Any) -> None:
         help="a work queue to show with its parking queue (repeatable)",
     )
     status.add_argument("--all-levels", action="store_true", help="also show empty levels")
+    status.add_argument(
+        "--no-peek",
+        action="store_true",
+        help="do not read the waiting messages' due times; show each level's bound only",
+    )
     add_json_option(status)
     add_topology_args(status)
     add_management_option(
@@ -94,6 +112,13 @@ async def _status(args: argparse.Namespace) -> int:
         ]
         unroutable = await _declared(connection, topology.unroutable_queue)
         alerts = await _declared(connection, topology.alerts_queue)
+        peek = not args.no_peek and await peeks_are_safe(connection, topology)
+        due = {
+            n: await peek_due_times(connection, topology.level_name(n))
+            for n, found in enumerate(levels)
+            if peek and found is not None and found[0]
+        }
+    now = utcnow()
     unit = topology.unit_ms / 1000
     level_rows: list[dict[str, Any]] = []
     for n, found in enumerate(levels):
@@ -105,6 +130,7 @@ async def _status(args: argparse.Namespace) -> int:
                 "holds_seconds": (1 << n) * unit,
                 "due_within_seconds": ((1 << (n + 1)) - 1) * unit,
                 "messages": None if found is None else found[0],
+                **_due_fields(due.get(n), now=now),
             }
         )
     missing = [r["queue"] for r in level_rows if r["messages"] is None]
@@ -170,7 +196,7 @@ async def _status(args: argparse.Namespace) -> int:
                     r["queue"],
                     format_duration(r["holds_seconds"]),
                     "missing" if r["messages"] is None else r["messages"],
-                    f"within {format_duration(r['due_within_seconds'])}" if r["messages"] else "-",
+                    _due_cell(r, due.get(r["level"]), now=now, peeked=peek),
                 )
                 for r in shown
             ],
@@ -188,6 +214,45 @@ async def _status(args: argparse.Namespace) -> int:
         print(f"delayed-retry: warning: {warning}", file=sys.stderr, flush=True)
     _raise_missing(work, missing)
     return 0
+
+
+def _due_fields(times: DueTimes | None, *, now: datetime) -> dict[str, Any]:
+    """The JSON fields of a level's due times as read (``None`` when not read)."""
+    if times is None or times.known == 0:
+        return {"due_in_seconds": None, "due_read": 0 if times is None else times.read}
+    assert times.earliest is not None and times.latest is not None
+    return {
+        "due_in_seconds": {
+            "earliest": max((times.earliest - now).total_seconds(), 0.0),
+            "latest": max((times.latest - now).total_seconds(), 0.0),
+        },
+        "due_read": times.read,
+    }
+
+
+def _due_cell(row: dict[str, Any], times: DueTimes | None, *, now: datetime, peeked: bool) -> str:
+    """When a level's messages come due: exact from their headers, else the level's bound."""
+    if not row["messages"]:
+        return "-"
+    bound = f"within {format_at_most(row['due_within_seconds'])}"
+    if times is None or times.known == 0:
+        why = "level bound" if peeked else "level bound, not read"
+        return f"{bound} ({why})"
+    assert times.earliest is not None and times.latest is not None
+    first = _due_in(times.earliest, now)
+    last = _due_in(times.latest, now)
+    text = f"in {first}" if first == last else f"in {first} to {last}"
+    notes = []
+    if times.read < row["messages"]:
+        notes.append(f"first {times.read} read")
+    if times.unknown:
+        notes.append(f"{times.unknown} without a due time")
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _due_in(moment: datetime, now: datetime) -> str:
+    seconds = (moment - now).total_seconds()
+    return "now" if seconds < 1 else format_duration(round(seconds))
 
 
 def _raise_missing(work: dict[str, tuple[int, int] | None], missing: list[str]) -> None:

@@ -5,11 +5,23 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TextIO
 
 from delayed_retry.admin.chain_diff import topology_options
-from delayed_retry.admin.teardown import TeardownOutcome, TeardownPlan, plan_teardown, tear_down
-from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT
+from delayed_retry.admin.teardown import (
+    TeardownOutcome,
+    TeardownPlan,
+    found_forwarding,
+    plan_teardown,
+    tear_down,
+)
+from delayed_retry.cli.common import (
+    add_management_option,
+    add_topology_args,
+    management_client,
+    topology_from_args,
+)
 from delayed_retry.cli.connection import connect
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import CommandError, add_json_option, confirm, emit_json
@@ -30,8 +42,11 @@ def register(sub: Any) -> None:
         "empties it. Each queue is checked again as it is deleted (classic queues with "
         "if-empty; quorum queues, which refuse it, with a check just before); one found in "
         "use stops the teardown there, keeping it, the queues after it and every exchange. "
-        "Asks for confirmation unless --yes. Exit status: 0 removed (or nothing to remove), "
-        "1 refused, not confirmed or refused by the broker, 2 usage or connection error.",
+        "What forwarders and front doors declared for the chain is listed, and removed with "
+        "--forwarding or --forward. Messages still waiting in the levels block it unless "
+        "--discard-waiting. Asks for confirmation unless --yes. Exit status: 0 removed (or "
+        "nothing to remove), 1 refused, not confirmed or refused by the broker, 2 usage or "
+        "connection error.",
     )
     add_topology_args(teardown)
     teardown.add_argument(
@@ -47,6 +62,28 @@ def register(sub: Any) -> None:
         help="remove the alert queue (PREFIX.parking.alerts) with the copies it holds; they "
         "are copies of parked and unroutable messages, which stay where they are",
     )
+    teardown.add_argument(
+        "--discard-waiting",
+        action="store_true",
+        help="remove the level queues with the messages still waiting in them, which are then "
+        "never delivered (the confirmation names how many; --yes answers it)",
+    )
+    teardown.add_argument(
+        "--forward",
+        metavar="EXCHANGE",
+        action="append",
+        default=[],
+        help="also remove what a forwarder and a front door declared for EXCHANGE: the queue "
+        "PREFIX.forward.EXCHANGE, the exchange and queue EXCHANGE.delay and their parking "
+        "queues (repeatable; EXCHANGE itself is never removed)",
+    )
+    teardown.add_argument(
+        "--forwarding",
+        action="store_true",
+        help="--forward every exchange the chain forwards to (read from the management API; "
+        "without this option they are listed and kept)",
+    )
+    add_management_option(teardown, purpose="finding forward queues")
     teardown.add_argument("--dry-run", action="store_true", help="list what would be removed")
     teardown.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     add_json_option(teardown)
@@ -65,9 +102,10 @@ def how_to_empty(topology: DelayTopology, queue: str, work_queues: Iterable[str]
             f"--from-levels {topology.levels} --from-unit-ms {topology.unit_ms}"
         )
         return (
-            f"wait until they are delivered ('delayed-retry topology show {options}' says "
-            f"when), or move them to another chain ('delayed-retry topology migrate "
-            f"--prefix NEW {source}')"
+            f"wait until they are delivered ('delayed-retry status {options}' says when), "
+            f"move them to another chain ('delayed-retry topology migrate --prefix NEW "
+            f"{source}'), or add --discard-waiting to remove them with the chain, never "
+            "delivered"
         )
     if queue == topology.alerts_queue:
         return (
@@ -109,9 +147,26 @@ def _blockers(plan: TeardownPlan, topology: DelayTopology, work_queues: list[str
     return lines
 
 
-def _print_plan(plan: TeardownPlan, topology: DelayTopology, work_queues: list[str]) -> None:
+def _print_blockers(
+    plan: TeardownPlan, topology: DelayTopology, work_queues: list[str], *, stream: TextIO
+) -> None:
     for line in _blockers(plan, topology, work_queues):
-        print(f"✗ {line}")
+        print(f"✗ {line}", file=stream)
+
+
+def _print_kept(topology: DelayTopology, kept: list[str], *, stream: TextIO) -> None:
+    """The forwarding the chain has that this teardown leaves, one exchange a line."""
+    for exchange in kept:
+        print(
+            f"kept: forwarding to exchange {exchange!r} ({topology.prefix}.forward.{exchange}, "
+            f"{exchange}.delay and their parking queues); --forward {exchange} or "
+            "--forwarding removes it",
+            file=stream,
+        )
+
+
+def _print_plan(plan: TeardownPlan, topology: DelayTopology, work_queues: list[str]) -> None:
+    _print_blockers(plan, topology, work_queues, stream=sys.stdout)
     if plan.queues or plan.exchanges:
         print(
             f"chain {topology.prefix!r}: {len(plan.queues)} queue(s) and "
@@ -119,7 +174,8 @@ def _print_plan(plan: TeardownPlan, topology: DelayTopology, work_queues: list[s
         )
         for name in plan.queues:
             held = plan.discard.get(name)
-            note = f" (with its {held} message(s), --purge-alerts)" if held else ""
+            option = "--purge-alerts" if name == topology.alerts_queue else "--discard-waiting"
+            note = f" (with its {held} message(s), {option})" if held else ""
             print(f"  queue    {name}{note}")
         for name in plan.exchanges:
             print(f"  exchange {name}")
@@ -134,9 +190,10 @@ def _refusal(plan: TeardownPlan, topology: DelayTopology, work_queues: list[str]
         if plan.not_empty and plan.consumers
         else ("not empty" if plan.not_empty else "in use")
     )
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return (
-        f"chain {topology.prefix!r} is {state} ({', '.join(names)}); nothing removed. "
-        + "; ".join(_blockers(plan, topology, work_queues))
+        f"chain {topology.prefix!r} is {state} ({shown}); nothing removed; each queue in the "
+        "way is listed above (✗) with what empties it"
     )
 
 
@@ -157,11 +214,25 @@ def _stopped(plan: TeardownPlan, outcome: TeardownOutcome, topology: DelayTopolo
 
 async def _teardown(args: argparse.Namespace) -> int:
     topology = topology_from_args(args)
+    found = await found_forwarding(management_client(args, timeout=BEST_EFFORT_TIMEOUT), topology)
+    if args.forwarding and found is None:
+        raise CommandError(
+            "--forwarding reads the forward queues from the management API, which did not "
+            "answer; name each exchange with --forward EXCHANGE, or pass --management-url"
+        )
+    forwarding = [*args.forward, *(found or [] if args.forwarding else [])]
+    kept = [exchange for exchange in found or [] if exchange not in forwarding]
     connection = await connect(args.url)
     async with connection:
         plan = await plan_teardown(
-            connection, topology, queues=args.queue, discard_alerts=args.purge_alerts
+            connection,
+            topology,
+            queues=args.queue,
+            discard_alerts=args.purge_alerts,
+            discard_waiting=args.discard_waiting,
+            forwarding=dict.fromkeys(forwarding),
         )
+        note = sys.stderr if args.json else sys.stdout
         if args.json:
             emit_json(
                 {
@@ -172,22 +243,31 @@ async def _teardown(args: argparse.Namespace) -> int:
                     "consumers": plan.consumers,
                     "discard": plan.discard,
                     "missing": plan.missing,
+                    "forwarding": plan.forwarding,
+                    "forwarding_kept": kept,
                 }
             )
+            _print_blockers(plan, topology, args.queue, stream=sys.stderr)
         else:
             _print_plan(plan, topology, args.queue)
+        _print_kept(topology, kept, stream=note)
         if plan.blocked:
             raise CommandError(_refusal(plan, topology, args.queue))
-        note = sys.stderr if args.json else sys.stdout
         if not plan.queues and not plan.exchanges:
             print(f"nothing to remove: chain {topology.prefix!r} does not exist", file=note)
             return 0
         if args.dry_run:
             print("dry run: nothing removed", file=note)
             return 0
+        waiting = sum(n for q, n in plan.discard.items() if topology.is_level_queue(q))
+        discarding = (
+            f", discarding the {waiting} message(s) still waiting in it (never delivered)"
+            if waiting
+            else ""
+        )
         question = (
             f"remove {len(plan.queues)} queue(s) and {len(plan.exchanges)} exchange(s) of "
-            f"chain {topology.prefix!r}?"
+            f"chain {topology.prefix!r}{discarding}?"
         )
         if not confirm(question, assume_yes=args.yes):
             raise CommandError("not confirmed; nothing removed")

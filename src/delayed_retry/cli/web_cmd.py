@@ -53,13 +53,30 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--audit-log",
         type=Path,
-        default=Path("delayed-retry-audit.jsonl"),
-        help="append every replay and purge to this JSON-lines file (%(default)s)",
+        default=None,
+        metavar="PATH",
+        help="append every replay and purge to this JSON-lines file (default: "
+        "$XDG_STATE_HOME/delayed-retry/audit.jsonl, else "
+        "~/.local/state/delayed-retry/audit.jsonl)",
     )
     add_management_option(parser, purpose="finding the parking queues when no --queue is given")
     add_topology_args(parser)
     add_service_args(parser)
     parser.set_defaults(func=lambda args: run(_serve(args)))
+
+
+def _writable_audit_log(path: Path) -> Path:
+    """``path``, with its folder made; a place that cannot be written fails at start-up."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot append the audit log to {str(path)!r}: {exc.strerror or exc}; pass "
+            "--audit-log PATH with a file you can write"
+        ) from exc
+    return path
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -68,19 +85,20 @@ async def _serve(args: argparse.Namespace) -> int:
 
     from delayed_retry.web import WebSettings, create_app, parse_credentials
     from delayed_retry.web.security import check_bind
-    from delayed_retry.web.settings import TOKEN_ENV
+    from delayed_retry.web.settings import TOKEN_ENV, default_audit_log
 
     if not 0 < args.port < 65536:
         raise ConfigurationError(f"--port {args.port} must be within 1..65535")
     credentials = parse_credentials(args.auth, token=os.environ.get(TOKEN_ENV))
     check_bind(args.host, credentials)
+    audit_log = _writable_audit_log(args.audit_log or default_audit_log())
     settings = WebSettings(
         url=args.url,
         queues=tuple(args.queue),
         topology=topology_from_args(args),
         credentials=credentials,
         read_only=args.read_only,
-        audit_log=args.audit_log,
+        audit_log=audit_log,
         management_url=management_url_from(args),
     )
     runner = web.AppRunner(create_app(settings), access_log=None, shutdown_timeout=5)
@@ -110,7 +128,10 @@ async def _serve(args: argparse.Namespace) -> int:
             startup=Startup(command="web", topology=topology, consumes=parking, verb="reading"),
             stop=stop,
             checks=lambda: {"serving": bool(runner.sites)},
-            extra=(f"on http://{host}:{args.port}/ (Ctrl-C to stop)",),
+            extra=(
+                f"on http://{host}:{args.port}/ (Ctrl-C to stop)",
+                f"audit log: {audit_log}",
+            ),
         )
 
     return await run_service(args, command="web", start=start, connect=False)

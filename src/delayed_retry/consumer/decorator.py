@@ -420,7 +420,9 @@ class RetryingHandler(Generic[P]):
                 if pause is None:
                     if throttle is not None:  # a delivery's failure, immediate retries spent
                         throttle.observe(message, failure)
-                    await self._decide_and_hand_over(message, queue, state, failure, scope)
+                    guarded.handed_over = await self._decide_and_hand_over(
+                        message, queue, state, failure, scope
+                    )
                     return
                 scope.finish("immediate-retry", delay=pause, exc=failure)
             log.info(
@@ -455,8 +457,11 @@ class RetryingHandler(Generic[P]):
         state: RetryState,
         failure: Exception,
         scope: AttemptScope,
-    ) -> None:
-        """Let the policy decide on ``failure`` and carry the decision out."""
+    ) -> Decision | None:
+        """Let the policy decide on ``failure`` and carry the decision out.
+
+        Returns the decision carried out, or ``None`` when the message was given back.
+        """
         opts = self.options
         try:
             decision = opts.policy.decide(state, failure, now=utcnow())
@@ -468,7 +473,7 @@ class RetryingHandler(Generic[P]):
             )
             policy_exc.__context__ = failure  # the record shows both tracebacks
             decision, failure = Decision.park("internal-error"), policy_exc
-        await self._failures(queue).failed(message, state, failure, decision, scope)
+        return await self._failures(queue).failed(message, state, failure, decision, scope)
 
     async def _put_back(self, message: AbstractIncomingMessage, queue: str) -> None:
         await put_back(

@@ -134,8 +134,12 @@ class FailureHandling:
         exc: Exception,
         decision: Decision,
         scope: AttemptScope,
-    ) -> None:
-        """Carry out ``decision`` for a message whose handler raised ``exc``, then ack it."""
+    ) -> Decision | None:
+        """Carry out ``decision`` for a message whose handler raised ``exc``, then ack it.
+
+        Returns the decision carried out (a retry can turn into a parking), or
+        ``None`` when the hand-over failed and the message was given back.
+        """
         carried_out = await hand_over(
             message,
             lambda: self._publish_copy(message, state, exc, decision, scope),
@@ -143,13 +147,14 @@ class FailureHandling:
         )
         if carried_out is None:
             scope.finish("error", exc=exc)
-            return
+            return None
         if carried_out.action == "retry":
             scope.finish("retry", delay=carried_out.delay, exc=exc)
         else:
             scope.finish("parked", exc=exc, reason=carried_out.reason)
         if self.hooks is not None:
             await self._notify(message, state, exc, carried_out)
+        return carried_out
 
     async def _notify(
         self,

@@ -18,6 +18,8 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractProcessContext
 from aio_pika.exceptions import MessageProcessError
 from aio_pika.message import ProcessContext
 
+from delayed_retry.policy import Decision
+
 __all__ = ["GuardedMessage", "DeferredSettlement"]
 
 log = logging.getLogger(__name__)
@@ -44,12 +46,14 @@ class GuardedMessage:
     for a reject or nack.
     """
 
-    __slots__ = ("_acked", "deferred", "message")
+    __slots__ = ("_acked", "deferred", "handed_over", "message")
 
     def __init__(self, message: AbstractIncomingMessage) -> None:
         self.message = message
         self.deferred: DeferredSettlement | None = None
         self._acked = False
+        self.handed_over: Decision | None = None
+        """After a failure: the retry or the parking carried out (confirmed, then acked)."""
 
     @property
     def acked(self) -> bool:

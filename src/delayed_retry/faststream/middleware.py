@@ -51,7 +51,7 @@ from delayed_retry.consumer.hooks import FailureHook
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.crashes import CrashGuard
-from delayed_retry.durations import Duration, utcnow
+from delayed_retry.durations import Duration, format_duration, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.faststream.in_memory import InMemoryDecision, is_in_memory, run_in_memory
 from delayed_retry.faststream.subscribers import (
@@ -63,7 +63,7 @@ from delayed_retry.faststream.subscribers import (
 )
 from delayed_retry.hold import DEFAULT_HOLD, Hold
 from delayed_retry.observability.instrumentation import Instrumentation
-from delayed_retry.policy import DEFAULT_WAIT
+from delayed_retry.policy import DEFAULT_WAIT, Decision
 from delayed_retry.throttle import Throttle
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, dead_letter_target
 
@@ -83,11 +83,46 @@ class HandedOver(SkipMessage):
     """FastStream's signal that a failed message was retried or parked by the library.
 
     A :class:`~faststream.exceptions.SkipMessage`: FastStream neither settles the
-    message again nor publishes a result for it.
+    message again nor publishes a result for it. FastStream logs its text, so
+    the text says what happened to the message (:func:`handed_over_text`).
     """
 
+    def __init__(self, text: str = "") -> None:
+        super().__init__()
+        self.text = text or "not handled here: delayed-retry settled it"
+
     def __str__(self) -> str:
-        return "Message was retried or parked by delayed-retry"
+        return self.text
+
+
+def handed_over_text(
+    error: BaseException | None,
+    *,
+    decision: Decision | InMemoryDecision | None,
+    queue: str,
+    parking_queue: str | None,
+) -> str:
+    """What became of a message the handler did not finish, for FastStream's log line.
+
+    ``decision`` is what was carried out (``None``: nothing could be, the
+    message was given back); ``parking_queue`` is ``None`` where there is none
+    (the in-memory test broker).
+    """
+    if error is None:
+        return (
+            "not handled yet: it came out of the delay chain before its due time and waits "
+            f"again, or was given back to {queue!r}"
+        )
+    failure = f"failed ({type(error).__name__}: {error}); "
+    if decision is None:
+        return f"{failure}could not be retried or parked now: given back to {queue!r}"
+    if decision.action == "retry":
+        return (
+            f"{failure}retried: back in {queue!r} in {format_duration(decision.delay)} "
+            "through the delay chain"
+        )
+    where = "" if parking_queue is None else f" in {parking_queue!r}"
+    return f"{failure}parked{where} ({decision.reason})"
 
 
 @dataclass(frozen=True)
@@ -103,11 +138,13 @@ class _Served:
 class _Attempt:
     """One run of the handler through FastStream's remaining middlewares."""
 
-    __slots__ = ("called", "failed", "result", "signal")
+    __slots__ = ("called", "error", "failed", "guarded", "result", "signal")
 
     def __init__(self) -> None:
         self.called = False
         self.failed = False
+        self.error: BaseException | None = None
+        self.guarded: GuardedMessage | None = None
         self.result: Any = None
         self.signal: HandlerException | None = None
 
@@ -122,6 +159,7 @@ async def _run_handler(
     attempt.called = True
     attempt.failed = False
     attempt.signal = None
+    attempt.guarded = guarded
     raw = msg.raw_message
     # The handler's msg.nack()/reject() reach the guarded message: deferred until it
     # returns, dropped if it raises (the failure is retried), as in the decorator.
@@ -134,8 +172,9 @@ async def _run_handler(
         await settle[type(signal)](**signal.extra_options)
     except SkipMessage as signal:
         attempt.signal = signal  # left unsettled, as FastStream does
-    except BaseException:
+    except BaseException as exc:
         attempt.failed = True
+        attempt.error = exc
         raise
     finally:
         msg.raw_message = raw
@@ -314,7 +353,16 @@ class _RetryMiddleware(BaseMiddleware):
             raise attempt.signal
         if attempt.failed or not attempt.called:
             # Retried, parked, held and sent back, or given back: settled by the library.
-            raise HandedOver
+            options = self.retrier.options
+            raise HandedOver(
+                handed_over_text(
+                    attempt.error,
+                    decision=None if attempt.guarded is None else attempt.guarded.handed_over,
+                    queue=served.queue,
+                    parking_queue=options.parking_queue
+                    or options.topology.default_parking_queue(served.queue),
+                )
+            )
         return attempt.result
 
     async def _in_memory(self, call_next: AsyncFuncAny, msg: StreamMessage[Any], queue: str) -> Any:
@@ -325,7 +373,9 @@ class _RetryMiddleware(BaseMiddleware):
         if decision is None:
             return result
         self.retrier.decisions.append(decision)
-        raise HandedOver
+        # No chain here: say what the policy decided, as FastStream's log line would.
+        text = handed_over_text(decision.error, decision=decision, queue=queue, parking_queue=None)
+        raise HandedOver(f"{text} (in-memory test broker: no chain; recorded in decisions)")
 
 
 REFUSED_REDELIVERY = timedelta(seconds=2)

@@ -19,7 +19,8 @@ import hashlib
 import logging
 import math
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -28,7 +29,11 @@ from delayed_retry.durations import from_epoch_ms, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers import X_REDRIVE_ID, X_RETRY
 from delayed_retry.spark.dataset import read_archive, reading
-from delayed_retry.spark.fingerprints import mentions_fingerprint, with_fingerprint
+from delayed_retry.spark.fingerprints import (
+    FINGERPRINT_COLUMNS,
+    mentions_fingerprint,
+    with_fingerprint,
+)
 from delayed_retry.spark.ledger import ledger_keys
 from delayed_retry.spark.publisher import (
     PublishJob,
@@ -39,7 +44,7 @@ from delayed_retry.spark.publisher import (
 )
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
-__all__ = ["RedriveError", "RedriveResult", "default_redrive_id", "redrive"]
+__all__ = ["RedriveError", "RedriveResult", "default_redrive_id", "redrive", "where_error"]
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +100,39 @@ def _select(spark: Any, frame: Any, where: str | None) -> Any:
         selected.schema  # noqa: B018  (forces analysis: a bad column fails here)
     except PySparkException as exc:
         raise RedriveError(
-            f"--where {where!r} is not a valid Spark SQL predicate over the archive: "
-            f"{_one_line(exc)}; columns are {', '.join(frame.columns)}"
+            where_error(
+                where,
+                condition=exc.getCondition(),
+                parameters=exc.getMessageParameters() or {},
+                message=_one_line(exc),
+                columns=[*columns, *FINGERPRINT_COLUMNS],
+            )
         ) from exc
     return selected
+
+
+def where_error(
+    where: str,
+    *,
+    condition: str | None,
+    parameters: Mapping[str, str],
+    message: str,
+    columns: Sequence[str],
+) -> str:
+    """One line saying what is wrong with a ``--where`` predicate, and the columns it can use.
+
+    An unknown column is named (Spark's own suggestions leave columns out);
+    any other error keeps Spark's first line, without its SQLSTATE.
+    """
+    known = ", ".join(columns)
+    if condition is not None and condition.startswith("UNRESOLVED_COLUMN"):
+        name = parameters.get("objectName", "").replace("`", "")
+        return (
+            f"--where {where!r} names column {name!r}, which the archive does not have; "
+            f"its columns are {known}"
+        )
+    reason = re.sub(r"\s*SQLSTATE: \w+.*$", "", message).rstrip(" .;")
+    return f"--where {where!r} is not a valid Spark SQL predicate: {reason}; columns: {known}"
 
 
 def redrive(

@@ -116,6 +116,15 @@ class Histogram:
     def peak(self) -> int:
         return max(self.counts, default=0)
 
+    @property
+    def label(self) -> str:
+        """What the chart shows, with its scale: the span, one bar's time, the tallest bar."""
+        span = format_duration(self.bucket * len(self.counts))
+        bar = format_duration(self.bucket)
+        if self.peak == 0:
+            return f"none parked in the last {span}"
+        return f"last {span}, one bar per {bar}; tallest bar: {self.peak} parked"
+
     def bars(self, *, width: int = 240, height: int = 40) -> list[tuple[float, float, float, int]]:
         """``(x, y, w, h)`` of each bar in a ``width``×``height`` box (integers rounded)."""
         if not self.counts or self.peak == 0:

@@ -8,16 +8,36 @@ options.
 from __future__ import annotations
 
 import hmac
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
-__all__ = ["Credentials", "WebSettings", "parse_credentials"]
+__all__ = ["Credentials", "WebSettings", "default_audit_log", "parse_credentials"]
 
 TOKEN_ENV = "DELAYED_RETRY_WEB_TOKEN"
 """Environment variable holding a bearer token the web view accepts."""
+
+
+def default_audit_log(
+    environ: Mapping[str, str] | None = None, *, home: Path | None = None
+) -> Path:
+    """Where ``delayed-retry web`` appends its audit log unless told: a per-user state file.
+
+    ``$XDG_STATE_HOME/delayed-retry/audit.jsonl`` (the XDG base directory
+    for state that should survive restarts), by default
+    ``~/.local/state/delayed-retry/audit.jsonl``; never the current directory.
+    """
+    env = os.environ if environ is None else environ
+    state = env.get("XDG_STATE_HOME", "")
+    # The specification ignores a relative path here.
+    base = Path(state) if state and Path(state).is_absolute() else None
+    if base is None:
+        base = (home or Path.home()) / ".local" / "state"
+    return base / "delayed-retry" / "audit.jsonl"
 
 
 @dataclass(frozen=True, kw_only=True, repr=False)

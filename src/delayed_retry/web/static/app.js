@@ -4,7 +4,14 @@
   "use strict";
   var url = document.body.getAttribute("data-events");
   var dot = document.getElementById("live");
-  if (!url || !window.EventSource) { return; }
+  var state = document.getElementById("live-state");
+  // One look for each state, whichever comes first on a load: connecting (grey), live
+  // (green, counts arriving), offline (red, the stream broke; the browser retries).
+  function show(name, title) {
+    if (dot) { dot.className = "live " + name; dot.title = title; }
+    if (state) { state.textContent = name === "on" ? "live" : name === "off" ? "offline" : "connecting"; }
+  }
+  if (!url || !window.EventSource) { show("off", "live counts: not supported here"); return; }
   var source = new EventSource(url);
   source.addEventListener("counts", function (event) {
     var data = JSON.parse(event.data);
@@ -24,7 +31,7 @@
       });
       el.textContent = String(total);
     });
-    if (dot) { dot.className = "live on"; dot.title = "live: " + data.at; }
+    show("on", "live counts as of " + data.at);
   });
-  source.onerror = function () { if (dot) { dot.className = "live off"; } };
+  source.onerror = function () { show("off", "live counts: disconnected, retrying"); };
 })();
