@@ -30,7 +30,15 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from delayed_retry.errors import ConfigurationError
 
-__all__ = ["Consumer", "all_in_place", "check_restorable", "consume_queue", "start_consumer"]
+__all__ = [
+    "Consumer",
+    "all_in_place",
+    "check_restorable",
+    "consume_marker",
+    "consume_queue",
+    "resume_on_broker",
+    "start_consumer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +168,31 @@ async def consume_queue(
     """
     queue = await channel.declare_queue(name, passive=True)
     return await start_consumer(queue, callback, **consume_kwargs)
+
+
+async def resume_on_broker(
+    channel: aiormq.abc.AbstractChannel, queue: str, callback: Any, *, tag: str
+) -> None:
+    """Register again, with its own tag and callback, a consumer cancelled on the broker only.
+
+    For a pause that cancels a consumer behind aio-pika's back (a throttle):
+    the robust queue still holds the consumer, so a reconnect restores it as
+    well, and ``channel.consumers`` tells whether that happened already.
+    """
+    await channel.basic_consume(queue, callback, consumer_tag=tag)
+
+
+async def consume_marker(channel: aiormq.abc.AbstractChannel, queue: str) -> None:
+    """Consume ``queue`` without taking anything from it, only so the broker counts a consumer.
+
+    A marker on a plain channel: it is not restored after a reconnect, and
+    whoever reads its consumer count must take that as a lower bound.
+    """
+    await channel.basic_consume(queue, _ignore, no_ack=True)
+
+
+async def _ignore(_: Any) -> None:
+    """A marker queue's consumer: there is never anything to take."""
 
 
 def all_in_place(consumers: Iterable[Consumer]) -> bool:

@@ -43,6 +43,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from opentelemetry.metrics import MeterProvider
 from pamqp.commands import Basic
 
+from delayed_retry.amqp.consumers import consume_marker, resume_on_broker
 from delayed_retry.amqp.publish import publish_confirmed
 from delayed_retry.consumer.put_back import put_back
 from delayed_retry.durations import to_epoch_ms, utcnow
@@ -250,7 +251,7 @@ class ThrottleControl:
                 durable=True,
                 arguments={"x-queue-type": "classic", "x-expires": MARKER_EXPIRES_MS},
             )
-            await marker.basic_consume(name, _nothing, no_ack=True)
+            await consume_marker(marker, name)
         except Exception as err:
             log.warning(
                 "could not mark queue %r as throttled in %r (delayed-retry status will not "
@@ -277,8 +278,8 @@ class ThrottleControl:
             ):
                 continue  # gone with its channel, or a reconnect restored it already
             try:
-                await consumer.channel.basic_consume(
-                    self.queue, consumer.callback, consumer_tag=consumer.tag
+                await resume_on_broker(
+                    consumer.channel, self.queue, consumer.callback, tag=consumer.tag
                 )
             except Exception as err:
                 log.error(
@@ -373,7 +374,3 @@ def _channel_of(message: AbstractIncomingMessage) -> aiormq.abc.AbstractChannel 
         return message.channel
     except Exception:  # aio-pika raises once the channel is closed
         return None
-
-
-async def _nothing(_: Any) -> None:
-    """The marker queue's consumer callback: nothing is ever published there."""
