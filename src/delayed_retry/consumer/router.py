@@ -195,6 +195,7 @@ class RetryRouter:
             topology=self.topology,
             parking_queue=None,
             publish_timeout=self.publish_timeout,
+            return_to="queue",  # the queue x-death names: the router knows no exchange to trust
             consumed_from_queue=False,  # from <prefix>.rejected: keep the chain's safety net
         )
         with self.instrumentation.attempt(message, state, queue=queue) as scope:
