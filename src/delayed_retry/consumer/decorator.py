@@ -602,12 +602,8 @@ def with_delayed_retry(
 
     The options are keyword-only and checked when decorating: those of
     :class:`~delayed_retry.consumer.options.HandlerOptions`, each with its type,
-    default and meaning (the Retries guide lists them in a table): ``queue``,
-    ``max_retries``, ``wait``, ``retry``, ``stop``, ``topology``,
-    ``parking_queue``, ``publish_timeout``, ``instrumentation``, ``return_to``,
-    ``hold``, ``immediate_retries``, ``immediate_wait``, ``on_retry``,
-    ``on_park``. An unknown name is a ``TypeError``, a bad value a
-    :class:`~delayed_retry.ConfigurationError`.
+    default and meaning (the Retries guide shows them as a table). An unknown
+    name is a ``TypeError``, a bad value a :class:`~delayed_retry.ConfigurationError`.
     """
     settings = retry_options(options, accepted=HandlerOptions, caller="with_delayed_retry()")
 

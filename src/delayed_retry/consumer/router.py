@@ -75,11 +75,9 @@ class RetryRouter:
     does not know a queue keeps that queue's messages in ``<prefix>.unroutable``.
     Several routers with the same list may run at once (competing consumers).
 
-    Options are keyword-only and mean what they mean for the decorator
-    (:class:`~delayed_retry.consumer.options.RouterOptions`): ``max_retries``
-    delayed retries, then parking; ``wait`` any tenacity wait; ``stop`` an
-    extra tenacity stop; ``topology``, ``publish_timeout``, ``instrumentation``;
-    and ``prefetch``, rejected messages handled at once.
+    Its options besides ``queues`` are keyword-only, those of
+    :class:`~delayed_retry.consumer.options.RouterOptions`: the decorator's
+    that apply to a router, meaning what they mean there, and ``prefetch``.
     """
 
     def __init__(self, *, queues: Iterable[str], **options: Unpack[RouterOptions]) -> None:
