@@ -20,6 +20,7 @@ import yaml
 import delayed_retry
 from delayed_retry.cli.main import build_parser
 from delayed_retry.cli.service_metrics import HELD_UNTIL_DUE, MESSAGES, READY
+from delayed_retry.consumer.options import HandlerOptions, RouterOptions, option_specs
 from delayed_retry.observability import gauges, metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,3 +124,20 @@ def test_docstring_option_lists_become_lists() -> None:
     )
     plain = "A line: not a list.\n  indented: but no colon line above"
     assert option_lists(plain) == plain
+
+
+def test_the_option_tables_are_written_from_the_option_definitions() -> None:
+    tables = _hook("option_tables")
+    for page, options in (("retries.md", HandlerOptions), ("any-language.md", RouterOptions)):
+        text = (DOCS / page).read_text()
+        marker = f"<!-- options: {options.__name__} -->"
+        assert marker in text, f"docs/{page} has no {marker}"
+        table = tables.expand(text)
+        for name, spec in option_specs(options).items():
+            assert f"| `{name}` |" in table, f"docs/{page}: no row for {name}"
+            assert f"`{spec.default_text}`" in table
+    rendered = tables.render("HandlerOptions")
+    assert "`str \\| None`" in rendered  # queue's type, escaped for the table
+    assert "&lt;queue&gt;.parking" in rendered  # help text is escaped, not read as HTML
+    with pytest.raises(ValueError, match="NoSuchOptions"):
+        tables.expand("<!-- options: NoSuchOptions -->")

@@ -21,6 +21,7 @@ from delayed_retry.consumer.decorator import (
     with_delayed_retry,
 )
 from delayed_retry.consumer.hooks import FailureEvent
+from delayed_retry.consumer.options import HandlerOptions, RouterOptions, SubscriberOptions
 from delayed_retry.consumer.router import ConsumerRejected, RetryRouter
 from delayed_retry.crashes import CrashGuard
 from delayed_retry.delivery.forwarder import Forwarder
@@ -46,7 +47,7 @@ from delayed_retry.observability.gauges import ChainMonitor
 from delayed_retry.observability.instrumentation import Instrumentation, NoInstrumentation
 from delayed_retry.observability.otel import OpenTelemetryInstrumentation
 from delayed_retry.parking.shortcuts import ParkedMessage, ReplayResult, peek_parked, replay_parked
-from delayed_retry.policy import DEFAULT_WAIT, RetryPolicy
+from delayed_retry.policy import DEFAULT_MAX_RETRIES, DEFAULT_WAIT, RetryPolicy
 from delayed_retry.throttle import Throttle
 from delayed_retry.topology import (
     DEFAULT_TOPOLOGY,
@@ -64,9 +65,12 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that was n
 __all__ = [
     # consuming with retries
     "with_delayed_retry",
+    "HandlerOptions",
+    "SubscriberOptions",
     "consume",
     "RetryingHandler",
     "RetryPolicy",
+    "DEFAULT_MAX_RETRIES",
     "DEFAULT_WAIT",
     "RetryState",
     "Hold",
@@ -78,6 +82,7 @@ __all__ = [
     "FailureEvent",
     # retries for consumers in any language
     "RetryRouter",
+    "RouterOptions",
     "ConsumerRejected",
     # scheduling
     "publish_delayed",

@@ -24,7 +24,17 @@ from delayed_retry.errors import ConfigurationError, ParkMessage, RetryAfter
 from delayed_retry.headers import RetryState
 from delayed_retry.strategies import refuse_result_predicates
 
-__all__ = ["DEFAULT_WAIT", "Decision", "ParkReason", "RetryPolicy", "call_state"]
+__all__ = [
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_WAIT",
+    "Decision",
+    "ParkReason",
+    "RetryPolicy",
+    "call_state",
+]
+
+DEFAULT_MAX_RETRIES = 5
+"""Delayed retries after the first failure before a message parks: at most 6 handlings."""
 
 DEFAULT_WAIT: wait_base = tenacity.wait_exponential_jitter(max=3600, jitter=1)
 """1 s, 2 s, 4 s … capped at one hour, plus up to 1 s of jitter to spread competing consumers."""
@@ -97,7 +107,7 @@ class RetryPolicy:
     that has been failing for a day whatever its count.
     """
 
-    max_retries: int = 5
+    max_retries: int = DEFAULT_MAX_RETRIES
     wait: wait_base = DEFAULT_WAIT
     retry: retry_base = DEFAULT_RETRY
     stop: stop_base | None = None

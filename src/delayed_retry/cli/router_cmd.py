@@ -15,10 +15,10 @@ from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.service import Running, add_service_args, run_service
 from delayed_retry.cli.startup import Startup
+from delayed_retry.consumer.options import RouterOptions, option_specs
 from delayed_retry.consumer.router import RetryRouter
 from delayed_retry.durations import parse_duration
 from delayed_retry.errors import ConfigurationError, NotFoundError, queue_not_found
-from delayed_retry.policy import DEFAULT_WAIT
 
 __all__ = ["parse_wait", "register"]
 
@@ -79,25 +79,27 @@ def register(sub: Any) -> None:
         required=True,
         help="a queue whose rejections to retry (repeatable; the only possible destinations)",
     )
-    router.add_argument(
-        "--max-retries", type=int, default=5, help="delayed retries before parking (%(default)s)"
-    )
+    options = option_specs(RouterOptions)
+    for name in ("max_retries", "prefetch"):
+        spec = options[name]
+        router.add_argument(
+            "--" + name.replace("_", "-"),
+            type=int,
+            default=spec.default,
+            help=f"{spec.help} (%(default)s)",
+        )
     router.add_argument("--wait", type=wait_type, default=None, metavar="BACKOFF", help=WAIT_HELP)
-    router.add_argument(
-        "--prefetch", type=int, default=32, help="rejected messages in flight (%(default)s)"
-    )
     add_service_args(router)
     router.set_defaults(func=lambda args: run(_router(args)))
 
 
 async def _router(args: argparse.Namespace) -> int:
-    wait = args.wait or DEFAULT_WAIT
     retry_router = RetryRouter(
         queues=args.queue,
         max_retries=args.max_retries,
-        wait=wait,
         topology=topology_from_args(args),
         prefetch=args.prefetch,
+        **({"wait": args.wait} if args.wait is not None else {}),
     )
 
     async def start(connection: AbstractRobustConnection | None) -> Running:

@@ -15,17 +15,14 @@ import inspect
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Generic, Literal, ParamSpec, overload
+from typing import Any, Generic, ParamSpec, Unpack, overload
 
 import aiormq
 import aiormq.abc
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
-from tenacity.retry import retry_base
-from tenacity.stop import stop_base
-from tenacity.wait import wait_base
 
 from delayed_retry.amqp.consumers import check_restorable, start_consumer
 from delayed_retry.amqp.declare import declarer_for, underlay_of
@@ -34,20 +31,26 @@ from delayed_retry.checks import warn_about_delivery_limit
 from delayed_retry.consumer.crash_guard import guard_redelivery
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import Trouble, ack, channel_open
-from delayed_retry.consumer.hooks import FailureHook, FailureHooks
+from delayed_retry.consumer.hooks import FailureHooks
 from delayed_retry.consumer.immediate import Pauses, pause_before_rerun
+from delayed_retry.consumer.options import (
+    HandlerOptions,
+    ReturnTo,
+    SubscriberOptions,
+    with_defaults,
+)
 from delayed_retry.consumer.put_back import cancel_consumer_of, put_back
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
 from delayed_retry.crashes import CrashGuard
-from delayed_retry.durations import Duration, to_seconds, utcnow
+from delayed_retry.durations import to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import (
     RetryState,
     parse_retry_state,
 )
-from delayed_retry.hold import DEFAULT_HOLD, Hold, check_hold
+from delayed_retry.hold import Hold, check_hold
 from delayed_retry.immediate import ImmediateRetries
 from delayed_retry.observability.instrumentation import (
     QUIET_SCOPE,
@@ -55,9 +58,9 @@ from delayed_retry.observability.instrumentation import (
     Instrumentation,
 )
 from delayed_retry.observability.otel import default_instrumentation
-from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
+from delayed_retry.policy import Decision, RetryPolicy
 from delayed_retry.throttle import Throttle
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, dead_letter_target
+from delayed_retry.topology import DelayTopology, dead_letter_target
 
 __all__ = [
     "RetryingHandler",
@@ -76,8 +79,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
-
-ReturnTo = Literal["queue", "exchange"]
 
 
 class _StateCell:
@@ -185,8 +186,8 @@ class RetryOptions:
     instrumentation: Instrumentation
     trouble: Trouble = field(default_factory=Trouble, compare=False, repr=False)
     """Consecutive messages given back unhandled, for the backoff before each requeue."""
-    return_to: ReturnTo = "queue"
-    hold: Hold | None = DEFAULT_HOLD
+    return_to: ReturnTo
+    hold: Hold | None
     held: HeldUntilDue = field(default_factory=HeldUntilDue, compare=False, repr=False)
     """The messages this handler holds until due right now (shared by its per-queue copies)."""
     ack_on_success: bool = True
@@ -583,48 +584,14 @@ def with_delayed_retry(fn: Callable[P, Awaitable[object]], /) -> RetryingHandler
 
 @overload
 def with_delayed_retry(
-    *,
-    queue: str | None = None,
-    max_retries: int = 5,
-    wait: wait_base = DEFAULT_WAIT,
-    retry: retry_base | None = None,
-    stop: stop_base | None = None,
-    topology: DelayTopology = DEFAULT_TOPOLOGY,
-    parking_queue: str | None = None,
-    publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
-    instrumentation: Instrumentation | None = None,
-    return_to: ReturnTo = "queue",
-    hold: Hold | None = DEFAULT_HOLD,
-    immediate_retries: int = 0,
-    immediate_wait: wait_base | None = None,
-    on_retry: FailureHook | None = None,
-    on_park: FailureHook | None = None,
-    throttle: Throttle | None = None,
-    crash_guard: CrashGuard | None = None,
+    **options: Unpack[HandlerOptions],
 ) -> Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]: ...
 
 
 def with_delayed_retry(
     fn: Callable[P, Awaitable[object]] | None = None,
     /,
-    *,
-    queue: str | None = None,
-    max_retries: int = 5,
-    wait: wait_base = DEFAULT_WAIT,
-    retry: retry_base | None = None,
-    stop: stop_base | None = None,
-    topology: DelayTopology = DEFAULT_TOPOLOGY,
-    parking_queue: str | None = None,
-    publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
-    instrumentation: Instrumentation | None = None,
-    return_to: ReturnTo = "queue",
-    hold: Hold | None = DEFAULT_HOLD,
-    immediate_retries: int = 0,
-    immediate_wait: wait_base | None = None,
-    on_retry: FailureHook | None = None,
-    on_park: FailureHook | None = None,
-    throttle: Throttle | None = None,
-    crash_guard: CrashGuard | None = None,
+    **options: Unpack[HandlerOptions],
 ) -> RetryingHandler[P] | Callable[[Callable[P, Awaitable[object]]], RetryingHandler[P]]:
     """Wrap an aio-pika consumer handler with delayed retries and parking.
 
@@ -633,69 +600,12 @@ def with_delayed_retry(
     come back to ``queue`` after the backoff, or to the parking queue once
     retries are spent. Works with and without parentheses.
 
-    Options (keyword-only, checked when decorating):
-      queue: the queue this handler consumes; retries return there. Leave it
-        out only when consuming with :func:`consume`, which sets it.
-      max_retries: delayed retries after the first failure before parking.
-      wait: a tenacity wait strategy (default: exponential 1 s … 1 h, jittered).
-      retry: a tenacity ``retry_if_*`` choosing which exceptions are retried;
-        the others park at once (default: every ``Exception``).
-      stop: an extra tenacity ``stop_*``, e.g. ``stop_after_delay(86400)``.
-      topology: the :class:`DelayTopology` (prefix, levels, unit, queue type).
-      parking_queue: where parked messages go (default ``<queue>.parking``).
-      publish_timeout: how long to wait for a publisher confirm.
-      instrumentation: telemetry (default: OpenTelemetry through the global
-        providers, a no-op until an SDK is configured).
-      return_to: ``"queue"`` (default) sends a retry back to the failing queue
-        only. ``"exchange"`` sends it back to the exchange and routing key it
-        was delivered with, through a forward queue: every queue bound there
-        for that key gets it again, so choose it only where that key reaches
-        the failing queue alone, and run a
-        :class:`~delayed_retry.delivery.forwarder.Forwarder` for that exchange.
-      hold: how a retry leaves the chain just before its due time and waits
-        here for the rest, for a lateness of about a millisecond and fewer
-        broker hops (:class:`~delayed_retry.hold.Hold`; default
-        :data:`~delayed_retry.hold.DEFAULT_HOLD`). ``None`` turns it off: the
-        chain rounds every delay up and the handler holds nothing.
-      immediate_retries: runs of the handler again at once, in this process, before
-        a failure counts as one delayed retry (default 0: none); for glitches that
-        pass in milliseconds. Exceptions ``retry`` rejects, ``RetryAfter`` and
-        ``ParkMessage`` are not run again.
-      immediate_wait: a tenacity wait between those runs (default: none); the pauses
-        of one delivery are capped at
-        :data:`~delayed_retry.immediate.IMMEDIATE_WAIT_LIMIT` seconds in all.
-      on_retry: called (plain or async) with a
-        :class:`~delayed_retry.consumer.hooks.FailureEvent` after each retry is
-        handed over; bounded, logged if it fails, never changes the message's fate.
-      on_park: the same, after each parking.
-      throttle: a :class:`~delayed_retry.throttle.Throttle`: after a run of
-        failures (a dependency down) the consumer stops taking messages,
-        puts back those it was sent, and handles one at a time at the probe
-        interval until one succeeds. ``None`` (default): never.
-      crash_guard: a :class:`~delayed_retry.crashes.CrashGuard`: a message
-        whose consumer went away while handling it ``max_crashes`` times (the
-        process died, or lost its connection) is parked as ``crashed`` before
-        its handler runs again. ``None`` (default): off.
+    The options are keyword-only and checked when decorating: those of
+    :class:`~delayed_retry.consumer.options.HandlerOptions`, each with its type,
+    default and meaning (the Retries guide shows them as a table). An unknown
+    name is a ``TypeError``, a bad value a :class:`~delayed_retry.ConfigurationError`.
     """
-    options = retry_options(
-        queue=queue,
-        max_retries=max_retries,
-        wait=wait,
-        retry=retry,
-        stop=stop,
-        topology=topology,
-        parking_queue=parking_queue,
-        publish_timeout=publish_timeout,
-        instrumentation=instrumentation,
-        return_to=return_to,
-        hold=hold,
-        immediate_retries=immediate_retries,
-        immediate_wait=immediate_wait,
-        on_retry=on_retry,
-        on_park=on_park,
-        throttle=throttle,
-        crash_guard=crash_guard,
-    )
+    settings = retry_options(options, accepted=HandlerOptions, caller="with_delayed_retry()")
 
     def decorate(func: Callable[P, Awaitable[object]]) -> RetryingHandler[P]:
         if not (
@@ -706,37 +616,30 @@ def with_delayed_retry(
                 f"@with_delayed_retry needs an async function (async def), got {func!r}; "
                 "aio-pika awaits the consumer callback"
             )
-        return RetryingHandler(func, options)
+        return RetryingHandler(func, settings)
 
     return decorate(fn) if fn is not None else decorate
 
 
 def retry_options(
-    *,
-    queue: str | None = None,
-    max_retries: int = 5,
-    wait: wait_base = DEFAULT_WAIT,
-    retry: retry_base | None = None,
-    stop: stop_base | None = None,
-    topology: DelayTopology = DEFAULT_TOPOLOGY,
-    parking_queue: str | None = None,
-    publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
-    instrumentation: Instrumentation | None = None,
-    return_to: ReturnTo = "queue",
-    hold: Hold | None = DEFAULT_HOLD,
-    immediate_retries: int = 0,
-    immediate_wait: wait_base | None = None,
-    on_retry: FailureHook | None = None,
-    on_park: FailureHook | None = None,
-    throttle: Throttle | None = None,
-    crash_guard: CrashGuard | None = None,
+    given: Mapping[str, object], *, accepted: type[SubscriberOptions], caller: str
 ) -> RetryOptions:
-    """Check the options of :func:`with_delayed_retry` and build its :class:`RetryOptions`.
+    """Check the options a front end was ``given`` and build its :class:`RetryOptions`.
 
-    Every front end that retries a consumer's failures (the decorator, the
-    FastStream middleware) checks its options here, so a bad option fails the
-    same way, with the same message, when it is configured.
+    Every front end that retries a consumer's failures (the decorator with
+    :class:`HandlerOptions`, the FastStream middleware with
+    :class:`SubscriberOptions`) checks its options here, once when it is
+    configured, so a bad option fails the same way, with the same message;
+    ``caller`` names the front end in the error for an unknown option.
     """
+    o = with_defaults(accepted, given, caller=caller)
+    queue: str | None = o.get("queue")
+    topology = o["topology"]
+    return_to = o["return_to"]
+    parking_queue = o["parking_queue"]
+    instrumentation = o["instrumentation"]
+    hold = o["hold"]
+    throttle, crash_guard = o["throttle"], o["crash_guard"]
     if return_to not in ("queue", "exchange"):
         raise ConfigurationError(
             f"return_to={return_to!r} must be 'queue' (the failing queue) or 'exchange' "
@@ -764,17 +667,21 @@ def retry_options(
             f"crash_guard={crash_guard!r} must be a delayed_retry.CrashGuard, e.g. "
             "CrashGuard(max_crashes=3), or None"
         )
-    immediate = ImmediateRetries(times=immediate_retries, wait=immediate_wait)
-    hooks = FailureHooks(on_retry=on_retry, on_park=on_park)
-    policy_kwargs: dict[str, Any] = {"max_retries": max_retries, "wait": wait, "stop": stop}
-    if retry is not None:
-        policy_kwargs["retry"] = retry
+    immediate = ImmediateRetries(times=o["immediate_retries"], wait=o["immediate_wait"])
+    hooks = FailureHooks(on_retry=o["on_retry"], on_park=o["on_park"])
+    policy_kwargs: dict[str, Any] = {
+        "max_retries": o["max_retries"],
+        "wait": o["wait"],
+        "stop": o["stop"],
+    }
+    if o["retry"] is not None:
+        policy_kwargs["retry"] = o["retry"]
     return RetryOptions(
         queue=queue,
         policy=RetryPolicy(**policy_kwargs),
         topology=topology,
         parking_queue=parking_queue,
-        publish_timeout=to_seconds(publish_timeout, name="publish_timeout")
+        publish_timeout=to_seconds(o["publish_timeout"], name="publish_timeout")
         or DEFAULT_PUBLISH_TIMEOUT,
         instrumentation=instrumentation or default_instrumentation(),
         return_to=return_to,

@@ -53,7 +53,7 @@ class FailureHandling:
     parking_queue: str | None
     publish_timeout: float
     trouble: Trouble = field(default_factory=Trouble)
-    return_to: Literal["queue", "exchange"] = "queue"
+    return_to: Literal["queue", "exchange"]
     hold: Hold | None = None
     """Retries to the queue leave the chain early by this hold's lead; the handler holds them."""
     consumed_from_queue: bool = True

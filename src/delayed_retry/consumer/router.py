@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Unpack
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
-from tenacity.stop import stop_base
-from tenacity.wait import wait_base
 
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.consumers import Consumer, consume_queue
@@ -34,14 +32,15 @@ from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
 from delayed_retry.consumer.in_flight import InFlight
+from delayed_retry.consumer.options import RouterOptions, with_defaults
 from delayed_retry.consumer.rejections import RETRIED_REASONS, Rejection, read_rejection
-from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
+from delayed_retry.durations import to_epoch_ms, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import X_CLAIMED_QUEUE, X_PARKED_AT, X_PARKED_REASON, sanitize_headers
 from delayed_retry.observability.instrumentation import Instrumentation
 from delayed_retry.observability.otel import default_instrumentation
-from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.policy import Decision, RetryPolicy
+from delayed_retry.topology import DelayTopology
 
 __all__ = ["ConsumerRejected", "RetryRouter"]
 
@@ -76,23 +75,14 @@ class RetryRouter:
     does not know a queue keeps that queue's messages in ``<prefix>.unroutable``.
     Several routers with the same list may run at once (competing consumers).
 
-    Options are keyword-only and mean what they mean for the decorator:
-    ``max_retries`` delayed retries, then parking; ``wait`` any tenacity wait;
-    ``stop`` an extra tenacity stop; ``prefetch`` rejected messages handled at once.
+    Its options besides ``queues`` are keyword-only, those of
+    :class:`~delayed_retry.consumer.options.RouterOptions`: the decorator's
+    that apply to a router, meaning what they mean there, and ``prefetch``.
     """
 
-    def __init__(
-        self,
-        *,
-        queues: Iterable[str],
-        max_retries: int = 5,
-        wait: wait_base = DEFAULT_WAIT,
-        stop: stop_base | None = None,
-        topology: DelayTopology = DEFAULT_TOPOLOGY,
-        publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
-        prefetch: int = 32,
-        instrumentation: Instrumentation | None = None,
-    ) -> None:
+    def __init__(self, *, queues: Iterable[str], **options: Unpack[RouterOptions]) -> None:
+        o = with_defaults(RouterOptions, options, caller="RetryRouter()")
+        topology, prefetch = o["topology"], o["prefetch"]
         if isinstance(queues, str):
             raise ConfigurationError(
                 f"queues={queues!r} must be a list of queue names, not one string"
@@ -110,13 +100,13 @@ class RetryRouter:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ConfigurationError(f"prefetch={prefetch!r} must be a positive int")
         self.queues = names
-        self.topology = topology
-        self.policy = RetryPolicy(max_retries=max_retries, wait=wait, stop=stop)
+        self.topology: DelayTopology = topology
+        self.policy = RetryPolicy(max_retries=o["max_retries"], wait=o["wait"], stop=o["stop"])
         self.publish_timeout = (
-            to_seconds(publish_timeout, name="publish_timeout") or DEFAULT_PUBLISH_TIMEOUT
+            to_seconds(o["publish_timeout"], name="publish_timeout") or DEFAULT_PUBLISH_TIMEOUT
         )
-        self.prefetch = prefetch
-        self.instrumentation = instrumentation or default_instrumentation()
+        self.prefetch: int = prefetch
+        self.instrumentation: Instrumentation = o["instrumentation"] or default_instrumentation()
         self._known = frozenset(names)
         self._trouble = Trouble()
         self.in_flight = InFlight()
@@ -203,6 +193,7 @@ class RetryRouter:
             topology=self.topology,
             parking_queue=None,
             publish_timeout=self.publish_timeout,
+            return_to="queue",  # the queue x-death names: the router knows no exchange to trust
             consumed_from_queue=False,  # from <prefix>.rejected: keep the chain's safety net
         )
         with self.instrumentation.attempt(message, state, queue=queue) as scope:

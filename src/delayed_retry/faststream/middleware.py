@@ -21,7 +21,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from faststream import BaseMiddleware
 from faststream.exceptions import (
@@ -32,26 +32,20 @@ from faststream.exceptions import (
     SkipMessage,
     StopConsume,
 )
-from tenacity.retry import retry_base
-from tenacity.stop import stop_base
-from tenacity.wait import wait_base
 
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.declare import declarer_for
-from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.checks import warn_about_delivery_limit
 from delayed_retry.consumer.decorator import (
     RetryingHandler,
     RetryOptions,
-    ReturnTo,
     retry_options,
 )
-from delayed_retry.consumer.hooks import FailureHook
+from delayed_retry.consumer.options import SubscriberOptions
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.throttling import ThrottleControl
-from delayed_retry.crashes import CrashGuard
-from delayed_retry.durations import Duration, format_duration, utcnow
+from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.faststream.in_memory import InMemoryDecision, is_in_memory, run_in_memory
 from delayed_retry.faststream.subscribers import (
@@ -61,11 +55,8 @@ from delayed_retry.faststream.subscribers import (
     warn_about_telemetry_order,
     warn_about_unrestorable_queue,
 )
-from delayed_retry.hold import DEFAULT_HOLD, Hold
-from delayed_retry.observability.instrumentation import Instrumentation
-from delayed_retry.policy import DEFAULT_WAIT, Decision
-from delayed_retry.throttle import Throttle
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, dead_letter_target
+from delayed_retry.policy import Decision
+from delayed_retry.topology import DelayTopology, dead_letter_target
 
 if TYPE_CHECKING:
     from faststream import ContextRepo, StreamMessage
@@ -192,8 +183,9 @@ class DelayedRetry:
     parking queue once retries are spent, exactly as with ``@with_delayed_retry``.
 
     The options are those of :func:`~delayed_retry.with_delayed_retry` except
-    ``queue`` (each subscriber's queue is known), checked here with the same
-    errors. Put FastStream's ``RabbitTelemetryMiddleware`` before it in the
+    ``queue`` (each subscriber's queue is known):
+    :class:`~delayed_retry.consumer.options.SubscriberOptions`, checked here
+    with the same errors. Put FastStream's ``RabbitTelemetryMiddleware`` before it in the
     list, so each attempt has one consumer span.
 
     Under FastStream's in-memory ``TestRabbitBroker`` there is no chain: a
@@ -201,43 +193,14 @@ class DelayedRetry:
     not raised to the test (as a real failure is not raised to FastStream).
     """
 
-    def __init__(
-        self,
-        *,
-        max_retries: int = 5,
-        wait: wait_base = DEFAULT_WAIT,
-        retry: retry_base | None = None,
-        stop: stop_base | None = None,
-        topology: DelayTopology = DEFAULT_TOPOLOGY,
-        parking_queue: str | None = None,
-        publish_timeout: Duration = DEFAULT_PUBLISH_TIMEOUT,
-        instrumentation: Instrumentation | None = None,
-        return_to: ReturnTo = "queue",
-        hold: Hold | None = DEFAULT_HOLD,
-        immediate_retries: int = 0,
-        immediate_wait: wait_base | None = None,
-        on_retry: FailureHook | None = None,
-        on_park: FailureHook | None = None,
-        throttle: Throttle | None = None,
-        crash_guard: CrashGuard | None = None,
-    ) -> None:
+    def __init__(self, **options: Unpack[SubscriberOptions]) -> None:
+        if "queue" in options:
+            raise TypeError(
+                "DelayedRetry() got an unexpected keyword argument 'queue': it retries each "
+                "subscriber's failures to that subscriber's own queue; drop queue="
+            )
         self.options: RetryOptions = retry_options(
-            max_retries=max_retries,
-            wait=wait,
-            retry=retry,
-            stop=stop,
-            topology=topology,
-            parking_queue=parking_queue,
-            publish_timeout=publish_timeout,
-            instrumentation=instrumentation,
-            return_to=return_to,
-            hold=hold,
-            immediate_retries=immediate_retries,
-            immediate_wait=immediate_wait,
-            on_retry=on_retry,
-            on_park=on_park,
-            throttle=throttle,
-            crash_guard=crash_guard,
+            options, accepted=SubscriberOptions, caller="DelayedRetry()"
         )
         self._served: dict[int, _Served] = {}
         self.refused: set[int] = set()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from delayed_retry import encoding
 from delayed_retry.amqp.declare import declare_topology
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import from_epoch_ms
 from delayed_retry.errors import ConfigurationError, DelayedRetryError, DelayOutOfRangeError
 from delayed_retry.topology import DelayTopology
@@ -84,7 +85,7 @@ class PublishJob:
     ledger: str
     token: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     window: int = 256
-    publish_timeout: float = 30.0
+    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
     drop_headers: tuple[str, ...] = ()
     ledger_every: int = 20_000
     anchored: bool = False
