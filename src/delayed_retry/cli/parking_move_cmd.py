@@ -40,7 +40,7 @@ from delayed_retry.parking.lot import (
     purge_matching,
     replay_matching,
 )
-from delayed_retry.parking.moves import CANARY_PARKED_AFTER_THE_REST, CANARY_PARKED_AGAIN
+from delayed_retry.parking.moving.report import CANARY_PARKED_AFTER_THE_REST, CANARY_PARKED_AGAIN
 from delayed_retry.parking.refresh import refresh_needed, refresh_parked
 
 __all__ = ["register_purge", "register_refresh", "register_replay"]

@@ -26,8 +26,8 @@ from delayed_retry.headers import (
     read_epoch_ms,
     split_read_counters,
 )
-from delayed_retry.parking.canary_wait import retry_span
 from delayed_retry.parking.lot import CanaryWait, ParkedFilter
+from delayed_retry.parking.moving.canary_rules import retry_span
 from delayed_retry.web.forms import PAGE_CANARY, PAGE_RATE, form_field, request_from_form
 from delayed_retry.web.jobs import JobManager, JobRequest
 from delayed_retry.web.plans import PlanBook, ReplayPlan
