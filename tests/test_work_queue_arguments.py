@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from delayed_retry import WORK_QUEUE_DELIVERY_LIMIT, ConfigurationError, work_queue_arguments
-from delayed_retry.checks import check_delivery_limit, undecodable_risk
+from delayed_retry.delivery_limits import check_delivery_limit, undecodable_risk
 from delayed_retry.topology import DelayTopology, dead_letter_target, work_queue_policy_command
 
 

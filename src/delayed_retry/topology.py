@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple, TypedDict
 
-from delayed_retry import encoding
+from delayed_retry import routing_keys
 from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.errors import ConfigurationError, DelayOutOfRangeError
 
@@ -561,15 +561,15 @@ class DelayTopology:
         reaches ``destination`` (or the unroutable queue) in one routing step.
         """
         self.check_destination(destination)
-        key = encoding.routing_key(units, self.levels, destination)
+        key = routing_keys.routing_key(units, self.levels, destination)
         if units == 0:
             return Route(self.delivery_exchange, key, 0)
-        return Route(self.level_name(encoding.entry_level(units)), key, units)
+        return Route(self.level_name(routing_keys.entry_level(units)), key, units)
 
     def check_destination(self, destination: str) -> None:
         """Raise :class:`ConfigurationError` when ``destination`` cannot be a chain target."""
         try:
-            encoding.validate_destination(destination, self.levels)
+            routing_keys.validate_destination(destination, self.levels)
         except ValueError as exc:
             raise ConfigurationError(f"queue {destination!r} cannot receive delays: {exc}") from exc
 
@@ -629,11 +629,11 @@ class DelayTopology:
         out = []
         for level in range(self.levels):
             if self.skips_zeros:
-                key = encoding.drained_binding_key(level, self.levels)
+                key = routing_keys.drained_binding_key(level, self.levels)
                 out.append((self.delivery_exchange, self.level_name(level), key))
                 continue
             lower = self.level_name(level - 1) if level else self.delivery_exchange
-            key = encoding.level_binding_key(level, self.levels, 0)
+            key = routing_keys.level_binding_key(level, self.levels, 0)
             out.append((lower, self.level_name(level), key))
         return out
 
@@ -653,7 +653,7 @@ class DelayTopology:
             (
                 self.level_name(level - 1),
                 self.level_name(level),
-                encoding.level_binding_key(level, self.levels, 0),
+                routing_keys.level_binding_key(level, self.levels, 0),
             )
             for level in range(1, self.levels)
         ]
@@ -662,9 +662,9 @@ class DelayTopology:
         """(exchange, routing key) pairs binding level ``level``'s queue."""
         if not self.skips_zeros:
             name = self.level_name(level)
-            return ((name, encoding.level_binding_key(level, self.levels, 1)),)
+            return ((name, routing_keys.level_binding_key(level, self.levels, 1)),)
         return tuple(
-            (self.level_name(source), encoding.skip_binding_key(source, level, self.levels))
+            (self.level_name(source), routing_keys.skip_binding_key(source, level, self.levels))
             for source in range(level, self.levels)
         )
 
@@ -739,7 +739,7 @@ class DelayTopology:
     def delivery_binding(self, queue: str) -> tuple[str, str]:
         """(exchange, routing key) binding ``queue`` to the end of the chain."""
         self.check_destination(queue)
-        return self.delivery_exchange, encoding.delivery_binding_key(self.levels, queue)
+        return self.delivery_exchange, routing_keys.delivery_binding_key(self.levels, queue)
 
 
 def _regex_literal(text: str) -> str:

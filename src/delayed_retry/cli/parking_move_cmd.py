@@ -13,8 +13,8 @@ import socket
 import sys
 from typing import Any
 
-from delayed_retry.amqp.declare import underlay_of
-from delayed_retry.checks import broker_version
+from delayed_retry.amqp.channels import underlay_channel
+from delayed_retry.broker_versions import broker_version
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.connection import connect
@@ -328,7 +328,7 @@ async def _refresh(args: argparse.Namespace) -> int:
     connection = await connect(args.url)
     async with connection:
         channel = await connection.channel()
-        underlay = await underlay_of(channel)
+        underlay = await underlay_channel(channel)
         version = broker_version(getattr(underlay.connection, "server_properties", None))
         if not refresh_needed(version):
             assert version is not None

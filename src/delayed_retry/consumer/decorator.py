@@ -27,10 +27,10 @@ from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
+from delayed_retry.amqp.channels import underlay_channel as underlay_of
 from delayed_retry.amqp.consumers import check_restorable, start_consumer
-from delayed_retry.amqp.declare import declarer_for, underlay_of
+from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
-from delayed_retry.checks import warn_about_delivery_limit
 from delayed_retry.consumer.crash_guard import guard_redelivery
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import Trouble, ack, channel_open
@@ -41,6 +41,7 @@ from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
 from delayed_retry.crashes import CrashGuard
+from delayed_retry.delivery_limits import warn_about_delivery_limit
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import (

@@ -28,8 +28,9 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.channels import underlay_channel as underlay_of
 from delayed_retry.amqp.consumers import Consumer, consume_queue
-from delayed_retry.amqp.declare import declarer_for, underlay_of
+from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over

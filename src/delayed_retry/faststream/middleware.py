@@ -40,7 +40,6 @@ from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
-from delayed_retry.checks import warn_about_delivery_limit
 from delayed_retry.consumer.decorator import (
     RetryingHandler,
     RetryOptions,
@@ -51,6 +50,7 @@ from delayed_retry.consumer.hooks import FailureHook
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.crashes import CrashGuard
+from delayed_retry.delivery_limits import warn_about_delivery_limit
 from delayed_retry.durations import Duration, format_duration, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.faststream.in_memory import InMemoryDecision, is_in_memory, run_in_memory

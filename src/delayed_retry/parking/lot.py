@@ -31,7 +31,8 @@ from typing import Any
 
 import aiormq
 
-from delayed_retry.amqp.declare import declarer_for, underlay_of
+from delayed_retry.amqp.channels import underlay_channel
+from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, NotFoundError, queue_not_found
@@ -285,7 +286,7 @@ async def replay_matching(
         topology.units_until(utcnow() + timedelta(seconds=seconds), now=utcnow())
     await _check_queue(channel, target)
     if not dry_run:
-        underlay = await underlay_of(channel)
+        underlay = await underlay_channel(channel)
         await declarer_for(underlay.connection).destination(
             underlay.connection, topology, target, with_parking=False
         )

@@ -23,8 +23,7 @@ from typing import Any
 import aiormq
 import aiormq.abc
 
-from delayed_retry.amqp.channels import close_quietly
-from delayed_retry.amqp.declare import underlay_of
+from delayed_retry.amqp.channels import close_quietly, underlay_channel
 from delayed_retry.durations import utcnow
 from delayed_retry.headers import X_REPLAY_CANARY
 from delayed_retry.parking.moving.canary_rules import (
@@ -90,7 +89,7 @@ class ParkWatch:
     @classmethod
     async def open(cls, channel: Any, *, exchange: str, queue: str) -> ParkWatch | None:
         """Start watching; ``None`` when the parking exchange cannot be bound (not ours)."""
-        underlay = await underlay_of(channel)
+        underlay = await underlay_channel(channel)
         # Kept open while watching (not a scratch channel): close() deletes the queue on it.
         own = await underlay.connection.channel(publisher_confirms=False)
         try:
