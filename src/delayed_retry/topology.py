@@ -16,12 +16,12 @@ Picture for ``prefix="delayed-retry"``::
 
 Each level exchange binds every lower level's queue for the key that has
 zeros down to that level ("skip zeros"): a message passes one exchange per
-level queue it waits in, not one per level. The chain's earlier versions
-bound each level exchange to the next lower one instead (the pass-through
-bindings, :meth:`DelayTopology.retired_bindings`); RabbitMQ delivers a message
-once to a queue however many of its bindings match, so a chain holding both
-kinds, while services of both versions run, routes every message once.
-NServiceBus's naming keeps NServiceBus's own pass-through bindings.
+level queue it waits in, not one per level. A pass-through chain binds each
+level exchange to the next lower one instead (NServiceBus's naming keeps these,
+its own layout); found on a chain of this naming they are
+:meth:`DelayTopology.retired_bindings`, which declaring removes. RabbitMQ delivers a
+message once to a queue however many of its bindings match, so a chain holding
+both kinds routes every message once.
     delayed-retry.parking ──(key Q)──► Q.parking
                           └──(#)────► delayed-retry.parking.alerts
     delayed-retry.rejected ──► queue delayed-retry.rejected ──► RetryRouter
@@ -638,14 +638,13 @@ class DelayTopology:
         return out
 
     def retired_bindings(self) -> list[tuple[str, str, str]]:
-        """(destination, source, routing key) of the pass-through bindings earlier versions made.
+        """(destination, source, routing key) of the pass-through bindings this chain removes.
 
         Level ``j``'s exchange bound to level ``j - 1``'s for a 0 digit. They
         route nothing wrong next to the skip-zero bindings (a message reaches
         each queue once), but every message then passes every level exchange
         again. Declaring the chain removes them, after its own bindings are in
-        place; a service of an earlier version adds them back when it declares.
-        Empty for NServiceBus naming, whose chain these bindings are.
+        place. Empty for NServiceBus naming, whose chain these bindings are.
         """
         if not self.skips_zeros:
             return []
