@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delayed_retry.broker_versions import broker_major_version
-from delayed_retry.topology import (
+from delayed_retry.work_queues import (
     WORK_QUEUE_DELIVERY_LIMIT,
     dead_letter_target,
     work_queue_policy_command,
@@ -241,7 +241,7 @@ def undecodable_risk(
     Such a message (docs/reliability.md lists them) drops the consumer's
     connection at each delivery, before any consumer code sees it; only the
     broker can move it aside: a quorum queue's delivery limit with a
-    dead-letter target (:func:`~delayed_retry.topology.work_queue_arguments`).
+    dead-letter target (:func:`~delayed_retry.work_queues.work_queue_arguments`).
     ``queue_type``, ``arguments`` and ``policy`` (the effective policy
     definition) are what the management API reports of the queue. Returns the
     warning to show, naming the queue, what happens and the fix.

@@ -21,7 +21,7 @@ from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.broker_versions import broker_major_version
 from delayed_retry.cli.common import management_client
 from delayed_retry.delivery_limits import undecodable_risk
-from delayed_retry.topology import dead_letter_target
+from delayed_retry.work_queues import dead_letter_target
 
 __all__ = ["WorkQueueCheck", "check_work_queue"]
 

@@ -58,7 +58,8 @@ from delayed_retry.observability.instrumentation import (
 from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import DEFAULT_WAIT, Decision, RetryPolicy
 from delayed_retry.throttle import Throttle
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, dead_letter_target
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.work_queues import dead_letter_target
 
 __all__ = [
     "RetryingHandler",

@@ -65,7 +65,8 @@ from delayed_retry.hold import DEFAULT_HOLD, Hold
 from delayed_retry.observability.instrumentation import Instrumentation
 from delayed_retry.policy import DEFAULT_WAIT, Decision
 from delayed_retry.throttle import Throttle
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, dead_letter_target
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.work_queues import dead_letter_target
 
 if TYPE_CHECKING:
     from faststream import ContextRepo, StreamMessage
