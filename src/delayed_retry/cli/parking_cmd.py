@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from delayed_retry.cli.parking_move_cmd import register_purge, register_refresh, register_replay
-from delayed_retry.cli.parking_read_cmd import register_list, register_show
+from delayed_retry.cli.parking_move import register_purge, register_refresh, register_replay
+from delayed_retry.cli.parking_read import register_list, register_show
 
 __all__ = ["register"]
 

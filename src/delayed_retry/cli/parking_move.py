@@ -32,7 +32,7 @@ from delayed_retry.cli.output import (
 )
 from delayed_retry.cli.parking_args import add_filter_args, add_queue_args, filter_from_args
 from delayed_retry.cli.parking_ids import resolve_ids
-from delayed_retry.cli.parking_read_cmd import exception_text
+from delayed_retry.cli.parking_read import exception_text
 from delayed_retry.parking.lot import (
     CanaryNews,
     MoveProgress,
