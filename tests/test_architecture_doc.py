@@ -1,7 +1,8 @@
 """docs/architecture.md draws the package tree: it must name every module there is, and no other.
 
-A folder whose modules the tree lists (``amqp/``, ``consumer/`` …) must list all of them;
-a folder drawn as one line (``spark/``, ``cli/`` …) must exist. Run on every test run, so the
+A folder whose modules the tree lists (``amqp/``, ``consumer/``, ``parking/moving/`` …) must
+list all of them, its subfolders included; a folder drawn as one line (``spark/``, ``cli/`` …)
+must exist. Run on every test run, so the
 map cannot drift from the code.
 """
 
@@ -18,21 +19,24 @@ _ENTRY = re.compile(r"^(?P<indent>(?:│   |    )*)(?:├──|└──) (?P<n
 
 
 def drawn_tree(text: str) -> dict[str, set[str]]:
-    """{folder ("" for the package itself): names drawn in it} from the doc's package tree."""
+    """{folder ("" for the package itself, "parking/moving" for a nested one): names drawn
+    in it} from the doc's package tree."""
     block = text.split("## The package", 1)[1].split("```", 2)[1]
     tree: dict[str, set[str]] = {"": set()}
-    folder = ""
+    folders: list[str] = []  # the folder open at each depth
     for line in block.splitlines():
         match = _ENTRY.match(line)
         if match is None:
             continue
         depth = len(match["indent"]) // 4
         name = match["name"]
-        if depth == 0:
-            tree[""].add(name)
-            folder = name.rstrip("/") if name.endswith("/") else ""
-        elif depth == 1 and folder:
-            tree.setdefault(folder, set()).add(name)
+        if depth > len(folders):
+            continue  # under a folder drawn as one line
+        del folders[depth:]
+        parent = "/".join(folders)
+        tree.setdefault(parent, set()).add(name)
+        if name.endswith("/"):
+            folders.append(name.rstrip("/"))
     return tree
 
 
@@ -48,7 +52,9 @@ def test_the_tree_in_the_architecture_doc_matches_the_package() -> None:
     for folder, names in tree.items():
         if not folder:
             continue
-        modules = {p.name for p in (PACKAGE / folder).glob("*.py")} - {"__init__.py"}
+        path = PACKAGE / folder
+        modules = {p.name for p in path.glob("*.py")} - {"__init__.py"}
+        modules |= {f"{p.name}/" for p in path.iterdir() if (p / "__init__.py").exists()}
         assert names == modules, (
             f"docs/architecture.md draws {folder}/ with {sorted(names - modules)} that do not "
             f"exist and without {sorted(modules - names)}"
@@ -59,3 +65,22 @@ def test_the_check_reads_nested_entries() -> None:
     lines = ["src/x/", "├── a.py  x", "├── sub/", "│   ├── b.py", "│   └── c.py", "└── d/"]
     text = "## The package\n```\n" + "\n".join(lines) + "\n```\n"
     assert drawn_tree(text) == {"": {"a.py", "sub/", "d/"}, "sub": {"b.py", "c.py"}}
+
+
+def test_the_check_reads_nested_folders() -> None:
+    lines = [
+        "src/x/",
+        "├── sub/",
+        "│   ├── b.py",
+        "│   ├── deep/",
+        "│   │   ├── e.py",
+        "│   │   └── f.py",
+        "│   └── c.py",
+        "└── d.py",
+    ]
+    text = "## The package\n```\n" + "\n".join(lines) + "\n```\n"
+    assert drawn_tree(text) == {
+        "": {"sub/", "d.py"},
+        "sub": {"b.py", "deep/", "c.py"},
+        "sub/deep": {"e.py", "f.py"},
+    }

@@ -14,7 +14,11 @@ import pytest
 
 from delayed_retry import DelayTopology, declare_topology
 from delayed_retry.amqp.declare import existing_in_memory_argument
-from delayed_retry.checks import bodies_in_memory_hint, broker_version, keeps_bodies_in_memory
+from delayed_retry.broker_versions import (
+    bodies_in_memory_hint,
+    broker_version,
+    keeps_bodies_in_memory,
+)
 from harness import BrokerHarnessError, RabbitMQNode
 
 # What RabbitMQ 3.10.8 and 4.0.5 say, word for word, when a declaration differs.

@@ -17,7 +17,7 @@ from tenacity.stop import stop_base
 
 from delayed_retry import ConfigurationError, ParkMessage, consume, with_delayed_retry
 from delayed_retry.amqp import declare as declare_module
-from delayed_retry.checks import broker_major_version
+from delayed_retry.broker_versions import broker_major_version
 from delayed_retry.parking.shortcuts import peek_parked
 from delayed_retry.topology import DELIVERY_LIMIT
 from tests.support.chain import Scenario

@@ -28,7 +28,8 @@ PACKAGE = "delayed_retry"
 PURE_IN_SUBPACKAGES = (
     "consumer.rejections",
     "parking.records",
-    "parking.moves",
+    "parking.moving.report",
+    "parking.moving.canary_rules",
     "parking.ids",
     "admin.chain_diff",
     "admin.other_chains",

@@ -14,10 +14,7 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.parking.lot import CanaryNews, replay_matching
-from delayed_retry.parking.moves import (
-    CANARY_PARKED_AFTER_THE_REST,
-    CANARY_PARKED_AGAIN,
-)
+from delayed_retry.parking.moving.report import CANARY_PARKED_AFTER_THE_REST, CANARY_PARKED_AGAIN
 from tests.support.chain import Scenario, open_scenario
 from tests.support.retrying import fail_with_retries, park_after_retries
 from tests.support.waiting import wait_until

@@ -28,7 +28,6 @@ from delayed_retry.headers import (
     X_REPLAYED_BY,
     X_RETRY,
 )
-from delayed_retry.parking import canary as parking_canary
 from delayed_retry.parking.lot import (
     CanaryNews,
     MoveProgress,
@@ -39,7 +38,8 @@ from delayed_retry.parking.lot import (
     purge_matching,
     replay_matching,
 )
-from delayed_retry.parking.moves import CANARY_CONFIRMED, CANARY_PARKED_AGAIN
+from delayed_retry.parking.moving import canary as parking_canary
+from delayed_retry.parking.moving.report import CANARY_CONFIRMED, CANARY_PARKED_AGAIN
 from delayed_retry.parking.shortcuts import replay_parked
 from tests.support.queues import wait_for_depth
 

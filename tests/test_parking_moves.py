@@ -23,16 +23,15 @@ from delayed_retry.headers import (
     X_RETRY,
     read_epoch_ms,
 )
-from delayed_retry.parking.canary_wait import CanaryWait, derived_wait, retry_span
-from delayed_retry.parking.mover import HandOvers, MoveRequest
-from delayed_retry.parking.moves import (
-    CANARY_PARKED_AGAIN,
+from delayed_retry.parking.moving.canary_rules import (
     CanarySlots,
-    MoveProgress,
-    MoveTally,
-    replay_copy,
+    CanaryWait,
+    derived_wait,
+    retry_span,
 )
-from delayed_retry.parking.records import ParkedRecord, read_record
+from delayed_retry.parking.moving.engine import HandOvers, MoveRequest
+from delayed_retry.parking.moving.report import CANARY_PARKED_AGAIN, MoveProgress, MoveTally
+from delayed_retry.parking.records import ParkedRecord, read_record, replay_copy
 from tests.support.waiting import wait_until
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -22,9 +22,9 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
-from delayed_retry.amqp.declare import underlay_of
+from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.publish import publish_confirmed
-from delayed_retry.checks import broker_version
+from delayed_retry.broker_versions import broker_version
 from delayed_retry.cli import main
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import PublishNotConfirmedError
@@ -279,7 +279,7 @@ async def test_refreshing_an_old_message_lets_the_log_shrink(
             cleared = await purge_matching(channel, queue=unique, where=recent)
             assert cleared.done == 1000
         held = _du(folder)
-        underlay = await underlay_of(channel)
+        underlay = await underlay_channel(channel)
         needed = refresh_needed(broker_version(underlay.connection.server_properties))
         if needed:
             # Most of the 3,000 x 1 KB stays in segments behind the old message. (4.3

@@ -27,7 +27,7 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry import headers as h
-from delayed_retry.amqp.declare import underlay_of
+from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.publish import publish_confirmed
 from delayed_retry.consumer.decorator import EARLY_TOLERANCE
 from delayed_retry.durations import to_epoch_ms
@@ -588,7 +588,7 @@ async def test_a_zero_delay_retry_to_a_missing_queue_is_returned_not_confirmed(
 ) -> None:
     # What the zero-delay route relies on when its queue is deleted in between:
     # the mandatory publish comes back, so the original is never acked for it.
-    channel = await underlay_of(quorum.ch)
+    channel = await underlay_channel(quorum.ch)
     with pytest.raises(PublishNotConfirmedError, match="unroutable"):
         await publish_confirmed(
             channel,

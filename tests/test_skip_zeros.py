@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from delayed_retry import DelayTopology, declare_topology, encoding, publish_delayed
+from delayed_retry import DelayTopology, declare_topology, publish_delayed, routing_keys
 from delayed_retry.headers import X_DUE_AT
 from tests.support.chain import Inbox, Scenario
 
@@ -60,7 +60,11 @@ class _Broker:
         for destination, source, key in [*topology.exchange_bindings(), *extra]:
             broker.exchange_bindings.append((source, destination, key))
         broker.queue_bindings.append(
-            (topology.delivery_exchange, dest, encoding.delivery_binding_key(topology.levels, dest))
+            (
+                topology.delivery_exchange,
+                dest,
+                routing_keys.delivery_binding_key(topology.levels, dest),
+            )
         )
         return broker
 
@@ -138,9 +142,9 @@ def test_nservicebus_naming_keeps_its_pass_through_bindings() -> None:
 
 def test_binding_keys_refuse_impossible_levels() -> None:
     with pytest.raises(ValueError, match="not a way down"):
-        encoding.skip_binding_key(2, 3, 8)
+        routing_keys.skip_binding_key(2, 3, 8)
     with pytest.raises(ValueError, match="outside"):
-        encoding.drained_binding_key(8, 8)
+        routing_keys.drained_binding_key(8, 8)
 
 
 # -- on a real broker -------------------------------------------------------------

@@ -11,8 +11,8 @@ import pytest
 
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.parking.canary_wait import CanaryNews, CanaryWait
 from delayed_retry.parking.lot import ParkedFilter, ParkedRecord, read_record
+from delayed_retry.parking.moving.canary_rules import CanaryNews, CanaryWait
 from delayed_retry.web.jobs import Job, JobRequest
 from delayed_retry.web.plans import PLAN_TTL, PlanBook, ReplayPlan
 from delayed_retry.web.records import (

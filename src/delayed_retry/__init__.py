@@ -49,12 +49,8 @@ from delayed_retry.observability.otel import OpenTelemetryInstrumentation
 from delayed_retry.parking.shortcuts import ParkedMessage, ReplayResult, peek_parked, replay_parked
 from delayed_retry.policy import DEFAULT_MAX_RETRIES, DEFAULT_WAIT, RetryPolicy
 from delayed_retry.throttle import Throttle
-from delayed_retry.topology import (
-    DEFAULT_TOPOLOGY,
-    WORK_QUEUE_DELIVERY_LIMIT,
-    DelayTopology,
-    work_queue_arguments,
-)
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.work_queues import WORK_QUEUE_DELIVERY_LIMIT, work_queue_arguments
 
 try:
     __version__ = _metadata.version("delayed-retry")

@@ -1,21 +1,18 @@
 """Leaving the chain before the due time, for a consumer that holds a message until due.
 
-Each TTL hop of the chain adds a few milliseconds (about 2.5 ms on classic and
-4 ms on quorum queues at p50, measured on an idle node), and costs the broker
-about as much as a plain publish and consume. With a :class:`Hold`, the chain
-lets the message out before its due time and the consumer, a
-``@with_delayed_retry`` handler or a forwarder, holds it in memory for the
-rest: it is handled within about a millisecond of its due time and never
-before it.
+Each TTL hop of the chain adds a few milliseconds and costs the broker about as much as a
+plain publish and consume. With a :class:`Hold`, the chain lets the message out before its
+due time and the consumer, a ``@with_delayed_retry`` handler or a forwarder, holds it in
+memory for the rest: it is handled close to its due time and never before it.
 
 How early: of the delays that leave the chain at least the *lead* (a base
 plus a share per hop) and at most the *limit* before the due time, the one
 that waits in the fewest level queues. With the default 1 s limit, a delay
-of 0.5–3 s makes 0.8 hops on average instead of 3.5 with a fixed 32 ms step,
-and one shorter than about a second makes none: it goes straight to its
+shorter than about a second waits in no level queue: it goes straight to its
 queue and waits there, held. The price is held messages: about
-rate x limit / 2 at once (550 at 1,000 a second), each an unacked delivery
-that counts against the channel's prefetch.
+rate x limit / 2 at once, each an unacked delivery that counts against the channel's
+prefetch. What a hop costs and how many a hold saves, measured: docs/performance.md
+("Held delays: precision, and half the hops").
 
 Pure: :func:`chain_units` turns a due time into the units to publish with.
 """

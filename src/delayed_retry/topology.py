@@ -16,12 +16,12 @@ Picture for ``prefix="delayed-retry"``::
 
 Each level exchange binds every lower level's queue for the key that has
 zeros down to that level ("skip zeros"): a message passes one exchange per
-level queue it waits in, not one per level. The chain's earlier versions
-bound each level exchange to the next lower one instead (the pass-through
-bindings, :meth:`DelayTopology.retired_bindings`); RabbitMQ delivers a message
-once to a queue however many of its bindings match, so a chain holding both
-kinds, while services of both versions run, routes every message once.
-NServiceBus's naming keeps NServiceBus's own pass-through bindings.
+level queue it waits in, not one per level. A pass-through chain binds each
+level exchange to the next lower one instead (NServiceBus's naming keeps these,
+its own layout); found on a chain of this naming they are
+:meth:`DelayTopology.retired_bindings`, which declaring removes. RabbitMQ delivers a
+message once to a queue however many of its bindings match, so a chain holding
+both kinds routes every message once.
     delayed-retry.parking ──(key Q)──► Q.parking
                           └──(#)────► delayed-retry.parking.alerts
     delayed-retry.rejected ──► queue delayed-retry.rejected ──► RetryRouter
@@ -34,12 +34,11 @@ import json
 import math
 import re
 import shlex
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, NamedTuple, TypedDict
+from typing import Literal, NamedTuple, TypedDict
 
-from delayed_retry import encoding
+from delayed_retry import routing_keys
 from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.errors import ConfigurationError, DelayOutOfRangeError
 
@@ -54,11 +53,8 @@ __all__ = [
     "QueueType",
     "Naming",
     "Route",
-    "WORK_QUEUE_DELIVERY_LIMIT",
     "amqp_arguments",
-    "dead_letter_target",
-    "work_queue_arguments",
-    "work_queue_policy_command",
+    "regex_literal",
 ]
 
 QueueType = Literal["quorum", "classic"]
@@ -160,129 +156,6 @@ class QueueArguments(TypedDict, total=False):
 def amqp_arguments(args: QueueArguments) -> dict[str, str | int]:
     """``QueueArguments`` spelled as AMQP wants them (``x_message_ttl`` → ``x-message-ttl``)."""
     return {key.replace("_", "-"): value for key, value in args.items()}  # type: ignore[misc]
-
-
-WORK_QUEUE_DELIVERY_LIMIT = 5
-"""``x-delivery-limit`` :func:`work_queue_arguments` gives a queue a retrying consumer reads.
-
-A message the AMQP client cannot decode (a timestamp past the year 9999, a
-header name that is not UTF-8: docs/reliability.md lists them) drops the
-consumer's connection at each delivery, before any code of the consumer sees
-it; the broker returns it and delivers it again, first, for ever. Each such
-return counts toward the limit, so after this many the broker dead-letters it
-to the queue's dead-letter queue and the messages behind it flow again: with
-aio-pika's default reconnect interval of 5 s, in about half a minute. What else
-counts, and moves a message there the same way (with the broker's ``x-death``
-record): a lost connection or consumer crash while it was in flight, and on
-RabbitMQ 3.10-4.2 a hand-over given back after 30 s without a confirm, so five
-of those (2.5 minutes of broker trouble for one message) move it.
-"""
-
-
-def work_queue_arguments(
-    queue: str,
-    *,
-    dead_letter_queue: str | None = None,
-    delivery_limit: int = WORK_QUEUE_DELIVERY_LIMIT,
-) -> dict[str, Any]:
-    """The ``x-*`` arguments to declare a queue a retrying consumer reads with.
-
-    Use them when you declare the queue (``channel.declare_queue(queue, durable=True,
-    arguments=work_queue_arguments(queue))``, or ``delayed-retry declare --bind QUEUE
-    --create``): a quorum queue whose broker dead-letters a message delivered
-    more than ``delivery_limit`` times into ``dead_letter_queue`` (default
-    ``<queue>.dead-letter``, through the default exchange, at-least-once), which
-    :func:`~delayed_retry.consume` declares. That is the one defence against a
-    message the AMQP client cannot decode, which no consumer code ever sees (see
-    :data:`WORK_QUEUE_DELIVERY_LIMIT`); it goes to a queue of its own, not to the
-    parking queue, so that the parking tools, which must decode what they read,
-    keep working. A queue that exists already keeps its arguments (the broker
-    refuses to change them): set them with a policy there (docs/reliability.md).
-    """
-    if isinstance(delivery_limit, bool) or not isinstance(delivery_limit, int):
-        raise ConfigurationError(
-            f"delivery_limit={delivery_limit!r} for queue {queue!r} is not a whole number; "
-            f"pass a count of deliveries such as {WORK_QUEUE_DELIVERY_LIMIT}"
-        )
-    if delivery_limit < 1:
-        raise ConfigurationError(
-            f"delivery_limit={delivery_limit} for queue {queue!r} would dead-letter messages "
-            "at their first return (RabbitMQ 3.10 reads -1 that way too); pass at least 1, "
-            f"such as {WORK_QUEUE_DELIVERY_LIMIT}"
-        )
-    if not queue or queue.startswith("amq."):
-        raise ConfigurationError(
-            f"queue name {queue!r} cannot be declared by a client; pass the name of your queue"
-        )
-    target = dead_letter_queue or DelayTopology.default_dead_letter_queue(queue)
-    if target == queue:
-        raise ConfigurationError(
-            f"dead_letter_queue={target!r} is queue {queue!r} itself; pass another queue, or "
-            "none for <queue>.dead-letter"
-        )
-    args: QueueArguments = {
-        "x_queue_type": "quorum",
-        "x_delivery_limit": delivery_limit,
-        "x_dead_letter_exchange": "",
-        "x_dead_letter_routing_key": target,
-        # At-least-once dead-lettering needs reject-publish; with drop-head the broker
-        # silently falls back to at-most-once, which drops a message whose target is missing.
-        "x_dead_letter_strategy": "at-least-once",
-        "x_overflow": "reject-publish",
-    }
-    return dict(amqp_arguments(args))
-
-
-def work_queue_policy_command(
-    queue: str,
-    *,
-    dead_letter_queue: str | None = None,
-    delivery_limit: int = WORK_QUEUE_DELIVERY_LIMIT,
-    vhost: str = "/",
-) -> str:
-    """The ``rabbitmqctl set_policy`` giving an existing quorum queue what
-    :func:`work_queue_arguments` gives a new one.
-
-    For a queue that exists already, whose arguments the broker will not change.
-    A queue takes one policy (the highest priority that matches): fold these
-    keys into a policy it already has instead, if it has one. A classic queue
-    cannot take them: it has no delivery limit.
-    """
-    args = work_queue_arguments(
-        queue, dead_letter_queue=dead_letter_queue, delivery_limit=delivery_limit
-    )
-    definition = {
-        key.removeprefix("x-"): value for key, value in args.items() if key != "x-queue-type"
-    }
-    return shlex.join(
-        [
-            "rabbitmqctl",
-            "set_policy",
-            "--vhost",
-            vhost,
-            "--apply-to",
-            "queues",
-            f"{queue}.work-queue",
-            f"^{_regex_literal(queue)}$",
-            json.dumps(definition, separators=(",", ":")),
-        ]
-    )
-
-
-def dead_letter_target(arguments: object) -> str | None:
-    """The queue a queue's arguments dead-letter into through the default exchange, or ``None``.
-
-    That is what :func:`work_queue_arguments` sets up: ``x-dead-letter-exchange``
-    empty and ``x-dead-letter-routing-key`` naming the queue. Other targets
-    (an exchange of their own) are the owner's to declare.
-    """
-    if not isinstance(arguments, Mapping):
-        return None
-    exchange = arguments.get("x-dead-letter-exchange")
-    target = arguments.get("x-dead-letter-routing-key")
-    if exchange == "" and isinstance(target, str) and target:
-        return target
-    return None
 
 
 class ExchangeSpec(NamedTuple):
@@ -525,7 +398,7 @@ class DelayTopology:
             name=f"{self.prefix}.levels-on-disk"
             if self.naming == "delayed-retry"
             else "nsb.v2.delay-levels-on-disk",
-            pattern=f"^{_regex_literal(self._level_prefix)}[0-9]+$",
+            pattern=f"^{regex_literal(self._level_prefix)}[0-9]+$",
             definition={"max-in-memory-length": 0},
         )
 
@@ -561,15 +434,15 @@ class DelayTopology:
         reaches ``destination`` (or the unroutable queue) in one routing step.
         """
         self.check_destination(destination)
-        key = encoding.routing_key(units, self.levels, destination)
+        key = routing_keys.routing_key(units, self.levels, destination)
         if units == 0:
             return Route(self.delivery_exchange, key, 0)
-        return Route(self.level_name(encoding.entry_level(units)), key, units)
+        return Route(self.level_name(routing_keys.entry_level(units)), key, units)
 
     def check_destination(self, destination: str) -> None:
         """Raise :class:`ConfigurationError` when ``destination`` cannot be a chain target."""
         try:
-            encoding.validate_destination(destination, self.levels)
+            routing_keys.validate_destination(destination, self.levels)
         except ValueError as exc:
             raise ConfigurationError(f"queue {destination!r} cannot receive delays: {exc}") from exc
 
@@ -629,23 +502,22 @@ class DelayTopology:
         out = []
         for level in range(self.levels):
             if self.skips_zeros:
-                key = encoding.drained_binding_key(level, self.levels)
+                key = routing_keys.drained_binding_key(level, self.levels)
                 out.append((self.delivery_exchange, self.level_name(level), key))
                 continue
             lower = self.level_name(level - 1) if level else self.delivery_exchange
-            key = encoding.level_binding_key(level, self.levels, 0)
+            key = routing_keys.level_binding_key(level, self.levels, 0)
             out.append((lower, self.level_name(level), key))
         return out
 
     def retired_bindings(self) -> list[tuple[str, str, str]]:
-        """(destination, source, routing key) of the pass-through bindings earlier versions made.
+        """(destination, source, routing key) of the pass-through bindings this chain removes.
 
         Level ``j``'s exchange bound to level ``j - 1``'s for a 0 digit. They
         route nothing wrong next to the skip-zero bindings (a message reaches
         each queue once), but every message then passes every level exchange
         again. Declaring the chain removes them, after its own bindings are in
-        place; a service of an earlier version adds them back when it declares.
-        Empty for NServiceBus naming, whose chain these bindings are.
+        place. Empty for NServiceBus naming, whose chain these bindings are.
         """
         if not self.skips_zeros:
             return []
@@ -653,7 +525,7 @@ class DelayTopology:
             (
                 self.level_name(level - 1),
                 self.level_name(level),
-                encoding.level_binding_key(level, self.levels, 0),
+                routing_keys.level_binding_key(level, self.levels, 0),
             )
             for level in range(1, self.levels)
         ]
@@ -662,9 +534,9 @@ class DelayTopology:
         """(exchange, routing key) pairs binding level ``level``'s queue."""
         if not self.skips_zeros:
             name = self.level_name(level)
-            return ((name, encoding.level_binding_key(level, self.levels, 1)),)
+            return ((name, routing_keys.level_binding_key(level, self.levels, 1)),)
         return tuple(
-            (self.level_name(source), encoding.skip_binding_key(source, level, self.levels))
+            (self.level_name(source), routing_keys.skip_binding_key(source, level, self.levels))
             for source in range(level, self.levels)
         )
 
@@ -739,10 +611,10 @@ class DelayTopology:
     def delivery_binding(self, queue: str) -> tuple[str, str]:
         """(exchange, routing key) binding ``queue`` to the end of the chain."""
         self.check_destination(queue)
-        return self.delivery_exchange, encoding.delivery_binding_key(self.levels, queue)
+        return self.delivery_exchange, routing_keys.delivery_binding_key(self.levels, queue)
 
 
-def _regex_literal(text: str) -> str:
+def regex_literal(text: str) -> str:
     """``text`` as a regular expression matching itself (``-`` left alone: it is plain there)."""
     return re.escape(text).replace("\\-", "-")
 

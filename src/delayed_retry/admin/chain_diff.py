@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from delayed_retry.checks import keeps_bodies_in_memory
+from delayed_retry.broker_versions import keeps_bodies_in_memory
 from delayed_retry.topology import IN_MEMORY_ARGUMENTS, DelayTopology, amqp_arguments
 
 __all__ = [

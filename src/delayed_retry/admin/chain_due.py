@@ -19,7 +19,7 @@ from datetime import datetime
 from aio_pika.abc import AbstractConnection
 
 from delayed_retry.amqp.channels import scratch_channel, underlay_connection
-from delayed_retry.checks import broker_major_version
+from delayed_retry.broker_versions import broker_major_version
 from delayed_retry.headers import X_DUE_AT, read_epoch_ms
 from delayed_retry.topology import DelayTopology
 

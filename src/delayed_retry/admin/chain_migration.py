@@ -23,8 +23,8 @@ from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 from delayed_retry.admin.chain_probe import queue_depth
 from delayed_retry.admin.other_chains import SourceChain, plan_move
 from delayed_retry.amqp import publish as publishing
-from delayed_retry.amqp.channels import close_quietly
-from delayed_retry.amqp.declare import declarer_for, underlay_of
+from delayed_retry.amqp.channels import close_quietly, underlay_channel
+from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError, PublishError
 from delayed_retry.headers import (
@@ -104,7 +104,7 @@ async def migrate_chain(
             "pass the target's topology options and the source's --from options"
         )
     channel = await connection.channel()  # publisher confirms on
-    underlay = await underlay_of(channel)
+    underlay = await underlay_channel(channel)
     declarer = declarer_for(underlay.connection)
     await declarer.topology(underlay.connection, target)
     bound: dict[str, str | None] = {}  # destination -> problem (None: bound)

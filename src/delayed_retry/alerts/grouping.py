@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from delayed_retry.durations import from_epoch_ms
-from delayed_retry.encoding import decode_routing_key
 from delayed_retry.fingerprint import Fingerprint, fingerprint, raising_frame
 from delayed_retry.headers import (
     X_EXCEPTION_MESSAGE,
@@ -31,6 +30,7 @@ from delayed_retry.headers import (
     X_THROTTLE_EVENT,
     X_THROTTLE_TRIGGER,
 )
+from delayed_retry.routing_keys import decode_routing_key
 
 __all__ = ["Alert", "AlertGroup", "AlertWindow", "ParkedArrival", "arrival_from", "group_arrivals"]
 

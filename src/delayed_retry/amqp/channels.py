@@ -1,4 +1,6 @@
-"""Short-lived channels: the one way the library opens a channel for a few operations.
+"""Short-lived channels: the one way the library opens a channel for a few operations; and
+the aiormq channel or connection under an aio-pika one (:func:`underlay_channel`,
+:func:`underlay_connection`).
 
 A broker refusal (a passive declare of something missing, an inequivalent
 argument) closes the channel it came on. Operations that may be refused, and
@@ -16,12 +18,15 @@ import aiormq
 import aiormq.abc
 from pamqp import commands as amqp_commands
 
+from delayed_retry.errors import ConfigurationError
+
 __all__ = [
     "close_quietly",
     "declared_queue",
     "exchange_exists",
     "on_scratch_channel",
     "scratch_channel",
+    "underlay_channel",
     "underlay_connection",
 ]
 
@@ -59,6 +64,21 @@ async def on_scratch_channel(
     """Run ``action`` on a :func:`scratch_channel` of ``connection`` and return its result."""
     async with scratch_channel(connection) as channel:
         return await action(channel)
+
+
+async def underlay_channel(channel: object) -> aiormq.abc.AbstractChannel:
+    """The aiormq channel under an aio-pika channel (or the aiormq channel itself).
+
+    Use it where the library needs what only aiormq offers (its connection, ``basic_get``
+    with the raw frame); :func:`underlay_connection` is the same for a connection.
+    """
+    if isinstance(channel, aiormq.abc.AbstractChannel):
+        return channel
+    get = getattr(channel, "get_underlay_channel", None)
+    if get is None:
+        raise ConfigurationError(f"{channel!r} is not an aio-pika or aiormq channel")
+    underlay: aiormq.abc.AbstractChannel = await get()
+    return underlay
 
 
 async def underlay_connection(connection: object) -> aiormq.abc.AbstractConnection:

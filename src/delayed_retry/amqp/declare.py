@@ -22,14 +22,13 @@ from typing import Any
 import aiormq
 import aiormq.abc
 
-from delayed_retry.amqp.channels import close_quietly, on_scratch_channel
-from delayed_retry.checks import (
+from delayed_retry.amqp.channels import close_quietly, on_scratch_channel, underlay_channel
+from delayed_retry.broker_versions import (
     bodies_in_memory_hint,
     broker_major_version,
     broker_version,
-    kept_classic_queue_risk,
-    kept_queue_risk,
 )
+from delayed_retry.delivery_limits import kept_classic_queue_risk, kept_queue_risk
 from delayed_retry.errors import (
     AccessRefusedError,
     ConfigurationError,
@@ -50,7 +49,6 @@ __all__ = [
     "declare_topology",
     "declare_parking_queue",
     "declarer_for",
-    "underlay_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -579,17 +577,6 @@ def declarer_for(connection: aiormq.abc.AbstractConnection) -> TopologyDeclarer:
     return declarer
 
 
-async def underlay_of(channel: Any) -> aiormq.abc.AbstractChannel:
-    """The aiormq channel under an aio-pika channel (or the aiormq channel itself)."""
-    if isinstance(channel, aiormq.abc.AbstractChannel):
-        return channel
-    get = getattr(channel, "get_underlay_channel", None)
-    if get is None:
-        raise ConfigurationError(f"{channel!r} is not an aio-pika or aiormq channel")
-    underlay: aiormq.abc.AbstractChannel = await get()
-    return underlay
-
-
 async def declare_topology(
     channel: Any, topology: DelayTopology = DEFAULT_TOPOLOGY, *, queues: Iterable[str] = ()
 ) -> None:
@@ -600,7 +587,7 @@ async def declare_topology(
     mismatch. ``channel`` is an aio-pika or aiormq channel; the declarations
     are cached per connection, so calling it again costs nothing.
     """
-    underlay = await underlay_of(channel)
+    underlay = await underlay_channel(channel)
     declarer = declarer_for(underlay.connection)
     await declarer.topology(underlay.connection, topology)
     for queue in queues:

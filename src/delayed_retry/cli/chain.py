@@ -23,7 +23,7 @@ from aio_pika.abc import AbstractConnection
 
 from delayed_retry.admin.chain_probe import declared_queue, exchange_exists
 from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementClient, ManagementError
-from delayed_retry.amqp.declare import underlay_of
+from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.cli.common import management_client, topology_from_args
 from delayed_retry.cli.output import CommandError
 from delayed_retry.topology import DelayTopology, amqp_arguments
@@ -106,7 +106,7 @@ async def checked_topology(
     spec = topology.queues()[0]
     if await declared_queue(connection, spec.name) is not None:
         # Re-declaring with the same arguments changes nothing; other arguments are refused.
-        underlay = await underlay_of(await connection.channel(publisher_confirms=False))
+        underlay = await underlay_channel(await connection.channel(publisher_confirms=False))
         try:
             await underlay.queue_declare(
                 spec.name, durable=True, arguments=dict(amqp_arguments(spec.arguments))

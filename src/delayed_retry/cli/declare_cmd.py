@@ -9,13 +9,14 @@ from typing import Any
 import aio_pika
 
 from delayed_retry.admin.chain_probe import declared_with, queue_depth
-from delayed_retry.amqp.declare import declare_topology, declarer_for, underlay_of
+from delayed_retry.amqp.channels import underlay_channel
+from delayed_retry.amqp.declare import declare_topology, declarer_for
 from delayed_retry.cli.common import add_management_option, add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import count_type
 from delayed_retry.cli.work_queue import check_work_queue
 from delayed_retry.errors import NotFoundError, queue_not_found
-from delayed_retry.topology import (
+from delayed_retry.work_queues import (
     WORK_QUEUE_DELIVERY_LIMIT,
     dead_letter_target,
     work_queue_arguments,
@@ -80,7 +81,7 @@ async def _declare(args: argparse.Namespace) -> int:
             made[queue] = dead_letter_target(arguments)
         channel = await connection.channel()
         await declare_topology(channel, topology, queues=args.bind)
-        underlay = (await underlay_of(channel)).connection
+        underlay = (await underlay_channel(channel)).connection
         warnings: list[str] = []
         notes: list[str] = []
         for queue in args.bind:

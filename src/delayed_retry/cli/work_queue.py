@@ -2,7 +2,7 @@
 
 A message the AMQP client cannot decode never reaches delayed-retry's code, so
 only the queue's own arguments (or policy) can move it aside:
-:func:`~delayed_retry.checks.undecodable_risk` says what is missing. Queue
+:func:`~delayed_retry.delivery_limits.undecodable_risk` says what is missing. Queue
 arguments and policies cannot be read over AMQP; the management API is asked,
 best effort, and a note says so when it cannot be read.
 """
@@ -17,10 +17,11 @@ from typing import Any
 from aio_pika.abc import AbstractConnection
 
 from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementError
-from delayed_retry.amqp.declare import underlay_of
-from delayed_retry.checks import broker_major_version, undecodable_risk
+from delayed_retry.amqp.channels import underlay_channel
+from delayed_retry.broker_versions import broker_major_version
 from delayed_retry.cli.common import management_client
-from delayed_retry.topology import dead_letter_target
+from delayed_retry.delivery_limits import undecodable_risk
+from delayed_retry.work_queues import dead_letter_target
 
 __all__ = ["WorkQueueCheck", "check_work_queue"]
 
@@ -69,7 +70,7 @@ async def check_work_queue(
     arguments, policy = _effective(info)
     channel = await connection.channel()
     try:
-        underlay = await underlay_of(channel)
+        underlay = await underlay_channel(channel)
         server_properties = getattr(underlay.connection, "server_properties", None)
     finally:
         await channel.close()

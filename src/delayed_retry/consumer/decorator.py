@@ -24,10 +24,10 @@ import aiormq
 import aiormq.abc
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
+from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.consumers import check_restorable, start_consumer
-from delayed_retry.amqp.declare import declarer_for, underlay_of
+from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
-from delayed_retry.checks import warn_about_delivery_limit
 from delayed_retry.consumer.crash_guard import guard_redelivery
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import Trouble, ack, channel_open
@@ -44,6 +44,7 @@ from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
 from delayed_retry.crashes import CrashGuard
+from delayed_retry.delivery_limits import warn_about_delivery_limit
 from delayed_retry.durations import to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers import (
@@ -60,7 +61,8 @@ from delayed_retry.observability.instrumentation import (
 from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import Decision, RetryPolicy
 from delayed_retry.throttle import Throttle
-from delayed_retry.topology import DelayTopology, dead_letter_target
+from delayed_retry.topology import DelayTopology
+from delayed_retry.work_queues import dead_letter_target
 
 __all__ = [
     "RetryingHandler",
@@ -201,7 +203,7 @@ class RetryOptions:
     """``on_retry`` / ``on_park``, called after each confirmed hand-over."""
     dead_letter_queue: str | None = None
     """Where the consumed queue's broker dead-letters past its delivery limit, when its
-    arguments say so (:func:`~delayed_retry.topology.work_queue_arguments`): declared with
+    arguments say so (:func:`~delayed_retry.work_queues.work_queue_arguments`): declared with
     the queue's binding, so the broker has somewhere to put what no consumer could take."""
     throttle: Throttle | None = None
     """When to stop taking messages after a run of failures, and how to probe (``None``: never)."""
@@ -258,7 +260,7 @@ class RetryingHandler(Generic[P]):
 
     async def declare(self, channel: aiormq.abc.AbstractChannel | Any) -> None:
         """Declare the topology, the queue binding and the parking queue now, not on first use."""
-        underlay = await underlay_of(channel)
+        underlay = await underlay_channel(channel)
         await self._declare_on(underlay.connection, self._queue())
 
     async def _declare_on(self, connection: aiormq.abc.AbstractConnection, queue: str) -> None:
@@ -703,9 +705,9 @@ async def consume(
     Declares the topology, the queue's binding and its parking queue first,
     so a misconfiguration fails here and not at the first failure (and the
     dead-letter queue a queue declared with
-    :func:`~delayed_retry.topology.work_queue_arguments` names), and warns
+    :func:`~delayed_retry.work_queues.work_queue_arguments` names), and warns
     when the queue's delivery limit (as declared through ``queue``) could drop
-    messages before they are parked (:mod:`delayed_retry.checks`). Refuses a
+    messages before they are parked (:mod:`delayed_retry.delivery_limits`). Refuses a
     queue whose consumer aio-pika's robust channel would not restore after a
     reconnect (taken with ``get_queue(..., ensure=False)``): take it with
     ``channel.declare_queue(name, passive=True)``. Returns the consumer tag.
@@ -731,7 +733,7 @@ async def consume(
     target = dead_letter_target(getattr(queue, "arguments", None))
     if target is not None:
         bound = RetryingHandler(bound.fn, replace(bound.options, dead_letter_queue=target))
-    underlay = await underlay_of(queue.channel)
+    underlay = await underlay_channel(queue.channel)
     if not getattr(underlay, "publisher_confirms", False):
         # Every hand-over would fail on its first failure and leave the message unacked.
         raise ConfigurationError(

@@ -26,8 +26,9 @@ from typing import Any, Unpack
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.consumers import Consumer, consume_queue
-from delayed_retry.amqp.declare import declarer_for, underlay_of
+from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
@@ -119,7 +120,7 @@ class RetryRouter:
 
     async def declare(self, channel: AbstractChannel | Any) -> None:
         """Declare the chain (with ``<prefix>.rejected``), each queue's binding and parking."""
-        underlay = await underlay_of(channel)
+        underlay = await underlay_channel(channel)
         declarer = declarer_for(underlay.connection)
         await declarer.topology(underlay.connection, self.topology)
         for queue in self.queues:
@@ -131,7 +132,7 @@ class RetryRouter:
         ``channel`` must have publisher confirms (aio-pika's default): a
         rejected message is acked only after its next home confirmed it.
         """
-        underlay = await underlay_of(channel)
+        underlay = await underlay_channel(channel)
         if not getattr(underlay, "publisher_confirms", False):
             raise ConfigurationError(
                 f"{self!r} was started on a channel without publisher confirms, so it could "

@@ -36,7 +36,6 @@ from faststream.exceptions import (
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.declare import declarer_for
-from delayed_retry.checks import warn_about_delivery_limit
 from delayed_retry.consumer.decorator import (
     RetryingHandler,
     RetryOptions,
@@ -45,6 +44,7 @@ from delayed_retry.consumer.decorator import (
 from delayed_retry.consumer.options import SubscriberOptions
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.throttling import ThrottleControl
+from delayed_retry.delivery_limits import warn_about_delivery_limit
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.faststream.in_memory import InMemoryDecision, is_in_memory, run_in_memory
@@ -56,7 +56,8 @@ from delayed_retry.faststream.subscribers import (
     warn_about_unrestorable_queue,
 )
 from delayed_retry.policy import Decision
-from delayed_retry.topology import DelayTopology, dead_letter_target
+from delayed_retry.topology import DelayTopology
+from delayed_retry.work_queues import dead_letter_target
 
 if TYPE_CHECKING:
     from faststream import ContextRepo, StreamMessage

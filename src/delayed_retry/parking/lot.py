@@ -16,10 +16,9 @@ when the operation acks it; a failing operation moves or loses nothing (at
 worst one message is replayed twice).
 
 The parts, each readable alone: :mod:`~delayed_retry.parking.scan` reads the
-queue as it was when asked, :mod:`~delayed_retry.parking.mover` applies one
-action (replay or purge) per selected message, :mod:`~delayed_retry.parking.canary`
-sees canaries park again, and :mod:`~delayed_retry.parking.moves` (pure)
-counts, reports and plans the replayed copies.
+queue as it was when asked, and :mod:`~delayed_retry.parking.moving` moves messages: its
+engine applies one action (replay or purge) per selected message, its canary watch sees
+canaries park again, and its report (pure) counts and reports.
 """
 
 from __future__ import annotations
@@ -32,14 +31,16 @@ from typing import Any
 
 import aiormq
 
-from delayed_retry.amqp.declare import declarer_for, underlay_of
+from delayed_retry.amqp.channels import underlay_channel
+from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, NotFoundError, queue_not_found
-from delayed_retry.parking.canary import CanaryLookout
-from delayed_retry.parking.canary_wait import CanaryNews, CanaryWait
-from delayed_retry.parking.mover import Canary, MoveRequest, PurgeAction, ReplayAction, move
-from delayed_retry.parking.moves import CanarySlots, MoveProgress, MoveReport
+from delayed_retry.parking.moving.actions import PurgeAction, ReplayAction
+from delayed_retry.parking.moving.canary import Canary, CanaryLookout
+from delayed_retry.parking.moving.canary_rules import CanaryNews, CanarySlots, CanaryWait
+from delayed_retry.parking.moving.engine import MoveRequest, move
+from delayed_retry.parking.moving.report import MoveProgress, MoveReport
 from delayed_retry.parking.records import (
     ALL_PARKED,
     ParkedFilter,
@@ -265,7 +266,7 @@ async def replay_matching(
     ``"canary-parked-again"``) and the rest stay parked. Leave
     ``canary_wait`` out to derive it from the canaries' parking records
     (twice their retry span plus 5 s, see
-    :mod:`~delayed_retry.parking.canary_wait`); a given wait shorter than
+    :mod:`~delayed_retry.parking.moving.canary_rules`); a given wait shorter than
     that is logged as a warning. After the last message the canaries stay
     watched for the wait again, and at least until the derived wait has
     passed since they were due: the call returns only then, with
@@ -285,7 +286,7 @@ async def replay_matching(
         topology.units_until(utcnow() + timedelta(seconds=seconds), now=utcnow())
     await _check_queue(channel, target)
     if not dry_run:
-        underlay = await underlay_of(channel)
+        underlay = await underlay_channel(channel)
         await declarer_for(underlay.connection).destination(
             underlay.connection, topology, target, with_parking=False
         )

@@ -44,6 +44,7 @@ from delayed_retry.headers import (
     read_epoch_ms,
     scheduled_headers,
 )
+from delayed_retry.topology import DelayTopology, Route
 
 __all__ = [
     "ALL_PARKED",
@@ -52,6 +53,7 @@ __all__ = [
     "ParkedRecord",
     "parse_parked",
     "read_record",
+    "replay_copy",
     "replay_headers",
 ]
 
@@ -321,3 +323,26 @@ def replay_headers(
 
 ALL_PARKED = ParkedFilter()
 """The filter that selects every parked message (the default of every operation)."""
+
+
+def replay_copy(
+    headers: Mapping[str, Any] | None,
+    *,
+    topology: DelayTopology,
+    target: str,
+    delay: float,
+    now: datetime,
+    replayed_by: str | None = None,
+    canary_token: str | None = None,
+) -> tuple[Route, dict[str, Any]]:
+    """Where a replayed copy is published and its headers: due ``delay`` seconds after ``now``.
+
+    The headers are :func:`replay_headers` (a
+    fresh retry budget), with the canary token when the copy is a canary.
+    """
+    due_at = now + timedelta(seconds=delay)
+    route = topology.route(topology.units_until(due_at, now=now), target)
+    out = replay_headers(headers, due_at=due_at, now=now, replayed_by=replayed_by)
+    if canary_token is not None:
+        out[X_REPLAY_CANARY] = canary_token
+    return route, out

@@ -7,7 +7,7 @@ message parked weeks ago keeps every entry written since (every message
 parked and replayed after it) on disk. Refreshing publishes a copy of each
 selected message to the tail of the same parking queue, waits for the
 broker's confirm, and only then acks the original, the same at-least-once
-hand-over as a replay (:mod:`~delayed_retry.parking.mover`). Once the old
+hand-over as a replay (:mod:`~delayed_retry.parking.moving.engine`). Once the old
 messages are gone from the head, the broker truncates the log at its next
 snapshot. RabbitMQ 4.3 compacts the log around long-held messages itself:
 there refreshing is not needed (:func:`refresh_needed`), though harmless.
@@ -33,8 +33,8 @@ import aiormq.abc
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
 from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
 from delayed_retry.headers import X_PARKED_REFRESHED_AT, sanitize_headers
-from delayed_retry.parking.mover import MoveRequest, move
-from delayed_retry.parking.moves import MoveProgress, MoveReport
+from delayed_retry.parking.moving.engine import MoveRequest, move
+from delayed_retry.parking.moving.report import MoveProgress, MoveReport
 from delayed_retry.parking.records import ParkedFilter
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 

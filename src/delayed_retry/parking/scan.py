@@ -18,9 +18,9 @@ from typing import Any
 import aiormq
 import aiormq.abc
 
-from delayed_retry.amqp.channels import scratch_channel
-from delayed_retry.amqp.declare import underlay_of
-from delayed_retry.checks import broker_major_version, kept_classic_queue_risk, kept_queue_risk
+from delayed_retry.amqp.channels import scratch_channel, underlay_channel
+from delayed_retry.broker_versions import broker_major_version
+from delayed_retry.delivery_limits import kept_classic_queue_risk, kept_queue_risk
 from delayed_retry.errors import ConfigurationError, NotFoundError, parking_queue_not_found
 from delayed_retry.parking.records import ParkedRecord, read_record
 from delayed_retry.topology import DelayTopology, amqp_arguments
@@ -49,7 +49,7 @@ async def own_channel(channel: Any, *, confirms: bool) -> AsyncIterator[aiormq.a
     Closing it returns every message not acked. ``channel`` (aio-pika or
     aiormq) only leads to the connection, so a refusal never closes it.
     """
-    underlay = await underlay_of(channel)
+    underlay = await underlay_channel(channel)
     async with scratch_channel(underlay.connection, confirms=confirms) as own:
         yield own
 
@@ -91,7 +91,7 @@ async def refuse_counted_reads(
     channel: Any, topology: DelayTopology, queue: str, parking_queue: str | None
 ) -> None:
     """:func:`refuse_counted_peeks` on ``channel``'s connection."""
-    underlay = await underlay_of(channel)
+    underlay = await underlay_channel(channel)
     await refuse_counted_peeks(underlay.connection, topology, queue, parking_queue)
 
 

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import aiormq
 from aio_pika.abc import AbstractChannel
 
-from delayed_retry.amqp.channels import scratch_channel
-from delayed_retry.amqp.declare import underlay_of
+from delayed_retry.amqp.channels import scratch_channel, underlay_channel
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration
 from delayed_retry.errors import ConfigurationError, NotFoundError, parking_queue_not_found
@@ -62,7 +61,7 @@ async def peek_parked(
     """
     if limit < 1:
         raise ConfigurationError(f"limit={limit} must be at least 1")
-    underlay = await underlay_of(channel)
+    underlay = await underlay_channel(channel)
     parking = parking_name(topology, queue, parking_queue)
     # A channel of its own, closed at the end: the broker puts back every message taken.
     async with scratch_channel(underlay.connection) as browse:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
-from delayed_retry import encoding
+from delayed_retry import routing_keys
 from delayed_retry.amqp.declare import declare_topology
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import from_epoch_ms
@@ -255,7 +255,7 @@ async def _publish_partition(
                 wait_ms = due_ms - time.time_ns() // 1_000_000
                 if wait_ms < 0 and start.agree is not None:
                     start.late += 1
-                units = encoding.units_for_ms(max(wait_ms, 0), unit_ms)
+                units = routing_keys.units_for_ms(max(wait_ms, 0), unit_ms)
                 if units > topology.max_units:
                     raise DelayOutOfRangeError(
                         f"row {row[0]!r} is due at {from_epoch_ms(due_ms)}, beyond the "

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.parking.lot import CanaryNews, CanaryWait, MoveProgress, ParkedFilter
-from delayed_retry.parking.moves import (
+from delayed_retry.parking.moving.report import (
     CANARY_CONFIRMED,
     CANARY_PARKED_AFTER_THE_REST,
     CANARY_PARKED_AGAIN,

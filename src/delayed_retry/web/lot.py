@@ -21,8 +21,7 @@ from datetime import datetime
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from delayed_retry.amqp.channels import close_quietly
-from delayed_retry.amqp.declare import underlay_of
+from delayed_retry.amqp.channels import close_quietly, underlay_channel
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.fingerprint import Fingerprint
 from delayed_retry.parking.lot import (
@@ -150,7 +149,7 @@ class ParkingLot:
         async with self._lock:
             for name in names:
                 if self._count_channel is None or self._count_channel.is_closed:
-                    underlay = await underlay_of(anchor)
+                    underlay = await underlay_channel(anchor)
                     self._count_channel = await underlay.connection.channel(
                         publisher_confirms=False
                     )

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.parking.canary_wait import CanaryWait
+from delayed_retry.parking.moving.canary_rules import CanaryWait
 from delayed_retry.web.jobs import JobRequest
 
 __all__ = ["PLAN_TTL", "PlanBook", "ReplayPlan"]

@@ -1,4 +1,7 @@
-"""How long a replay watches its canaries, derived from their parking records. Pure.
+"""A replay's canaries, the rules (pure): which copies are canaries (:class:`CanarySlots`), how
+long they are watched (:class:`CanaryWait`, derived from their parking records) and what the
+operator is told (:class:`CanaryNews`). The watching itself is
+:mod:`delayed_retry.parking.moving.canary`.
 
 A canary is only worth its wait if the wait covers the retries the replayed
 copy can go through before it parks again. The operator tool does not know
@@ -20,8 +23,9 @@ library's replay, the command line, the web view), so all say the same.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
@@ -35,6 +39,7 @@ __all__ = [
     "SPAN_FACTOR",
     "CanaryNews",
     "CanaryPhase",
+    "CanarySlots",
     "CanaryWait",
     "derived_wait",
     "retry_span",
@@ -72,7 +77,7 @@ class CanaryWait:
 
     ``seconds`` is how long after the canaries are due the rest is held back;
     the canaries stay watched until ``derived`` has passed too (see
-    :func:`~delayed_retry.parking.mover.move`).
+    :func:`~delayed_retry.parking.moving.engine.move`).
     """
 
     seconds: float
@@ -149,3 +154,38 @@ class CanaryNews:
     """When the current watch ends (``watching``, ``confirming``)."""
     rest: int = 0
     """Messages replayed after the canaries so far."""
+
+
+@dataclass(kw_only=True)
+class CanarySlots:
+    """The first ``size`` messages of a replay: their copies carry ``token``.
+
+    A copy that parks again still carries it, which is how a replay knows its
+    canaries failed. Ask :meth:`take` for each message replayed, in order.
+    """
+
+    size: int
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    ids: list[str] = field(default_factory=list)
+    """The ids of the messages sent as canaries, in order."""
+    spans: list[float | None] = field(default_factory=list)
+    """Their retry spans (:func:`retry_span`): what the
+    canary wait is derived from."""
+
+    def take(self, record: ParkedRecord) -> str | None:
+        """The token for this message's copy if it is a canary, else ``None``."""
+        if len(self.ids) >= self.size:
+            return None
+        self.ids.append(record.id)
+        self.spans.append(retry_span(record))
+        return self.token
+
+    @property
+    def all_out(self) -> bool:
+        """Every canary is sent: time to see whether they park again."""
+        return len(self.ids) == self.size
+
+    @property
+    def some_out(self) -> bool:
+        """Some canaries were sent but fewer than ``size`` (the selection was smaller)."""
+        return 0 < len(self.ids) < self.size

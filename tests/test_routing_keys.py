@@ -1,4 +1,4 @@
-"""The delay ⇄ bits ⇄ routing key encoding, as plain functions and hypothesis properties."""
+"""The delay ⇄ bits ⇄ routing key spelling, as plain functions and hypothesis properties."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayed_retry import encoding
+from delayed_retry import routing_keys
 
 levels_st = st.integers(min_value=1, max_value=48)
 word_st = st.text(
@@ -26,32 +26,40 @@ def units_levels(draw: st.DrawFn) -> tuple[int, int]:
 
 
 def test_routing_key_spells_bits_highest_level_first() -> None:
-    assert encoding.routing_key(5, 4, "orders") == "0.1.0.1.orders"
-    assert encoding.routing_key(0, 3, "a.b") == "0.0.0.a.b"
-    assert encoding.bits_of(6, 3) == [1, 1, 0]
+    assert routing_keys.routing_key(5, 4, "orders") == "0.1.0.1.orders"
+    assert routing_keys.routing_key(0, 3, "a.b") == "0.0.0.a.b"
+    assert routing_keys.bits_of(6, 3) == [1, 1, 0]
 
 
 def test_entry_level_is_the_highest_one_bit() -> None:
-    assert [encoding.entry_level(u) for u in (0, 1, 2, 3, 4, 5, 1 << 35)] == [0, 0, 1, 1, 2, 2, 35]
+    assert [routing_keys.entry_level(u) for u in (0, 1, 2, 3, 4, 5, 1 << 35)] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+        35,
+    ]
 
 
 def test_units_for_ms_rounds_up() -> None:
-    assert encoding.units_for_ms(0, 1) == 0
-    assert encoding.units_for_ms(1, 1000) == 1
-    assert encoding.units_for_ms(1000, 1000) == 1
-    assert encoding.units_for_ms(1001, 1000) == 2
+    assert routing_keys.units_for_ms(0, 1) == 0
+    assert routing_keys.units_for_ms(1, 1000) == 1
+    assert routing_keys.units_for_ms(1000, 1000) == 1
+    assert routing_keys.units_for_ms(1001, 1000) == 2
 
 
 @pytest.mark.parametrize(("delay_ms", "unit_ms"), [(-1, 1), (5, 0), (5, -3)])
 def test_units_for_ms_rejects_bad_input(delay_ms: int, unit_ms: int) -> None:
     with pytest.raises(ValueError, match=r"negative|at least 1"):
-        encoding.units_for_ms(delay_ms, unit_ms)
+        routing_keys.units_for_ms(delay_ms, unit_ms)
 
 
 @pytest.mark.parametrize(("units", "levels"), [(-1, 4), (16, 4), (1 << 48, 48)])
 def test_bits_of_rejects_units_that_do_not_fit(units: int, levels: int) -> None:
     with pytest.raises(ValueError, match="do not fit"):
-        encoding.bits_of(units, levels)
+        routing_keys.bits_of(units, levels)
 
 
 @pytest.mark.parametrize(
@@ -66,11 +74,11 @@ def test_bits_of_rejects_units_that_do_not_fit(units: int, levels: int) -> None:
 )
 def test_validate_destination_names_the_problem(destination: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
-        encoding.validate_destination(destination, 8)
+        routing_keys.validate_destination(destination, 8)
 
 
 def test_wildcard_characters_inside_a_word_are_fine() -> None:
-    encoding.validate_destination("a*b.c#d", 8)
+    routing_keys.validate_destination("a*b.c#d", 8)
 
 
 @pytest.mark.parametrize(
@@ -78,39 +86,39 @@ def test_wildcard_characters_inside_a_word_are_fine() -> None:
 )
 def test_decode_rejects_malformed_keys(key: str) -> None:
     with pytest.raises(ValueError, match=r"routing key|destination"):
-        encoding.decode_routing_key(key, 3)
+        routing_keys.decode_routing_key(key, 3)
 
 
 def test_binding_keys() -> None:
-    assert encoding.level_binding_key(3, 4, 1) == "1.#"
-    assert encoding.level_binding_key(0, 4, 0) == "*.*.*.0.#"
-    assert encoding.delivery_binding_key(3, "q.x") == "*.*.*.q.x"
+    assert routing_keys.level_binding_key(3, 4, 1) == "1.#"
+    assert routing_keys.level_binding_key(0, 4, 0) == "*.*.*.0.#"
+    assert routing_keys.delivery_binding_key(3, "q.x") == "*.*.*.q.x"
     with pytest.raises(ValueError, match="outside"):
-        encoding.level_binding_key(4, 4, 1)
+        routing_keys.level_binding_key(4, 4, 1)
 
 
 @given(units_levels(), destination_st)
 def test_round_trip_delay_to_key_and_back(ul: tuple[int, int], destination: str) -> None:
     units, levels = ul
-    if len(destination.encode()) > encoding.max_destination_bytes(levels):
+    if len(destination.encode()) > routing_keys.max_destination_bytes(levels):
         return
-    key = encoding.routing_key(units, levels, destination)
-    assert encoding.decode_routing_key(key, levels) == (units, destination)
-    bits = encoding.bits_of(units, levels)
+    key = routing_keys.routing_key(units, levels, destination)
+    assert routing_keys.decode_routing_key(key, levels) == (units, destination)
+    bits = routing_keys.bits_of(units, levels)
     assert sum(b << (levels - 1 - i) for i, b in enumerate(bits)) == units
 
 
 @given(units_levels(), destination_st)
 def test_key_length_never_grows_and_fits_amqp(ul: tuple[int, int], destination: str) -> None:
     units, levels = ul
-    if len(destination.encode()) > encoding.max_destination_bytes(levels):
+    if len(destination.encode()) > routing_keys.max_destination_bytes(levels):
         return
-    key = encoding.routing_key(units, levels, destination)
+    key = routing_keys.routing_key(units, levels, destination)
     # Every retry writes the same number of digit words: the length depends on nothing else.
-    assert key == encoding.routing_key(units, levels, destination)
-    assert len(key) == len(encoding.routing_key(0, levels, destination))
-    assert len(key) == len(encoding.routing_key((1 << levels) - 1, levels, destination))
-    assert len(key.encode()) <= encoding.MAX_ROUTING_KEY_BYTES
+    assert key == routing_keys.routing_key(units, levels, destination)
+    assert len(key) == len(routing_keys.routing_key(0, levels, destination))
+    assert len(key) == len(routing_keys.routing_key((1 << levels) - 1, levels, destination))
+    assert len(key.encode()) <= routing_keys.MAX_ROUTING_KEY_BYTES
 
 
 @given(units_levels(), destination_st)
@@ -118,13 +126,13 @@ def test_each_level_binding_matches_exactly_its_digit(
     ul: tuple[int, int], destination: str
 ) -> None:
     units, levels = ul
-    if len(destination.encode()) > encoding.max_destination_bytes(levels):
+    if len(destination.encode()) > routing_keys.max_destination_bytes(levels):
         return
-    words = encoding.routing_key(units, levels, destination).split(".")
+    words = routing_keys.routing_key(units, levels, destination).split(".")
     for level in range(levels):
         digit = int(words[levels - 1 - level])
         assert digit == (units >> level) & 1
-        one = encoding.level_binding_key(level, levels, 1).split(".")
+        one = routing_keys.level_binding_key(level, levels, 1).split(".")
         # The binding's only concrete word sits at this level's position.
         assert one[levels - 1 - level] == "1"
         assert set(one[: levels - 1 - level]) <= {"*"}
@@ -132,7 +140,7 @@ def test_each_level_binding_matches_exactly_its_digit(
 
 @given(st.integers(min_value=0, max_value=10**12), st.integers(min_value=1, max_value=10**6))
 def test_units_never_round_a_delay_down(delay_ms: int, unit_ms: int) -> None:
-    units = encoding.units_for_ms(delay_ms, unit_ms)
+    units = routing_keys.units_for_ms(delay_ms, unit_ms)
     assert units * unit_ms >= delay_ms
     assert (units - 1) * unit_ms < delay_ms or units == 0
 
@@ -142,17 +150,17 @@ def test_routing_key_is_the_digits_of_bits_of_then_the_destination(
     ul: tuple[int, int], destination: str
 ) -> None:
     units, levels = ul
-    expected = ".".join([*map(str, encoding.bits_of(units, levels)), destination])
-    assert encoding.routing_key(units, levels, destination) == expected
+    expected = ".".join([*map(str, routing_keys.bits_of(units, levels)), destination])
+    assert routing_keys.routing_key(units, levels, destination) == expected
 
 
 @pytest.mark.parametrize(("units", "levels"), [(-1, 4), (16, 4), (1 << 36, 36)])
 def test_routing_key_refuses_units_that_do_not_fit(units: int, levels: int) -> None:
     with pytest.raises(ValueError, match="do not fit"):
-        encoding.routing_key(units, levels, "q")
+        routing_keys.routing_key(units, levels, "q")
 
 
 def test_a_bad_destination_is_refused_every_time_not_only_the_first() -> None:
     for _ in range(2):  # the check is cached; failures must not be
         with pytest.raises(ValueError, match="wildcard"):
-            encoding.routing_key(0, 4, "a.*.b")
+            routing_keys.routing_key(0, 4, "a.*.b")

@@ -2,14 +2,12 @@
 
 :func:`move` takes the messages present in a parking queue when asked
 (:func:`~delayed_retry.parking.scan.take`), keeps those a
-:class:`MoveRequest` selects, and hands each to a :class:`MessageAction`:
-:class:`ReplayAction` (publish a copy with confirms, then ack),
-:class:`PurgeAction` (ack) or
-:class:`~delayed_retry.parking.refresh.RefreshAction` (a confirmed copy at
-the parking queue's tail, then ack). :class:`HandOvers` runs those concurrently, and a
-:class:`Canary` stops a replay whose first copies park again (and, once the
-rest is replayed, keeps watching them until their wait has passed). The
-counts go to a :class:`~delayed_retry.parking.moves.MoveTally`.
+:class:`MoveRequest` selects, and hands each to a
+:class:`~delayed_retry.parking.moving.actions.MessageAction`. :class:`HandOvers` runs those
+concurrently, :class:`Pacer` keeps the rate, and a
+:class:`~delayed_retry.parking.moving.canary.Canary` stops a replay whose first copies park
+again (and, once the rest is replayed, keeps watching them until their wait has passed). The
+counts go to a :class:`~delayed_retry.parking.moving.report.MoveTally`.
 
 Acting is at-least-once: a message leaves the parking queue only when its
 action acks it; everything not acked goes back when the channel closes.
@@ -22,27 +20,22 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from types import TracebackType
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import aiormq
 import aiormq.abc
 
-from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.parking.canary_wait import CanaryNews, CanaryPhase, CanaryWait
-from delayed_retry.parking.moves import (
-    CANARY_CONFIRMED,
-    CANARY_PARKED_AFTER_THE_REST,
+from delayed_retry.parking.moving.actions import MessageAction
+from delayed_retry.parking.moving.canary import Canary, CanaryWatch
+from delayed_retry.parking.moving.report import (
     CANARY_PARKED_AGAIN,
     LIMIT_REACHED,
-    CanarySlots,
     MoveProgress,
     MoveReport,
     MoveTally,
-    replay_copy,
 )
 from delayed_retry.parking.records import ALL_PARKED, ParkedFilter, ParkedRecord
 from delayed_retry.parking.scan import (
@@ -54,124 +47,12 @@ from delayed_retry.parking.scan import (
 )
 from delayed_retry.topology import DelayTopology
 
-__all__ = [
-    "MAX_IN_FLIGHT",
-    "Canary",
-    "HandOvers",
-    "MessageAction",
-    "MoveRequest",
-    "Pacer",
-    "PurgeAction",
-    "ReplayAction",
-    "move",
-]
+__all__ = ["MAX_IN_FLIGHT", "HandOvers", "MoveRequest", "Pacer", "move"]
 
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64
 """Replayed copies awaiting their broker confirm at once (each original is acked after its own)."""
-
-
-class MessageAction(Protocol):
-    """What a move does to each selected message; it ends by acking the parked original."""
-
-    @property
-    def name(self) -> Literal["replay", "purge", "refresh"]: ...
-
-    @property
-    def confirms(self) -> bool:
-        """Whether the channel must be in confirm mode (it publishes)."""
-        ...
-
-    @property
-    def to_queue(self) -> str | None:
-        """Where the messages go (``None``: nowhere)."""
-        ...
-
-    async def settle(
-        self,
-        own: aiormq.abc.AbstractChannel,
-        got: aiormq.abc.DeliveredMessage,
-        *,
-        canary_token: str | None,
-    ) -> None:
-        """Act on ``got`` (taken unacked on ``own``) and ack it; raise to leave it parked."""
-        ...
-
-
-class PurgeAction:
-    """Purge: ack the parked message, so the broker deletes it for good."""
-
-    @property
-    def name(self) -> Literal["purge"]:
-        return "purge"
-
-    @property
-    def confirms(self) -> bool:
-        return False
-
-    @property
-    def to_queue(self) -> None:
-        return None
-
-    async def settle(
-        self,
-        own: aiormq.abc.AbstractChannel,
-        got: aiormq.abc.DeliveredMessage,
-        *,
-        canary_token: str | None,
-    ) -> None:
-        await own.basic_ack(got.delivery_tag or 0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReplayAction:
-    """Replay: publish a copy through the chain to ``target``, due after ``delay`` seconds,
-    with a fresh retry budget; ack the original only once the broker confirmed the copy."""
-
-    topology: DelayTopology
-    target: str
-    delay: float = 0.0
-    replayed_by: str | None = None
-    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
-
-    @property
-    def name(self) -> Literal["replay"]:
-        return "replay"
-
-    @property
-    def confirms(self) -> bool:
-        return True
-
-    @property
-    def to_queue(self) -> str:
-        return self.target
-
-    async def settle(
-        self,
-        own: aiormq.abc.AbstractChannel,
-        got: aiormq.abc.DeliveredMessage,
-        *,
-        canary_token: str | None,
-    ) -> None:
-        route, headers = replay_copy(
-            got.header.properties.headers,
-            topology=self.topology,
-            target=self.target,
-            delay=self.delay,
-            now=utcnow(),
-            replayed_by=self.replayed_by,
-            canary_token=canary_token,
-        )
-        await publish_confirmed(
-            own,
-            exchange=route.exchange,
-            routing_key=route.routing_key,
-            body=got.body,
-            properties=copy_properties(got.header.properties, headers),
-            timeout=self.publish_timeout,
-        )
-        await own.basic_ack(got.delivery_tag or 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,91 +74,6 @@ class MoveRequest:
     def parking(self) -> str:
         """The parking queue's name."""
         return parking_name(self.topology, self.queue, self.parking_queue)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Canary:
-    """A replay's canaries: which copies carry the token, and how to see them park again.
-
-    ``parked_again(token, until)`` answers whether a copy with ``token``
-    parks again before ``until`` (loop time). ``wait`` is the operator's
-    canary wait in seconds (``None``: derived from the canaries' records, see
-    :class:`~delayed_retry.parking.canary_wait.CanaryWait`); ``delay`` when
-    the copies come due; ``news`` hears each step.
-    """
-
-    slots: CanarySlots
-    parked_again: Callable[[str, float], Awaitable[bool]]
-    delay: float = 0.0
-    wait: float | None = None
-    news: Callable[[CanaryNews], None] | None = None
-
-
-class _CanaryWatch:
-    """The canaries' two watches: before the rest is replayed, and after it.
-
-    Before: from the canaries' sending until they are due plus the wait in
-    force; a canary parking again stops the replay. After the last message:
-    until the wait in force has passed again *and* the derived wait since the
-    canaries were due, so a short given wait lets the rest go early but never
-    confirms early.
-    """
-
-    def __init__(self, canary: Canary) -> None:
-        self.canary = canary
-        self.wait: CanaryWait | None = None
-        self.verdict: str | None = None
-        self._due: float | None = None
-
-    @property
-    def started(self) -> bool:
-        return self._due is not None
-
-    def _tell(self, phase: CanaryPhase, *, until: float | None = None, rest: int = 0) -> None:
-        if self.canary.news is None or self.wait is None:
-            return
-        when = None
-        if until is not None:
-            left = until - asyncio.get_running_loop().time()
-            when = utcnow() + timedelta(seconds=max(left, 0.0))
-        self.canary.news(
-            CanaryNews(
-                phase=phase, ids=tuple(self.canary.slots.ids), wait=self.wait, until=when, rest=rest
-            )
-        )
-
-    async def before_the_rest(self) -> bool:
-        """Watch the canaries sent (all settled) until due plus the wait; ``True``: parked again."""
-        slots = self.canary.slots
-        self.wait = CanaryWait.choose(slots.spans, given=self.canary.wait)
-        if self.wait.short:
-            log.warning("%s", self.wait.warning())
-        self._due = asyncio.get_running_loop().time() + self.canary.delay
-        until = self._due + self.wait.seconds
-        self._tell("watching", until=until)
-        if await self.canary.parked_again(slots.token, until):
-            self.verdict = CANARY_PARKED_AGAIN
-            self._tell("parked-again")
-            return True
-        self._tell("passed")
-        return False
-
-    async def after_the_rest(self, *, rest: int) -> None:
-        """Keep watching after the last message (``rest`` replayed after the canaries)."""
-        assert self.wait is not None and self._due is not None
-        now = asyncio.get_running_loop().time()
-        until = max(now + self.wait.seconds, self._due + self.wait.derived)
-        if rest == 0:
-            # Only canaries were replayed: the watch before covered the wait in force.
-            until = self._due + max(self.wait.seconds, self.wait.derived)
-        if until > now:
-            self._tell("confirming", until=until, rest=rest)
-            if await self.canary.parked_again(self.canary.slots.token, until):
-                self.verdict = CANARY_PARKED_AFTER_THE_REST if rest else CANARY_PARKED_AGAIN
-                self._tell("parked-again-after-the-rest" if rest else "parked-again", rest=rest)
-                return
-        self.verdict = CANARY_CONFIRMED
-        self._tell("confirmed", rest=rest)
 
 
 class Pacer:
@@ -397,7 +193,7 @@ async def move(
     if request.limit is not None and request.limit < 0:
         raise ConfigurationError(f"limit={request.limit} must be zero or more")
     pacer = Pacer(request.rate)
-    watch = _CanaryWatch(canary) if canary is not None else None
+    watch = CanaryWatch(canary) if canary is not None else None
     asked_at = utcnow()
     parking = request.parking
     tally = MoveTally(

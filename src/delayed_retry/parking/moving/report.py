@@ -1,36 +1,28 @@
-"""A move's bookkeeping (replay, purge, refresh): counts, progress, canaries, copies. Pure.
+"""What a move (replay, purge, refresh) counts and reports. Pure.
 
-:mod:`delayed_retry.parking.mover` does the I/O and feeds these: a
-:class:`MoveTally` counts what was looked at and acted on (and tells the
-``progress`` callback), :class:`CanarySlots` marks the first replayed copies
-so they can be recognised if they park again, and :func:`replay_copy` says
-where a replayed copy goes and with which headers. Nothing here talks to a
-broker, so each can be tested as plain code.
+:func:`~delayed_retry.parking.moving.engine.move` does the I/O and feeds a
+:class:`MoveTally`, which counts what was looked at and acted on, tells the ``progress``
+callback (:class:`MoveProgress`) and ends in a :class:`MoveReport`, whose ``stopped`` and
+``canary_verdict`` take the constants below. Nothing here talks to a broker.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
-from delayed_retry.headers import X_REPLAY_CANARY
-from delayed_retry.parking.canary_wait import CanaryWait, retry_span
-from delayed_retry.parking.records import ParkedRecord, replay_headers
-from delayed_retry.topology import DelayTopology, Route
+from delayed_retry.parking.moving.canary_rules import CanaryWait
+from delayed_retry.parking.records import ParkedRecord
 
 __all__ = [
     "CANARY_CONFIRMED",
     "CANARY_PARKED_AFTER_THE_REST",
     "CANARY_PARKED_AGAIN",
     "LIMIT_REACHED",
-    "CanarySlots",
     "MoveProgress",
     "MoveReport",
     "MoveTally",
-    "replay_copy",
 ]
 
 MoveAction = Literal["replay", "purge", "refresh"]
@@ -157,61 +149,3 @@ class MoveTally:
                     dry_run=self.dry_run,
                 )
             )
-
-
-@dataclass(kw_only=True)
-class CanarySlots:
-    """The first ``size`` messages of a replay: their copies carry ``token``.
-
-    A copy that parks again still carries it, which is how a replay knows its
-    canaries failed. Ask :meth:`take` for each message replayed, in order.
-    """
-
-    size: int
-    token: str = field(default_factory=lambda: uuid.uuid4().hex)
-    ids: list[str] = field(default_factory=list)
-    """The ids of the messages sent as canaries, in order."""
-    spans: list[float | None] = field(default_factory=list)
-    """Their retry spans (:func:`~delayed_retry.parking.canary_wait.retry_span`): what the
-    canary wait is derived from."""
-
-    def take(self, record: ParkedRecord) -> str | None:
-        """The token for this message's copy if it is a canary, else ``None``."""
-        if len(self.ids) >= self.size:
-            return None
-        self.ids.append(record.id)
-        self.spans.append(retry_span(record))
-        return self.token
-
-    @property
-    def all_out(self) -> bool:
-        """Every canary is sent: time to see whether they park again."""
-        return len(self.ids) == self.size
-
-    @property
-    def some_out(self) -> bool:
-        """Some canaries were sent but fewer than ``size`` (the selection was smaller)."""
-        return 0 < len(self.ids) < self.size
-
-
-def replay_copy(
-    headers: Mapping[str, Any] | None,
-    *,
-    topology: DelayTopology,
-    target: str,
-    delay: float,
-    now: datetime,
-    replayed_by: str | None = None,
-    canary_token: str | None = None,
-) -> tuple[Route, dict[str, Any]]:
-    """Where a replayed copy is published and its headers: due ``delay`` seconds after ``now``.
-
-    The headers are :func:`~delayed_retry.parking.records.replay_headers` (a
-    fresh retry budget), with the canary token when the copy is a canary.
-    """
-    due_at = now + timedelta(seconds=delay)
-    route = topology.route(topology.units_until(due_at, now=now), target)
-    out = replay_headers(headers, due_at=due_at, now=now, replayed_by=replayed_by)
-    if canary_token is not None:
-        out[X_REPLAY_CANARY] = canary_token
-    return route, out

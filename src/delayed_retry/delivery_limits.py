@@ -1,4 +1,6 @@
-"""Start-up checks of the queues a retrying consumer reads. Pure functions.
+"""Delivery limits: whether a queue's limit can remove messages before the retry policy parks
+them, and what to do about it. Pure functions, used as start-up checks of the queues a
+retrying consumer reads.
 
 A quorum queue's *delivery limit* makes the broker drop (or dead-letter) a
 message once it has been returned to the queue that many times. delayed-retry
@@ -37,28 +39,22 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from delayed_retry.topology import (
+from delayed_retry.broker_versions import broker_major_version
+from delayed_retry.work_queues import (
     WORK_QUEUE_DELIVERY_LIMIT,
     dead_letter_target,
     work_queue_policy_command,
 )
 
-if TYPE_CHECKING:
-    from delayed_retry.topology import DelayTopology
-
 __all__ = [
     "BROKER_DEFAULT_DELIVERY_LIMIT",
     "SAFE_DELIVERY_LIMIT",
-    "bodies_in_memory_hint",
-    "broker_version",
-    "keeps_bodies_in_memory",
+    "DeliveryLimitRisk",
+    "check_delivery_limit",
     "kept_classic_queue_risk",
     "kept_queue_risk",
-    "DeliveryLimitRisk",
-    "broker_major_version",
-    "check_delivery_limit",
     "undecodable_risk",
     "warn_about_delivery_limit",
 ]
@@ -82,53 +78,6 @@ class DeliveryLimitRisk:
     from_broker_default: bool
     dead_letter_exchange: str | None
     message: str
-
-
-def broker_major_version(server_properties: Mapping[str, Any] | None) -> int | None:
-    """The broker's major version from the AMQP ``server_properties``, or ``None``."""
-    version = broker_version(server_properties)
-    return version[0] if version is not None else None
-
-
-def broker_version(server_properties: Mapping[str, Any] | None) -> tuple[int, int] | None:
-    """The broker's (major, minor) version from the AMQP ``server_properties``, or ``None``."""
-    if not isinstance(server_properties, Mapping):
-        return None
-    version = server_properties.get("version")
-    if isinstance(version, bytes | bytearray):
-        version = bytes(version).decode("ascii", "replace")
-    if not isinstance(version, str):
-        return None
-    match = re.match(r"\s*(\d+)\.(\d+)", version)
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def keeps_bodies_in_memory(version: tuple[int, int] | None) -> bool:
-    """Whether quorum queues of this version may keep bodies in memory (3.10–3.11).
-
-    From 3.12 bodies live on disk and ``max-in-memory-length`` is ignored.
-    Quorum queues before 3.10 cannot hold the chain (no TTL dead-lettering).
-    """
-    return version is not None and (3, 10) <= version < (3, 12)
-
-
-def bodies_in_memory_hint(
-    version: tuple[int, int] | None, *, topology: DelayTopology
-) -> str | None:
-    """What to do on RabbitMQ 3.10–3.11, where quorum queues may keep waiting bodies in memory.
-
-    ``None`` on other versions. See docs/capacity.md for what was measured.
-    """
-    if not keeps_bodies_in_memory(version):
-        return None
-    assert version is not None
-    return (
-        f"RabbitMQ {version[0]}.{version[1]} quorum queues may keep the bodies of messages "
-        f"waiting in delay chain {topology.prefix!r} in memory (max-in-memory-length limits "
-        "that; 3.12+ keeps them on disk). If many delays wait at once, set this operator "
-        f"policy once per vhost; it changes no queue argument: "
-        f"{topology.memory_policy().command()}"
-    )
 
 
 def _as_int(value: object) -> int | None:
@@ -292,7 +241,7 @@ def undecodable_risk(
     Such a message (docs/reliability.md lists them) drops the consumer's
     connection at each delivery, before any consumer code sees it; only the
     broker can move it aside: a quorum queue's delivery limit with a
-    dead-letter target (:func:`~delayed_retry.topology.work_queue_arguments`).
+    dead-letter target (:func:`~delayed_retry.work_queues.work_queue_arguments`).
     ``queue_type``, ``arguments`` and ``policy`` (the effective policy
     definition) are what the management API reports of the queue. Returns the
     warning to show, naming the queue, what happens and the fix.

@@ -1,0 +1,261 @@
+"""``delayed-retry parking list|show``: reading a parking lot, which never removes anything.
+
+``list`` shows the failure groups and a page of records; ``show`` one parked message in
+full (record, traceback, headers, body).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import timedelta
+from typing import Any
+
+from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.cli.connection import connect
+from delayed_retry.cli.main import run
+from delayed_retry.cli.output import (
+    add_json_option,
+    count_type,
+    emit_json,
+    print_table,
+    to_jsonable,
+)
+from delayed_retry.cli.parking_args import add_filter_args, add_queue_args, filter_from_args
+from delayed_retry.cli.parking_ids import ambiguous_id, match_ids, no_such_id, resolve_ids
+from delayed_retry.durations import format_duration, utcnow
+from delayed_retry.headers import (
+    BROKER_READ_COUNTERS,
+    X_EXCEPTION_TRACEBACK,
+    split_read_counters,
+)
+from delayed_retry.parking.lot import (
+    ALL_PARKED,
+    ParkedRecord,
+    browse_parked,
+    group_parked,
+)
+
+__all__ = ["exception_text", "register_list", "register_show"]
+
+
+def register_list(commands: Any) -> None:
+    """Add ``parking list`` (failure groups and a page of records)."""
+    listing = commands.add_parser(
+        "list",
+        help="failure groups and parked messages, left in place",
+        description="Show the failure groups of a queue's parked messages and a page of their "
+        "records (reason, exception, attempts, age). Nothing is removed.",
+    )
+    add_queue_args(listing)
+    add_filter_args(listing)
+    listing.add_argument(
+        "--limit", type=count_type(1), default=20, help="records to show (%(default)s)"
+    )
+    listing.add_argument(
+        "--offset", type=count_type(0), default=0, help="skip this many records first"
+    )
+    add_json_option(listing)
+    add_topology_args(listing)
+    listing.set_defaults(func=lambda args: run(_list(args)))
+
+
+def register_show(commands: Any) -> None:
+    """Add ``parking show`` (one parked message in full)."""
+    show = commands.add_parser(
+        "show",
+        help="one parked message in full: record, headers, body",
+        description="Show one parked message: its failure record, traceback, headers and body "
+        "(binary bodies as base64). ID may be the start of a record id; when it selects more "
+        "than one message (two can share an id), they are listed, and --all shows each. "
+        "Nothing is removed.",
+    )
+    show.add_argument("id", metavar="ID", help="the record id 'parking list' shows, or its start")
+    show.add_argument(
+        "--all",
+        action="store_true",
+        help="show every parked message the id selects (without it, more than one is an error)",
+    )
+    add_queue_args(show)
+    add_json_option(show)
+    add_topology_args(show)
+    show.set_defaults(func=lambda args: run(_show(args)))
+
+
+def _age(record: ParkedRecord) -> str:
+    age = record.age(now=utcnow())
+    return "?" if age is None else format_duration(max(age, timedelta(0)))
+
+
+def exception_text(record: ParkedRecord) -> str:
+    """The record's exception on one line: short type name and message, or ``-``."""
+    if record.exception_type is None:
+        return "-"
+    short = record.exception_type.rsplit(".", 1)[-1]
+    return f"{short}: {record.exception_message}" if record.exception_message else short
+
+
+PREVIEW_CHARS = 40
+"""Characters of a body ``parking list`` shows; ``parking show`` prints it whole."""
+
+
+def _preview(record: ParkedRecord) -> str:
+    """The start of the body on one line, or what it is when it is not text."""
+    chunk = record.body[: PREVIEW_CHARS * 4]  # enough bytes for the characters shown
+    try:
+        text = chunk.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if len(chunk) == len(record.body) or exc.start < len(chunk) - 3:
+            return f"(binary, {len(record.body)} bytes)"
+        text = chunk[: exc.start].decode("utf-8")  # a character cut at the chunk's end
+    text = " ".join(text.split())
+    if not text:
+        return "(empty)" if not record.body else "(blank)"
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+def _summary(record: ParkedRecord) -> dict[str, Any]:
+    data = to_jsonable(record)
+    headers, counters = split_read_counters(record.headers)
+    data["headers"] = to_jsonable(headers)
+    # The broker raises these on every read, this one included: not the message's own.
+    data["broker_read_counters"] = to_jsonable(counters)
+    data["body"] = to_jsonable(record.body)
+    data["age_seconds"] = (
+        None if record.parked_at is None else (utcnow() - record.parked_at).total_seconds()
+    )
+    return dict(data)
+
+
+async def _list(args: argparse.Namespace) -> int:
+    where = filter_from_args(args)
+    topology = topology_from_args(args)
+    connection = await connect(args.url)
+    async with connection:
+        channel = await connection.channel()
+        if where.ids:
+            where, _count, _ambiguous = await resolve_ids(
+                channel, args, where, topology=topology, quiet=args.json
+            )
+        common = dict(queue=args.queue, parking_queue=args.parking_queue, topology=topology)
+        groups = await group_parked(channel, where=where, **common)
+        page = await browse_parked(
+            channel,
+            where=where,
+            offset=args.offset,
+            limit=args.limit,
+            **common,
+        )
+    if args.json:
+        emit_json(
+            {
+                "queue": args.queue,
+                "groups": groups,
+                "records": [_summary(r) for r in page.records],
+                "next_offset": page.next_offset,
+            }
+        )
+        return 0
+    if not groups:
+        print(f"no parked messages for {args.queue!r}" + ("" if where.is_empty else " match"))
+        return 0
+    now = utcnow()
+    print(f"failure groups of {args.queue!r} ({sum(g.count for g in groups)} messages):")
+    print_table(
+        ("group", "count", "reason", "oldest", "failure"),
+        [
+            (
+                g.fingerprint,
+                g.count,
+                g.reason,
+                "?" if g.oldest_parked_at is None else format_duration(now - g.oldest_parked_at),
+                g.failure if g.exception_type else f"(no failure record) {g.example.body_preview}",
+            )
+            for g in groups
+        ],
+        right=(1,),
+    )
+    print()
+    print_table(
+        ("id", "age", "reason", "attempts", "exception", "body"),
+        [
+            (r.id, _age(r), r.reason, r.attempts, exception_text(r), _preview(r))
+            for r in page.records
+        ],
+        right=(3,),
+    )
+    more = f"; next page: --offset {page.next_offset}" if page.next_offset is not None else ""
+    print(f"{len(page.records)} shown from offset {page.offset}{more}; nothing was removed")
+    return 0
+
+
+SHOW_AT_MOST = 20
+"""Messages ``parking show --all`` prints at most; give more of the id for the rest."""
+
+
+async def _show(args: argparse.Namespace) -> int:
+    topology = topology_from_args(args)
+    connection = await connect(args.url)
+    async with connection:
+        channel = await connection.channel()
+        (match,) = await match_ids(
+            channel, args, [args.id], where=ALL_PARKED, topology=topology, keep=SHOW_AT_MOST
+        )
+    if not match.found:
+        raise no_such_id(match, args.queue)
+    if match.ambiguous and not args.all:
+        raise ambiguous_id(match, args.queue)
+    records = match.records
+    if args.json:
+        emit_json(_summary(records[0]) if not args.all else [_summary(r) for r in records])
+    else:
+        for n, record in enumerate(records, 1):
+            if args.all:
+                print(f"{'' if n == 1 else chr(10)}-- parked message {n} of {match.count} --")
+            _print_record(record)
+    if match.count > len(records):
+        print(
+            f"{match.count - len(records)} more parked message(s) match {args.id!r}; "
+            "give more of the id to see them",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _print_record(record: ParkedRecord) -> None:
+    rows = [
+        ("id", record.id),
+        ("message id", record.message_id),
+        ("queue", record.queue),
+        ("reason", record.reason),
+        ("exception", record.exception_type),
+        ("message", record.exception_message),
+        ("attempts", record.attempts),
+        ("first failure", record.first_failure_at),
+        ("parked", f"{record.parked_at} ({_age(record)} ago)"),
+        ("replayed", f"{record.replays} time(s)"),
+        ("refreshed", record.refreshed_at),
+        ("group", record.fingerprint),
+        ("from", f"exchange {record.original_exchange!r} key {record.original_routing_key!r}"),
+        ("content type", record.content_type),
+    ]
+    for name, value in rows:
+        print(f"{name:>14}: {'-' if value is None else value}")
+    headers, counters = split_read_counters(record.headers)
+    print("       headers:")
+    for key, value in sorted(headers.items()):
+        if key != X_EXCEPTION_TRACEBACK:
+            print(f"    {key} = {to_jsonable(value)!r}")
+    if counters:
+        print(f"{'read counts':>14}: written by RabbitMQ on every read, this one included")
+        for key, value in counters.items():
+            print(f"    {key} = {to_jsonable(value)!r}  ({BROKER_READ_COUNTERS[key]})")
+    if record.traceback:
+        print("     traceback:")
+        print("    " + record.traceback.rstrip().replace("\n", "\n    "))
+    body = to_jsonable(record.body)
+    print(f"          body ({len(record.body)} bytes):")
+    if isinstance(body, str):
+        print(body)
+    else:
+        print(f"(binary, base64) {body['base64']}")

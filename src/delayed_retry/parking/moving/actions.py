@@ -1,0 +1,124 @@
+"""What a move does to each parked message it selects: :class:`ReplayAction` (a confirmed
+copy through the chain, then ack), :class:`PurgeAction` (ack), or any other
+:class:`MessageAction` (:class:`~delayed_retry.parking.refresh.RefreshAction`).
+
+Write a new :class:`MessageAction` for a new kind of move; the engine
+(:func:`~delayed_retry.parking.moving.engine.move`) takes care of selecting, pacing and
+running them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import aiormq.abc
+
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
+from delayed_retry.durations import utcnow
+from delayed_retry.parking.records import replay_copy
+from delayed_retry.topology import DelayTopology
+
+__all__ = ["MessageAction", "PurgeAction", "ReplayAction"]
+
+
+class MessageAction(Protocol):
+    """What a move does to each selected message; it ends by acking the parked original."""
+
+    @property
+    def name(self) -> Literal["replay", "purge", "refresh"]: ...
+
+    @property
+    def confirms(self) -> bool:
+        """Whether the channel must be in confirm mode (it publishes)."""
+        ...
+
+    @property
+    def to_queue(self) -> str | None:
+        """Where the messages go (``None``: nowhere)."""
+        ...
+
+    async def settle(
+        self,
+        own: aiormq.abc.AbstractChannel,
+        got: aiormq.abc.DeliveredMessage,
+        *,
+        canary_token: str | None,
+    ) -> None:
+        """Act on ``got`` (taken unacked on ``own``) and ack it; raise to leave it parked."""
+        ...
+
+
+class PurgeAction:
+    """Purge: ack the parked message, so the broker deletes it for good."""
+
+    @property
+    def name(self) -> Literal["purge"]:
+        return "purge"
+
+    @property
+    def confirms(self) -> bool:
+        return False
+
+    @property
+    def to_queue(self) -> None:
+        return None
+
+    async def settle(
+        self,
+        own: aiormq.abc.AbstractChannel,
+        got: aiormq.abc.DeliveredMessage,
+        *,
+        canary_token: str | None,
+    ) -> None:
+        await own.basic_ack(got.delivery_tag or 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayAction:
+    """Replay: publish a copy through the chain to ``target``, due after ``delay`` seconds,
+    with a fresh retry budget; ack the original only once the broker confirmed the copy."""
+
+    topology: DelayTopology
+    target: str
+    delay: float = 0.0
+    replayed_by: str | None = None
+    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
+
+    @property
+    def name(self) -> Literal["replay"]:
+        return "replay"
+
+    @property
+    def confirms(self) -> bool:
+        return True
+
+    @property
+    def to_queue(self) -> str:
+        return self.target
+
+    async def settle(
+        self,
+        own: aiormq.abc.AbstractChannel,
+        got: aiormq.abc.DeliveredMessage,
+        *,
+        canary_token: str | None,
+    ) -> None:
+        route, headers = replay_copy(
+            got.header.properties.headers,
+            topology=self.topology,
+            target=self.target,
+            delay=self.delay,
+            now=utcnow(),
+            replayed_by=self.replayed_by,
+            canary_token=canary_token,
+        )
+        await publish_confirmed(
+            own,
+            exchange=route.exchange,
+            routing_key=route.routing_key,
+            body=got.body,
+            properties=copy_properties(got.header.properties, headers),
+            timeout=self.publish_timeout,
+        )
+        await own.basic_ack(got.delivery_tag or 0)
