@@ -19,46 +19,19 @@ from collections.abc import Awaitable, Callable
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry.consumer.handover import channel_open
+from delayed_retry.consumer.waits import Waits
 
 __all__ = ["Pauses", "pause_before_rerun"]
 
 log = logging.getLogger(__name__)
 
 
-class Pauses:
+class Pauses(Waits):
     """The pauses one handler (and its copies for other queues) is in right now."""
 
-    __slots__ = ("_waiting",)
+    __slots__ = ()
 
-    def __init__(self) -> None:
-        self._waiting: set[asyncio.Future[bool]] = set()
-
-    def __len__(self) -> int:
-        return len(self._waiting)
-
-    async def pause(self, seconds: float) -> bool:
-        """Wait ``seconds``: ``True`` when the time is up, ``False`` when released before."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool] = loop.create_future()
-        timer = loop.call_later(seconds, _settle, future, True)
-        self._waiting.add(future)
-        try:
-            return await future
-        finally:
-            timer.cancel()
-            self._waiting.discard(future)
-
-    def release(self) -> int:
-        """End every pause now (each message goes back to its queue); returns how many."""
-        waiting = list(self._waiting)
-        for future in waiting:
-            _settle(future, False)
-        return len(waiting)
-
-
-def _settle(future: asyncio.Future[bool], done: bool) -> None:
-    if not future.done():
-        future.set_result(done)
+    pause = Waits.wait
 
 
 async def pause_before_rerun(

@@ -17,6 +17,7 @@ from typing import Literal
 
 from aio_pika.abc import AbstractIncomingMessage
 
+from delayed_retry.consumer.waits import Waits
 from delayed_retry.durations import utcnow
 from delayed_retry.hold import Hold
 
@@ -25,35 +26,17 @@ __all__ = ["HeldUntilDue", "Outcome", "hold_until_due"]
 log = logging.getLogger(__name__)
 
 
-def _settle(future: asyncio.Future[bool], due: bool) -> None:
-    if not future.done():
-        future.set_result(due)
-
-
-class HeldUntilDue:
+class HeldUntilDue(Waits):
     """The messages one handler (and its copies for other queues) holds right now."""
 
-    __slots__ = ("_waiting", "stopping")
+    __slots__ = ("stopping",)
 
     def __init__(self) -> None:
-        self._waiting: set[asyncio.Future[bool]] = set()
+        super().__init__()
         self.stopping = False
         """Set by :meth:`release`: the consumer is shutting down and takes nothing new."""
 
-    def __len__(self) -> int:
-        return len(self._waiting)
-
-    async def hold(self, seconds: float) -> bool:
-        """Wait ``seconds``: ``True`` when the time is up, ``False`` when released before."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool] = loop.create_future()
-        timer = loop.call_later(seconds, _settle, future, True)
-        self._waiting.add(future)
-        try:
-            return await future
-        finally:
-            timer.cancel()
-            self._waiting.discard(future)
+    hold = Waits.wait
 
     def release(self) -> int:
         """End every hold now (each message goes back to its queue); returns how many.
@@ -61,10 +44,7 @@ class HeldUntilDue:
         For a shutdown: from now on :attr:`stopping` is true.
         """
         self.stopping = True
-        waiting = list(self._waiting)
-        for future in waiting:
-            _settle(future, False)
-        return len(waiting)
+        return super().release()
 
 
 Outcome = Literal["due", "early", "released"]
