@@ -8,6 +8,7 @@ checks what was published and how the message was settled.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -41,12 +42,10 @@ QUEUE = "work"
 TOPOLOGY = DelayTopology(prefix="fake", levels=20, unit=timedelta(milliseconds=1))
 
 
-@pytest.fixture(autouse=True)
-def no_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Backoff pauses of zero: the tests check what happens, not how long it waits."""
-    monkeypatch.setattr(handover, "REQUEUE_FIRST_PAUSE", 0.0)
-    monkeypatch.setattr(handover, "HANDOVER_FIRST_PAUSE", 0.0)
-    monkeypatch.setattr(handover, "HANDOVER_RETRY_WINDOW", 0.05)
+NO_PAUSES = handover.HandOverTiming(
+    window=0.05, first_pause=0.0, max_pause=0.0, requeue_first_pause=0.0, requeue_max_pause=0.0
+)
+"""Backoff pauses of zero: the tests check what happens, not how long it waits."""
 
 
 def decorate(fn: Any, **options: Any) -> middleware.RetryingHandler[Any]:
@@ -54,7 +53,8 @@ def decorate(fn: Any, **options: Any) -> middleware.RetryingHandler[Any]:
     options.setdefault("topology", TOPOLOGY)
     options.setdefault("instrumentation", NoInstrumentation())
     options.setdefault("wait", tenacity.wait_fixed(1))
-    return with_delayed_retry(**options)(fn)
+    handler = with_delayed_retry(**options)(fn)
+    return middleware.RetryingHandler(handler.fn, replace(handler.options, timing=NO_PAUSES))
 
 
 def parks(channel: FakeChannel) -> list[dict[str, Any]]:

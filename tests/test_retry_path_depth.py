@@ -31,7 +31,7 @@ from tests.support.queues import cleaned
 
 pytestmark = pytest.mark.broker
 
-MAX_LIBRARY_FRAMES = 10
+MAX_LIBRARY_FRAMES = 6
 """At most this many frames of the library from the handler's failure to the publish."""
 
 PACKAGE = Path(delayed_retry.__file__).parent
