@@ -8,9 +8,12 @@ checks what was published and how the message was settled.
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
+import weakref
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import aio_pika
 import aiormq
@@ -75,6 +78,43 @@ class Boom(Exception):
 
 
 # --- the ordinary paths --------------------------------------------------------
+
+
+class Tracked(Exception):
+    """A failure that tells whether it is still alive."""
+
+    alive: ClassVar[list[weakref.ref[Tracked]]] = []
+
+    def __init__(self) -> None:
+        super().__init__("tracked")
+        Tracked.alive.append(weakref.ref(self))
+
+
+@pytest.mark.parametrize("max_retries", [1, 0])
+async def test_a_handled_failure_leaves_no_reference_cycle(
+    max_retries: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Freed by its reference count once handed over: no cycle through the frame that caught
+    # it, so a failed message (and its body) does not wait for the garbage collector.
+    caplog.set_level(logging.ERROR, logger="delayed_retry")  # captured records keep their args
+    channel = FakeChannel()
+
+    async def handler(message: AbstractIncomingMessage) -> None:
+        raise Tracked()
+
+    handler_fn = decorate(handler, max_retries=max_retries)
+    await handler_fn(fake_message(channel))  # the first delivery declares on the connection
+    Tracked.alive.clear()
+    gc.collect()
+    gc.disable()
+    try:
+        message = fake_message(channel)
+        await handler_fn(message)
+        assert channel.settlement_of(message) == [("ack", False)]
+        assert len(Tracked.alive) == 1
+        assert Tracked.alive[0]() is None, gc.get_referrers(Tracked.alive[0]())
+    finally:
+        gc.enable()
 
 
 async def test_success_acks() -> None:

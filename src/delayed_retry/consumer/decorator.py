@@ -428,9 +428,14 @@ class RetryingHandler(Generic[P]):
                         if throttle is not None:  # a delivery's failure, immediate retries spent
                             throttle.observe(message, failure)
                         decision, failure = self._decide(message, state, failure)
-                        guarded.handed_over = await self._failures(queue).failed(
-                            message, state, failure, decision, scope
-                        )
+                        try:
+                            guarded.handed_over = await self._failures(queue).failed(
+                                message, state, failure, decision, scope
+                            )
+                        finally:
+                            # The failure's traceback holds this frame, and this frame the
+                            # failure: a cycle per failed message for the collector to find.
+                            failure = None
                         return
                     scope.finish("immediate-retry", delay=pause, exc=failure)
                 log.info(
