@@ -80,6 +80,21 @@ class Boom(Exception):
 # --- the ordinary paths --------------------------------------------------------
 
 
+async def test_a_queues_failure_handling_is_built_once_with_the_injected_timing() -> None:
+    channel = FakeChannel()
+
+    async def handler(message: AbstractIncomingMessage) -> None:
+        raise Boom("down")
+
+    handler_fn = decorate(handler)
+    await handler_fn(fake_message(channel))
+    first = handler_fn._failures(QUEUE)
+    await handler_fn(fake_message(channel))
+    assert handler_fn._failures(QUEUE) is first
+    assert first.timing is NO_PAUSES
+    assert handler_fn._failures("other") is not first  # another queue: its own
+
+
 class Tracked(Exception):
     """A failure that tells whether it is still alive."""
 

@@ -249,10 +249,8 @@ class RetryingHandler(Generic[P]):
             if options.throttle is not None and options.queue is not None
             else None
         )
-        # Built once: the failure path of every message of this queue uses it.
-        self._failure_handling = (
-            self._build_failures(options.queue) if options.queue is not None else None
-        )
+        # Built at the first failure, then kept: every failure of this queue uses it.
+        self._failure_handling: FailureHandling | None = None
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", self.fn)
@@ -288,7 +286,10 @@ class RetryingHandler(Generic[P]):
         failures = self._failure_handling
         if failures is not None and failures.queue == queue:
             return failures
-        return self._build_failures(queue)
+        failures = self._build_failures(queue)
+        if queue == self.options.queue:
+            self._failure_handling = failures
+        return failures
 
     def _build_failures(self, queue: str) -> FailureHandling:
         opts = self.options
