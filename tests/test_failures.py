@@ -67,6 +67,7 @@ def failures(publish: Refusing, **options: Any) -> FailureHandling:
         topology=TOPOLOGY,
         parking_queue=None,
         publish_timeout=1.0,
+        return_to="queue",
         timing=QUICK,
         publish=publish,
         **options,
@@ -127,6 +128,7 @@ async def test_a_park_refused_past_the_window_is_given_back_after_one_try() -> N
         topology=TOPOLOGY,
         parking_queue=None,
         publish_timeout=1.0,
+        return_to="queue",
         timing=HandOverTiming(window=0.0),
         publish=publisher,
     )
