@@ -8,8 +8,12 @@ checks what was published and how the message was settled.
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
+import weakref
+from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import aio_pika
 import aiormq
@@ -41,12 +45,10 @@ QUEUE = "work"
 TOPOLOGY = DelayTopology(prefix="fake", levels=20, unit=timedelta(milliseconds=1))
 
 
-@pytest.fixture(autouse=True)
-def no_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Backoff pauses of zero: the tests check what happens, not how long it waits."""
-    monkeypatch.setattr(handover, "REQUEUE_FIRST_PAUSE", 0.0)
-    monkeypatch.setattr(handover, "HANDOVER_FIRST_PAUSE", 0.0)
-    monkeypatch.setattr(handover, "HANDOVER_RETRY_WINDOW", 0.05)
+NO_PAUSES = handover.HandOverTiming(
+    window=0.05, first_pause=0.0, max_pause=0.0, requeue_first_pause=0.0, requeue_max_pause=0.0
+)
+"""Backoff pauses of zero: the tests check what happens, not how long it waits."""
 
 
 def decorate(fn: Any, **options: Any) -> middleware.RetryingHandler[Any]:
@@ -54,7 +56,8 @@ def decorate(fn: Any, **options: Any) -> middleware.RetryingHandler[Any]:
     options.setdefault("topology", TOPOLOGY)
     options.setdefault("instrumentation", NoInstrumentation())
     options.setdefault("wait", tenacity.wait_fixed(1))
-    return with_delayed_retry(**options)(fn)
+    handler = with_delayed_retry(**options)(fn)
+    return middleware.RetryingHandler(handler.fn, replace(handler.options, timing=NO_PAUSES))
 
 
 def parks(channel: FakeChannel) -> list[dict[str, Any]]:
@@ -75,6 +78,58 @@ class Boom(Exception):
 
 
 # --- the ordinary paths --------------------------------------------------------
+
+
+async def test_a_queues_failure_handling_is_built_once_with_the_injected_timing() -> None:
+    channel = FakeChannel()
+
+    async def handler(message: AbstractIncomingMessage) -> None:
+        raise Boom("down")
+
+    handler_fn = decorate(handler)
+    await handler_fn(fake_message(channel))
+    first = handler_fn._failures(QUEUE)
+    await handler_fn(fake_message(channel))
+    assert handler_fn._failures(QUEUE) is first
+    assert first.timing is NO_PAUSES
+    assert handler_fn._failures("other") is not first  # another queue: its own
+
+
+class Tracked(Exception):
+    """A failure that tells whether it is still alive."""
+
+    alive: ClassVar[list[weakref.ref[Tracked]]] = []
+
+    def __init__(self) -> None:
+        super().__init__("tracked")
+        Tracked.alive.append(weakref.ref(self))
+
+
+@pytest.mark.parametrize("max_retries", [1, 0])
+async def test_a_handled_failure_leaves_no_reference_cycle(
+    max_retries: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Freed by its reference count once handed over: no cycle through the frame that caught
+    # it, so a failed message (and its body) does not wait for the garbage collector.
+    caplog.set_level(logging.ERROR, logger="delayed_retry")  # captured records keep their args
+    channel = FakeChannel()
+
+    async def handler(message: AbstractIncomingMessage) -> None:
+        raise Tracked()
+
+    handler_fn = decorate(handler, max_retries=max_retries)
+    await handler_fn(fake_message(channel))  # the first delivery declares on the connection
+    Tracked.alive.clear()
+    gc.collect()
+    gc.disable()
+    try:
+        message = fake_message(channel)
+        await handler_fn(message)
+        assert channel.settlement_of(message) == [("ack", False)]
+        assert len(Tracked.alive) == 1
+        assert Tracked.alive[0]() is None, gc.get_referrers(Tracked.alive[0]())
+    finally:
+        gc.enable()
 
 
 async def test_success_acks() -> None:

@@ -26,13 +26,13 @@ its own, whatever version the rest of the suite runs on.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import re
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -49,7 +49,8 @@ from delayed_retry import (
     publish_delayed,
     with_delayed_retry,
 )
-from delayed_retry.consumer import failures, handover
+from delayed_retry.consumer import handover
+from delayed_retry.consumer.decorator import RetryingHandler
 from delayed_retry.headers import X_RETRY
 from harness import RabbitMQNode
 from tests.reliability._support import private_node
@@ -187,13 +188,9 @@ async def test_a_give_back_is_a_nack_that_the_queue_delays_by_its_minimum(
     node: RabbitMQNode,
     kind: str,
     delayed: bool,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     s = classic43
-    monkeypatch.setattr(
-        failures, "hand_over", functools.partial(handover.hand_over, timing=SHORT_WINDOW)
-    )
     caplog.set_level(logging.ERROR, logger="delayed_retry.consumer.handover")
     calls = Calls()
 
@@ -206,7 +203,7 @@ async def test_a_give_back_is_a_nack_that_the_queue_delays_by_its_minimum(
             raise ConnectionError("down")
 
     queue = await native_queue(s, kind)
-    await consume(queue, handler)
+    await consume(queue, RetryingHandler(handler.fn, replace(handler.options, timing=SHORT_WINDOW)))
     # Every publish into the chain is nacked: the hand-over keeps failing until the policy goes.
     policy = f"{s.unique}-full"
     levels = [s.topology.level_name(level) for level in range(s.topology.levels)]

@@ -2,9 +2,9 @@
 
     python at_least_once_consumer.py URL QUEUE PREFIX LEVELS MAX_RETRIES
 
-Wraps ``delayed_retry.amqp.publish.publish_copy`` so the process calls
-``os._exit(1)`` as soon as the broker has confirmed the retry copy (or the
-parking record): the window in which the original is not yet acked. Its
+Wraps the consuming channel's ``basic_publish`` (aiormq) so the process
+calls ``os._exit(1)`` as soon as the broker has confirmed the retry copy (or
+the parking record): the window in which the original is not yet acked. Its
 handler always fails. Exits 1 after that confirm; any other exit is a failure
 of the test that runs it.
 """
@@ -20,7 +20,6 @@ import aio_pika
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
-import delayed_retry.amqp.publish as publishing
 from delayed_retry import DelayTopology, consume, with_delayed_retry
 
 CRASHED_AFTER_CONFIRM = 1
@@ -29,13 +28,6 @@ CRASHED_AFTER_CONFIRM = 1
 async def main() -> None:
     url, queue_name, prefix, levels, max_retries = sys.argv[1:6]
 
-    confirmed = publishing.publish_copy
-
-    async def confirm_then_die(*args: Any, **kwargs: Any) -> None:
-        await confirmed(*args, **kwargs)
-        os._exit(CRASHED_AFTER_CONFIRM)
-
-    publishing.publish_copy = confirm_then_die
     topology = DelayTopology(prefix=prefix, levels=int(levels), queue_type="quorum")
 
     @with_delayed_retry(
@@ -47,6 +39,14 @@ async def main() -> None:
     connection = await aio_pika.connect(url)
     channel = await connection.channel()
     queue = await channel.get_queue(queue_name)
+    underlay = await channel.get_underlay_channel()
+    publish = underlay.basic_publish
+
+    async def confirm_then_die(*args: Any, **kwargs: Any) -> Any:
+        await publish(*args, **kwargs)
+        os._exit(CRASHED_AFTER_CONFIRM)
+
+    underlay.basic_publish = confirm_then_die  # type: ignore[method-assign]
     await consume(queue, handler)
     await asyncio.sleep(60)  # the test kills us long before; exiting 0 here fails it
     await connection.close()

@@ -17,9 +17,14 @@ from typing import Any
 import aiormq
 import aiormq.abc
 
-from delayed_retry.amqp import publish
 from delayed_retry.amqp.declare import declarer_for
-from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, Copyable
+from delayed_retry.amqp.publish import (
+    DEFAULT_PUBLISH_TIMEOUT,
+    Copyable,
+    Publisher,
+    copy_properties,
+    publish_confirmed,
+)
 from delayed_retry.errors import PublishError
 from delayed_retry.topology import DelayTopology, Route
 
@@ -35,14 +40,16 @@ async def publish_into_chain(
     headers: Mapping[str, Any],
     timeout: float = DEFAULT_PUBLISH_TIMEOUT,
     keep_delivery_mode: bool = False,
+    publish: Publisher = publish_confirmed,
 ) -> None:
     """Publish a persistent copy of ``message`` to ``route`` (exchange, key); wait for the confirm.
 
     ``keep_delivery_mode`` keeps the producer's delivery mode instead (see
-    :func:`~delayed_retry.amqp.publish.copy_properties`).
+    :func:`~delayed_retry.amqp.publish.copy_properties`). ``publish`` is the
+    consumer's publisher (see :class:`~delayed_retry.amqp.publish.Publisher`).
 
     Raises :class:`~delayed_retry.errors.PublishError` like
-    :func:`~delayed_retry.amqp.publish.publish_copy`; after a missing-exchange
+    :func:`~delayed_retry.amqp.publish.publish_confirmed`; after a missing-exchange
     refusal the next call re-declares ``topology`` before publishing.
     """
     exchange, routing_key = route[0], route[1]
@@ -50,14 +57,16 @@ async def publish_into_chain(
     declarer = declarer_for(connection)
     await declarer.topology(connection, topology)
     try:
-        await publish.publish_copy(  # looked up at each call: crash tests wrap it
+        # The copy is made here and published in one call: this frame is on every retry's path.
+        await publish(
             channel,
-            message,
             exchange=exchange,
             routing_key=routing_key,
-            headers=headers,
+            body=message.body,
+            properties=copy_properties(
+                message.properties, headers, keep_delivery_mode=keep_delivery_mode
+            ),
             timeout=timeout,
-            keep_delivery_mode=keep_delivery_mode,
         )
     except PublishError as err:
         if isinstance(err.__cause__, aiormq.exceptions.ChannelNotFoundEntity):

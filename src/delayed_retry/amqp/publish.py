@@ -30,6 +30,7 @@ from delayed_retry.errors import (
 
 __all__ = [
     "DEFAULT_PUBLISH_TIMEOUT",
+    "Publisher",
     "check_header_size",
     "copy_properties",
     "publish_confirmed",
@@ -215,6 +216,26 @@ async def publish_confirmed(
         f"exchange {exchange!r} returned the message as unroutable (key {routing_key!r}); "
         "is its alternate exchange missing?"
     )
+
+
+class Publisher(Protocol):
+    """What publishes with confirms: :func:`publish_confirmed`, or a stand-in a test passes.
+
+    Consumers are built with one (``publish=publish_confirmed``) and call it for
+    every hand-over, so a test injects a publisher that fails or records instead
+    of patching this module.
+    """
+
+    async def __call__(
+        self,
+        channel: aiormq.abc.AbstractChannel,
+        *,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: spec.Basic.Properties,
+        timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+    ) -> None: ...
 
 
 class Copyable(Protocol):

@@ -30,7 +30,13 @@ from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.consumer.crash_guard import guard_redelivery
 from delayed_retry.consumer.failures import FailureHandling
-from delayed_retry.consumer.handover import Trouble, ack, channel_open
+from delayed_retry.consumer.handover import (
+    DEFAULT_TIMING,
+    HandOverTiming,
+    Trouble,
+    ack,
+    channel_open,
+)
 from delayed_retry.consumer.hooks import FailureHooks
 from delayed_retry.consumer.immediate import Pauses, pause_before_rerun
 from delayed_retry.consumer.options import (
@@ -209,6 +215,9 @@ class RetryOptions:
     """When to stop taking messages after a run of failures, and how to probe (``None``: never)."""
     crash_guard: CrashGuard | None = None
     """How many times a message may take its consumer down before it is parked (``None``: off)."""
+    timing: HandOverTiming = DEFAULT_TIMING
+    """How long an unconfirmed hand-over is tried and how long a message is kept before it
+    goes back (tests pass short ones)."""
 
 
 class RetryingHandler(Generic[P]):
@@ -240,6 +249,8 @@ class RetryingHandler(Generic[P]):
             if options.throttle is not None and options.queue is not None
             else None
         )
+        # Built at the first failure, then kept: every failure of this queue uses it.
+        self._failure_handling: FailureHandling | None = None
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", self.fn)
@@ -272,6 +283,15 @@ class RetryingHandler(Generic[P]):
             await declarer.queue(connection, spec)
 
     def _failures(self, queue: str) -> FailureHandling:
+        failures = self._failure_handling
+        if failures is not None and failures.queue == queue:
+            return failures
+        failures = self._build_failures(queue)
+        if queue == self.options.queue:
+            self._failure_handling = failures
+        return failures
+
+    def _build_failures(self, queue: str) -> FailureHandling:
         opts = self.options
         return FailureHandling(
             queue=queue,
@@ -283,6 +303,7 @@ class RetryingHandler(Generic[P]):
             hold=opts.hold,
             record_runs=opts.immediate is not None,
             hooks=opts.hooks,
+            timing=opts.timing,
         )
 
     def _queue(self) -> str:
@@ -310,11 +331,138 @@ class RetryingHandler(Generic[P]):
             )
         queue = self._queue()
         guarded = GuardedMessage(message)
-        call_args = (*args[:-1], guarded)
+        call_args: tuple[Any, ...] = (*args[:-1], guarded)
         # Read from the headers only when something needs it: the success path parses nothing.
         cell = _StateCell(message, queue)
+        # One frame from here to the hand-over: the success path pays for every frame, and
+        # every frame is one more to read on a retry's way to the broker.
         try:
-            await self._handle(message, guarded, cell, queue, call_args, kwargs)
+            opts = self.options
+            connection = message.channel.connection
+            if self._declared_on is None or self._declared_on() is not connection:
+                # First use on this connection: declare what we need. A failure is given back
+                # to the queue after a backoff (_rescue): nothing is lost, nothing spins.
+                await self._declare_on(connection, queue)
+                self._declared_on = weakref.ref(connection)
+            if opts.crash_guard is not None:
+                if opts.held.stopping:  # shutting down: back to the queue, not counted as a crash
+                    await cancel_consumer_of(message)
+                    await self._put_back(message, queue)
+                    return
+                if message.redelivered:  # its last consumer went away holding it
+                    await guard_redelivery(
+                        message, cell.get(), guard=opts.crash_guard, failures=self._failures(queue)
+                    )
+                    return
+            if opts.topology.is_chain_exchange(message.exchange):
+                due_at = cell.get().due_at
+                if due_at is not None and not await self._wait_until_due(message, due_at, queue):
+                    return
+            throttle = self.throttle
+            if throttle is not None and not await throttle.admit(message):
+                return  # throttled: put back at the tail of its queue, unhandled
+            immediate = opts.immediate
+            started = time.monotonic() if immediate is not None else 0.0
+            paused = 0.0
+            while True:
+                pause: float | None = None
+                observed: contextlib.AbstractContextManager[AttemptScope] = (
+                    opts.instrumentation.attempt(message, cell.get(), queue=queue)
+                    if self._telemetry_on()
+                    else QUIET_SCOPE
+                )
+                with observed as scope:
+                    # Inline, not a helper coroutine: the success path pays for every frame.
+                    token = _current_state.set(cell)
+                    failure: Exception | None = None
+                    try:
+                        await self.fn(*call_args, **kwargs)
+                    except asyncio.CancelledError as exc:
+                        task = asyncio.current_task()
+                        if task is not None and task.cancelling():
+                            raise
+                        failure = HandlerCancelledError(
+                            f"handler {self!r} raised CancelledError without being cancelled"
+                        )
+                        failure.__cause__ = exc
+                    except Exception as exc:
+                        failure = exc
+                    finally:
+                        _current_state.reset(token)
+                    if failure is None:
+                        opts.trouble.clear()
+                        if throttle is not None:
+                            throttle.observe(message, None)
+                        if guarded.deferred is not None:
+                            # The handler rejected or nacked without raising: its explicit choice.
+                            await guarded.send_deferred()
+                            scope.finish("error", reason="settled-by-handler")
+                            return
+                        if opts.ack_on_success and not message.processed:
+                            # Handled: a failed ack means a redelivery (a duplicate), never a park.
+                            await ack(message, queue)
+                        scope.finish("success")
+                        return
+                    if guarded.acked or message.processed:
+                        log.error(
+                            "handler %r acked message %s itself and then raised %r; the ack "
+                            "stands, so it is neither retried nor parked",
+                            self,
+                            message.message_id,
+                            failure,
+                        )
+                        scope.finish("error", exc=failure, reason="settled-by-handler")
+                        return
+                    # A reject or nack the handler asked for on its way out (message.process())
+                    # is dropped: the failure is retried or parked like any other.
+                    state = cell.get()
+                    if immediate is not None:
+                        pause = immediate.next_pause(
+                            opts.policy,
+                            state,
+                            failure,
+                            now=utcnow(),
+                            running_for=time.monotonic() - started,
+                            paused=paused,
+                        )
+                    if pause is None:
+                        if throttle is not None:  # a delivery's failure, immediate retries spent
+                            throttle.observe(message, failure)
+                        decision, failure = self._decide(message, state, failure)
+                        try:
+                            guarded.handed_over = await self._failures(queue).failed(
+                                message, state, failure, decision, scope
+                            )
+                        finally:
+                            # The failure's traceback holds this frame, and this frame the
+                            # failure: a cycle per failed message for the collector to find.
+                            failure = None
+                        return
+                    scope.finish("immediate-retry", delay=pause, exc=failure)
+                log.info(
+                    "message %s on queue %r failed (%s); running it again at once (immediate retry "
+                    "%d of %d)",
+                    message.message_id,
+                    queue,
+                    type(failure).__name__,
+                    state.immediate_retries + 1,
+                    immediate.times if immediate is not None else 0,
+                )
+                if not await pause_before_rerun(
+                    opts.pauses,
+                    message,
+                    pause,
+                    queue=queue,
+                    give_back=(
+                        None
+                        if opts.crash_guard is None
+                        else functools.partial(self._put_back, queue=queue)
+                    ),
+                ):
+                    return
+                paused += pause
+                guarded.deferred = None  # the failed run's reject or nack was dropped
+                cell.rerun()
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -323,151 +471,15 @@ class RetryingHandler(Generic[P]):
         except Exception as exc:
             await self._rescue(message, queue, cell, exc)
 
-    async def _handle(
-        self,
-        message: AbstractIncomingMessage,
-        guarded: GuardedMessage,
-        cell: _StateCell,
-        queue: str,
-        call_args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> None:
-        opts = self.options
-        connection = message.channel.connection
-        if self._declared_on is None or self._declared_on() is not connection:
-            # First use on this connection: declare what we need. A failure is given back
-            # to the queue after a backoff (_rescue): nothing is lost, nothing spins.
-            await self._declare_on(connection, queue)
-            self._declared_on = weakref.ref(connection)
-        if opts.crash_guard is not None:
-            if opts.held.stopping:  # shutting down: back to the queue, not counted as a crash
-                await cancel_consumer_of(message)
-                await self._put_back(message, queue)
-                return
-            if message.redelivered:  # its last consumer went away holding it
-                await guard_redelivery(
-                    message, cell.get(), guard=opts.crash_guard, failures=self._failures(queue)
-                )
-                return
-        if opts.topology.is_chain_exchange(message.exchange):
-            due_at = cell.get().due_at
-            if due_at is not None and not await self._wait_until_due(message, due_at, queue):
-                return
-        throttle = self.throttle
-        if throttle is not None and not await throttle.admit(message):
-            return  # throttled: put back at the tail of its queue, unhandled
-        immediate = opts.immediate
-        started = time.monotonic() if immediate is not None else 0.0
-        paused = 0.0
-        while True:
-            pause: float | None = None
-            observed: contextlib.AbstractContextManager[AttemptScope] = (
-                opts.instrumentation.attempt(message, cell.get(), queue=queue)
-                if self._telemetry_on()
-                else QUIET_SCOPE
-            )
-            with observed as scope:
-                # Inline, not a helper coroutine: the success path pays for every frame.
-                token = _current_state.set(cell)
-                failure: Exception | None = None
-                try:
-                    await self.fn(*call_args, **kwargs)
-                except asyncio.CancelledError as exc:
-                    task = asyncio.current_task()
-                    if task is not None and task.cancelling():
-                        raise
-                    failure = HandlerCancelledError(
-                        f"handler {self!r} raised CancelledError without being cancelled"
-                    )
-                    failure.__cause__ = exc
-                except Exception as exc:
-                    failure = exc
-                finally:
-                    _current_state.reset(token)
-                if failure is None:
-                    opts.trouble.clear()
-                    if throttle is not None:
-                        throttle.observe(message, None)
-                    if guarded.deferred is not None:
-                        # The handler rejected or nacked without raising: its explicit choice.
-                        await guarded.send_deferred()
-                        scope.finish("error", reason="settled-by-handler")
-                        return
-                    if opts.ack_on_success and not message.processed:
-                        # Handled: a failed ack means a redelivery (a duplicate), never a park.
-                        await ack(message, queue)
-                    scope.finish("success")
-                    return
-                if guarded.acked or message.processed:
-                    log.error(
-                        "handler %r acked message %s itself and then raised %r; the ack "
-                        "stands, so it is neither retried nor parked",
-                        self,
-                        message.message_id,
-                        failure,
-                    )
-                    scope.finish("error", exc=failure, reason="settled-by-handler")
-                    return
-                # A reject or nack the handler asked for on its way out (message.process())
-                # is dropped: the failure is retried or parked like any other.
-                state = cell.get()
-                if immediate is not None:
-                    pause = immediate.next_pause(
-                        opts.policy,
-                        state,
-                        failure,
-                        now=utcnow(),
-                        running_for=time.monotonic() - started,
-                        paused=paused,
-                    )
-                if pause is None:
-                    if throttle is not None:  # a delivery's failure, immediate retries spent
-                        throttle.observe(message, failure)
-                    guarded.handed_over = await self._decide_and_hand_over(
-                        message, queue, state, failure, scope
-                    )
-                    return
-                scope.finish("immediate-retry", delay=pause, exc=failure)
-            log.info(
-                "message %s on queue %r failed (%s); running it again at once (immediate retry "
-                "%d of %d)",
-                message.message_id,
-                queue,
-                type(failure).__name__,
-                state.immediate_retries + 1,
-                immediate.times if immediate is not None else 0,
-            )
-            if not await pause_before_rerun(
-                opts.pauses,
-                message,
-                pause,
-                queue=queue,
-                give_back=(
-                    None
-                    if opts.crash_guard is None
-                    else functools.partial(self._put_back, queue=queue)
-                ),
-            ):
-                return
-            paused += pause
-            guarded.deferred = None  # the failed run's reject or nack was dropped
-            cell.rerun()
+    def _decide(
+        self, message: AbstractIncomingMessage, state: RetryState, failure: Exception
+    ) -> tuple[Decision, Exception]:
+        """The policy's decision on ``failure``, and the failure the record shows.
 
-    async def _decide_and_hand_over(
-        self,
-        message: AbstractIncomingMessage,
-        queue: str,
-        state: RetryState,
-        failure: Exception,
-        scope: AttemptScope,
-    ) -> Decision | None:
-        """Let the policy decide on ``failure`` and carry the decision out.
-
-        Returns the decision carried out, or ``None`` when the message was given back.
+        A policy that fails parks the message as ``internal-error`` with its own exception.
         """
-        opts = self.options
         try:
-            decision = opts.policy.decide(state, failure, now=utcnow())
+            return self.options.policy.decide(state, failure, now=utcnow()), failure
         except Exception as policy_exc:
             log.exception(
                 "the retry policy of %r failed on message %s; parking it",
@@ -475,8 +487,7 @@ class RetryingHandler(Generic[P]):
                 message.message_id,
             )
             policy_exc.__context__ = failure  # the record shows both tracebacks
-            decision, failure = Decision.park("internal-error"), policy_exc
-        return await self._failures(queue).failed(message, state, failure, decision, scope)
+            return Decision.park("internal-error"), policy_exc
 
     async def _put_back(self, message: AbstractIncomingMessage, queue: str) -> None:
         await put_back(

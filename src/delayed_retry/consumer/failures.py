@@ -9,6 +9,7 @@ only once its copy is confirmed. The decorator and the router use it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 from collections.abc import Mapping
@@ -18,10 +19,17 @@ from typing import Any, Literal, cast
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry.amqp import publish
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.declare import declarer_for
-from delayed_retry.consumer.handover import Trouble, ack, give_back_later, hand_over
+from delayed_retry.amqp.publish import Publisher, copy_properties, publish_confirmed
+from delayed_retry.consumer.handover import (
+    DEFAULT_TIMING,
+    HandOverTiming,
+    Trouble,
+    ack,
+    give_back_later,
+    hand_over,
+)
 from delayed_retry.consumer.hooks import FailureEvent, FailureHooks
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import DelayOutOfRangeError, PublishError
@@ -68,24 +76,10 @@ class FailureHandling:
     """Whether immediate retries are on: each copy then records the delivery's handler runs."""
     hooks: FailureHooks | None = None
     """Told of each retry and parking once its hand-over is done."""
-
-    async def _publish(
-        self,
-        message: AbstractIncomingMessage,
-        *,
-        exchange: str,
-        routing_key: str,
-        headers: Mapping[str, Any],
-    ) -> None:
-        """Publish a copy of ``message`` on its own channel; return once confirmed."""
-        await publish.publish_copy(  # looked up at each call: crash tests wrap it
-            message.channel,
-            message,
-            exchange=exchange,
-            routing_key=routing_key,
-            headers=headers,
-            timeout=self.publish_timeout,
-        )
+    timing: HandOverTiming = DEFAULT_TIMING
+    """How long an unconfirmed hand-over is tried, and the pauses before a message goes back."""
+    publish: Publisher = publish_confirmed
+    """What publishes the copies, with confirms (a test passes one that fails or records)."""
 
     async def redelay(self, message: AbstractIncomingMessage, due_at: datetime) -> None:
         """Send a message that arrived before its due time back for the rest of its wait."""
@@ -99,10 +93,11 @@ class FailureHandling:
                 route=self.topology.route(units, self.queue),
                 headers=sanitize_headers(message.headers),
                 timeout=self.publish_timeout,
+                publish=self.publish,
             )
             return True
 
-        await hand_over(message, publish, queue=self.queue)
+        await hand_over(message, publish, queue=self.queue, timing=self.timing)
 
     async def park_now(
         self,
@@ -125,7 +120,7 @@ class FailureHandling:
 
     async def give_back_later(self, message: AbstractIncomingMessage, err: BaseException) -> None:
         """Keep ``message`` for a backoff pause, then return it to its queue (nack, requeue)."""
-        await give_back_later(message, self.queue, err, self.trouble)
+        await give_back_later(message, self.queue, err, self.trouble, timing=self.timing)
 
     async def failed(
         self,
@@ -142,8 +137,9 @@ class FailureHandling:
         """
         carried_out = await hand_over(
             message,
-            lambda: self._publish_copy(message, state, exc, decision, scope),
+            functools.partial(self._send, message, state, exc, decision, scope),
             queue=self.queue,
+            timing=self.timing,
         )
         if carried_out is None:
             scope.finish("error", exc=exc)
@@ -169,7 +165,7 @@ class FailureHandling:
         )
         await self.hooks.notify(event)
 
-    async def _publish_copy(
+    async def _send(
         self,
         message: AbstractIncomingMessage,
         state: RetryState,
@@ -177,83 +173,89 @@ class FailureHandling:
         decision: Decision,
         scope: AttemptScope,
     ) -> Decision:
-        """Publish the retry copy or the parking record; return the decision carried out."""
+        """Publish the retry copy or the parking record; return the decision carried out.
+
+        One frame from the hand-over to the publisher: every retry passes here.
+        """
         now = utcnow()
         if decision.action == "retry":
-            decision = await self._retry(message, state, exc, decision, scope, now)
-        if decision.action == "park":
-            assert decision.reason is not None
-            await self._park(message, state, exc, decision.reason, scope, now)
-        return decision
-
-    async def _retry(
-        self,
-        message: AbstractIncomingMessage,
-        state: RetryState,
-        exc: Exception,
-        decision: Decision,
-        scope: AttemptScope,
-        now: datetime,
-    ) -> Decision:
-        target, forward_key = await self._retry_target(message)
-        try:
-            due_at = now + timedelta(seconds=decision.delay)
-            # Handlers and forwarders hold a message that leaves the chain early until due.
-            units = chain_units(self.topology, due_at, now=now, hold=self.hold)
-            route = self.topology.route(units, target)
-        except (DelayOutOfRangeError, OverflowError):
-            return Decision.park("delay-out-of-range")
-        exchange, routing_key = route.exchange, route.routing_key
-        if forward_key is None and self.consumed_from_queue and due_at <= now:
-            # Due already (zero delay): straight back to the queue through the default
-            # exchange, as a hand-rolled retry does, instead of through two topic exchanges
-            # on a long key. Never early: nothing waits. The queue holds the unacked
-            # original, so it exists; if it is deleted meanwhile, the mandatory publish is
-            # returned and the original stays unacked (nothing to catch in the unroutable
-            # queue: the queue's own messages went with it).
-            exchange, routing_key = "", target
-        headers = failure_headers(
-            message.headers, state, exc, now=now, retries=state.retries + 1, runs=self._runs(state)
-        )
-        headers[X_DUE_AT] = to_epoch_ms(due_at)
-        if forward_key is not None:
-            headers[X_FORWARD_ROUTING_KEY] = forward_key
-        try:
-            with scope.publishing(
-                headers, kind="retry", exchange=exchange, routing_key=routing_key
-            ):
-                if exchange:
-                    await publish_into_chain(
-                        message.channel,
-                        message,
-                        topology=self.topology,
-                        route=(exchange, routing_key),
-                        headers=headers,
-                        timeout=self.publish_timeout,
+            target, forward_key = await self._retry_target(message)
+            try:
+                due_at = now + timedelta(seconds=decision.delay)
+                # Handlers and forwarders hold a message that leaves the chain early until due.
+                units = chain_units(self.topology, due_at, now=now, hold=self.hold)
+                route = self.topology.route(units, target)
+            except (DelayOutOfRangeError, OverflowError):
+                decision = Decision.park("delay-out-of-range")
+            else:
+                exchange, routing_key = route.exchange, route.routing_key
+                if forward_key is None and self.consumed_from_queue and due_at <= now:
+                    # Due already (zero delay): straight back to the queue through the
+                    # default exchange, as a hand-rolled retry does, instead of through two
+                    # topic exchanges on a long key. Never early: nothing waits. The queue
+                    # holds the unacked original, so it exists; if it is deleted meanwhile,
+                    # the mandatory publish is returned and the original stays unacked
+                    # (nothing to catch in the unroutable queue: the queue's own messages
+                    # went with it).
+                    exchange, routing_key = "", target
+                headers = failure_headers(
+                    message.headers,
+                    state,
+                    exc,
+                    now=now,
+                    retries=state.retries + 1,
+                    runs=self._runs(state),
+                )
+                headers[X_DUE_AT] = to_epoch_ms(due_at)
+                if forward_key is not None:
+                    headers[X_FORWARD_ROUTING_KEY] = forward_key
+                try:
+                    with scope.publishing(
+                        headers, kind="retry", exchange=exchange, routing_key=routing_key
+                    ):
+                        if exchange:
+                            await publish_into_chain(
+                                message.channel,
+                                message,
+                                topology=self.topology,
+                                route=(exchange, routing_key),
+                                headers=headers,
+                                timeout=self.publish_timeout,
+                                publish=self.publish,
+                            )
+                        else:
+                            await self.publish(
+                                message.channel,
+                                exchange=exchange,
+                                routing_key=routing_key,
+                                body=message.body,
+                                properties=copy_properties(message.properties, headers),
+                                timeout=self.publish_timeout,
+                            )
+                except PublishError as err:
+                    if not _unencodable(err):
+                        raise
+                    # No retry can ever carry these headers; parking keeps the record.
+                    log.error(
+                        "message %s on queue %r cannot be re-published for a retry (%s); "
+                        "parking it",
+                        message.message_id,
+                        self.queue,
+                        err,
                     )
+                    decision = Decision.park("unencodable")
                 else:
-                    await self._publish(
-                        message, exchange=exchange, routing_key=routing_key, headers=headers
+                    log.info(
+                        "message %s on queue %r failed (attempt %d, %s); retrying in %.3f s",
+                        message.message_id,
+                        self.queue,
+                        state.attempt,
+                        type(exc).__name__,
+                        decision.delay,
                     )
-        except PublishError as err:
-            if not _unencodable(err):
-                raise
-            # No retry can ever carry these headers; parking keeps the record.
-            log.error(
-                "message %s on queue %r cannot be re-published for a retry (%s); parking it",
-                message.message_id,
-                self.queue,
-                err,
-            )
-            return Decision.park("unencodable")
-        log.info(
-            "message %s on queue %r failed (attempt %d, %s); retrying in %.3f s",
-            message.message_id,
-            self.queue,
-            state.attempt,
-            type(exc).__name__,
-            decision.delay,
-        )
+                    return decision
+        assert decision.reason is not None
+        await self._park(message, state, exc, decision.reason, scope, now)
         return decision
 
     def _runs(self, state: RetryState) -> int | None:
@@ -307,18 +309,24 @@ class FailureHandling:
         if extra:
             headers.update(extra)
         exchange = self.topology.parking_exchange
+        publish = functools.partial(
+            self.publish,
+            message.channel,
+            exchange=exchange,
+            routing_key=self.queue,
+            body=message.body,
+            timeout=self.publish_timeout,
+        )
         try:
             with scope.publishing(headers, kind="park", exchange=exchange, routing_key=self.queue):
-                await self._publish(
-                    message, exchange=exchange, routing_key=self.queue, headers=headers
-                )
+                await publish(properties=copy_properties(message.properties, headers))
         except PublishError as err:
             if not _unencodable(err):
                 raise
             # The original headers cannot be encoded: park with the record alone.
             record = parking_headers({}, state, exc, now=now, reason=reason, runs=self._runs(state))
             record[X_PARKED_NOTE] = f"original headers dropped: {err}"
-            await self._publish(message, exchange=exchange, routing_key=self.queue, headers=record)
+            await publish(properties=copy_properties(message.properties, record))
         log.warning(
             "message %s on queue %r parked (%s) after %d attempt(s): %s",
             message.message_id,

@@ -34,6 +34,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from delayed_retry.errors import PublishError
 
 __all__ = [
+    "DEFAULT_TIMING",
     "HANDOVER_RETRY_WINDOW",
     "RETRYABLE",
     "HandOverTiming",
@@ -41,6 +42,7 @@ __all__ = [
     "ack",
     "channel_open",
     "give_back",
+    "give_back_later",
     "hand_over",
 ]
 
@@ -67,20 +69,22 @@ RETRYABLE: tuple[type[BaseException], ...] = (
 
 @dataclass(frozen=True, kw_only=True)
 class HandOverTiming:
-    """How long and how often an unconfirmed hand-over is tried before the message goes back."""
+    """How long and how often an unconfirmed hand-over is tried before the message goes back,
+    and how long a message that could not be handled is kept before it goes back.
 
-    window: float
-    first_pause: float
-    max_pause: float
+    Built once per consumer and passed to :func:`hand_over` and
+    :func:`give_back_later`; tests pass short ones instead of the defaults.
+    """
 
-    @classmethod
-    def default(cls) -> HandOverTiming:
-        """The module's settings as they are now (tests shorten them by setting the constants)."""
-        return cls(
-            window=HANDOVER_RETRY_WINDOW,
-            first_pause=HANDOVER_FIRST_PAUSE,
-            max_pause=HANDOVER_MAX_PAUSE,
-        )
+    window: float = HANDOVER_RETRY_WINDOW
+    first_pause: float = HANDOVER_FIRST_PAUSE
+    max_pause: float = HANDOVER_MAX_PAUSE
+    requeue_first_pause: float = REQUEUE_FIRST_PAUSE
+    requeue_max_pause: float = REQUEUE_MAX_PAUSE
+
+
+DEFAULT_TIMING = HandOverTiming()
+"""The timing every consumer uses unless it is given another."""
 
 
 async def hand_over(
@@ -88,7 +92,7 @@ async def hand_over(
     publish: Callable[[], Awaitable[_T]],
     *,
     queue: str,
-    timing: HandOverTiming | None = None,
+    timing: HandOverTiming = DEFAULT_TIMING,
 ) -> _T | None:
     """Run ``publish`` until the broker confirms it, then ack ``message``; return its result.
 
@@ -102,7 +106,6 @@ async def hand_over(
     the message unsettled: the caller gives it back after a pause
     (:func:`give_back_later`).
     """
-    timing = timing or HandOverTiming.default()
     started = time.monotonic()
     pause = timing.first_pause
     while True:
@@ -145,14 +148,21 @@ class Trouble:
     def clear(self) -> None:
         self.given_back = 0
 
-    def next_pause(self) -> float:
-        pause = min(REQUEUE_FIRST_PAUSE * 2.0 ** min(self.given_back, 30), REQUEUE_MAX_PAUSE)
+    def next_pause(self, timing: HandOverTiming = DEFAULT_TIMING) -> float:
+        pause = min(
+            timing.requeue_first_pause * 2.0 ** min(self.given_back, 30), timing.requeue_max_pause
+        )
         self.given_back += 1
         return pause
 
 
 async def give_back_later(
-    message: AbstractIncomingMessage, queue: str, err: BaseException, trouble: Trouble
+    message: AbstractIncomingMessage,
+    queue: str,
+    err: BaseException,
+    trouble: Trouble,
+    *,
+    timing: HandOverTiming = DEFAULT_TIMING,
 ) -> None:
     """Keep ``message`` for a pause that grows with ``trouble``, then give it back.
 
@@ -160,7 +170,7 @@ async def give_back_later(
     declarations, a channel without confirms): the consumer keeps going, and
     the pause keeps a queue of such messages from spinning.
     """
-    pause = trouble.next_pause()
+    pause = trouble.next_pause(timing)
     log.error(
         "message %s from queue %r could not be handled or parked (%r); returning it "
         "to the queue in %.1f s",
