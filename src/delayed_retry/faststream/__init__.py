@@ -5,12 +5,9 @@ Installed with the ``delayed-retry[faststream]`` extra (FastStream 0.7).
 
 from delayed_retry.faststream.in_memory import InMemoryDecision
 from delayed_retry.faststream.middleware import DelayedRetry, HandedOver
+from delayed_retry.faststream.startup import check_subscribers
 from delayed_retry.faststream.state import CurrentRetryState
-from delayed_retry.faststream.subscribers import (
-    SUPPORTED_ACK_POLICIES,
-    AckPolicyRefusedError,
-    check_subscribers,
-)
+from delayed_retry.faststream.subscribers import SUPPORTED_ACK_POLICIES, AckPolicyRefusedError
 
 __all__ = [
     # the middleware

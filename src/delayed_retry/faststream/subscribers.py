@@ -24,7 +24,6 @@ __all__ = [
     "ack_policy_of",
     "check_ack_policy",
     "check_restorable",
-    "check_subscribers",
     "middlewares_of",
     "queue_name_of",
     "unrestorable_queue_problem",
@@ -106,38 +105,6 @@ def warn_about_unrestorable_queue(subscriber: Any, queue: str) -> None:
     problem = unrestorable_queue_problem(subscriber, queue)
     if problem is not None:
         log.warning("%s", problem)
-
-
-def check_subscribers(broker: Any) -> int:
-    """Check every subscriber of ``broker`` (and its routers) that a ``DelayedRetry`` serves.
-
-    Call it in the application's start-up hook (``@app.on_startup``), after the
-    subscribers are registered: a forbidden ack policy then fails the start,
-    before any message is consumed. Without it the middleware refuses such a
-    subscriber at its first message: it handles nothing, and each message
-    ``ACK_FIRST`` takes from the queue is put back through the chain, due two
-    seconds later, round again until the application is fixed.
-    A queue declared with ``robust=False`` fails it too: after a reconnect
-    nothing would consume it again. Also warns when FastStream's telemetry
-    middleware runs inside the retrier (listed after it): each attempt would
-    then get two consumer spans.
-    Returns how many subscribers were checked.
-    """
-    from delayed_retry.faststream.middleware import DelayedRetry  # the check serves it
-
-    checked = 0
-    for subscriber in getattr(broker, "subscribers", ()):
-        stack = middlewares_of(subscriber)
-        retriers = [m for m in stack if isinstance(m, DelayedRetry)]
-        if not retriers:
-            continue
-        queue = queue_name_of(subscriber)
-        check_ack_policy(subscriber, queue)
-        check_restorable(subscriber, queue)
-        retriers[-1].options.topology.check_destination(queue)
-        warn_about_telemetry_order(stack, retriers[-1], queue)
-        checked += 1
-    return checked
 
 
 def warn_about_telemetry_order(stack: tuple[Any, ...], retrier: object, queue: str) -> None:
