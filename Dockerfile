@@ -15,16 +15,20 @@ ARG PIP_INSTALL_OPTIONS=""
 ARG EXTRAS=service,webhook,web
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PATH=/opt/delayed-retry/bin:$PATH
+    PATH=/opt/delayed-retry/bin:$PATH \
+    XDG_STATE_HOME=/var/lib/delayed-retry
 
 COPY . /src
 RUN python3 -m venv /opt/delayed-retry \
     && /opt/delayed-retry/bin/pip install --no-cache-dir ${PIP_INSTALL_OPTIONS} "/src[${EXTRAS}]" \
     && rm -rf /src \
-    && useradd --system --no-create-home --shell /usr/sbin/nologin delayed-retry
+    && useradd --system --no-create-home --shell /usr/sbin/nologin delayed-retry \
+    && install -d -o delayed-retry -g delayed-retry /var/lib/delayed-retry
 USER delayed-retry
 WORKDIR /tmp
 
+# State (the web view's audit log): mount a volume here to keep it across containers.
+VOLUME /var/lib/delayed-retry
 # Health (--health-port) and metrics (--metrics-port) ports used by deploy/.
 EXPOSE 8081 9464
 ENTRYPOINT ["delayed-retry"]

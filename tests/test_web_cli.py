@@ -148,3 +148,40 @@ def test_web_without_queues_and_no_management_api_says_what_to_do(
     assert code == 2
     err = capsys.readouterr().err
     assert "management API" in err and "--queue" in err
+
+
+@pytest.mark.broker
+async def test_a_read_only_web_view_needs_no_writable_home(
+    rabbitmq_url: str, tmp_path: Path
+) -> None:
+    """A container user without a home runs ``web --read-only``: it has nothing to audit."""
+    port = free_port()
+    home = tmp_path / "no-such-home"  # never made: nothing can be written under it
+    env = {**os.environ, "DELAYED_RETRY_WEB_TOKEN": "", "HOME": str(home)}
+    env.pop("XDG_STATE_HOME", None)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *(str(CLI), "--url", rabbitmq_url, "web", "--port", str(port)),
+            *("--queue", "orders-web-ro", "--read-only"),
+            cwd=tmp_path,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        assert process.stdout is not None
+        try:
+            out = b""
+            while b"audit log:" not in out:
+                line = await asyncio.wait_for(process.stdout.readline(), 60)
+                assert line, out
+                out += line
+            assert "audit log: none (read-only)" in out.decode()
+            process.send_signal(signal.SIGINT)
+            assert await asyncio.wait_for(process.wait(), 30) == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    finally:
+        release_port(port)
+    assert not home.exists()

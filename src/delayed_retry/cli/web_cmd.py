@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,8 @@ def register(sub: Any) -> None:
         metavar="PATH",
         help="append every replay and purge to this JSON-lines file (default: "
         "$XDG_STATE_HOME/delayed-retry/audit.jsonl, else "
-        "~/.local/state/delayed-retry/audit.jsonl)",
+        "~/.local/state/delayed-retry/audit.jsonl; none with --read-only, which has "
+        "nothing to record)",
     )
     add_management_option(parser, purpose="finding the parking queues when no --queue is given")
     add_topology_args(parser)
@@ -79,6 +81,19 @@ def _writable_audit_log(path: Path) -> Path:
     return path
 
 
+def _audit_log_for(args: argparse.Namespace, default: Callable[[], Path]) -> Path | None:
+    """The audit log ``web`` appends to: the one asked for, else none when read-only.
+
+    A read-only view has no action to record, so it needs no writable place: a
+    container user without a home can run it.
+    """
+    if args.audit_log is not None:
+        return _writable_audit_log(args.audit_log)
+    if args.read_only:
+        return None
+    return _writable_audit_log(default())
+
+
 async def _serve(args: argparse.Namespace) -> int:
     require_extra("web", ("aiohttp", "jinja2"), what="the web view")
     from aiohttp import web
@@ -91,7 +106,7 @@ async def _serve(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"--port {args.port} must be within 1..65535")
     credentials = parse_credentials(args.auth, token=os.environ.get(TOKEN_ENV))
     check_bind(args.host, credentials)
-    audit_log = _writable_audit_log(args.audit_log or default_audit_log())
+    audit_log = _audit_log_for(args, default_audit_log)
     settings = WebSettings(
         url=args.url,
         queues=tuple(args.queue),
@@ -130,7 +145,7 @@ async def _serve(args: argparse.Namespace) -> int:
             checks=lambda: {"serving": bool(runner.sites)},
             extra=(
                 f"on http://{host}:{args.port}/ (Ctrl-C to stop)",
-                f"audit log: {audit_log}",
+                f"audit log: {audit_log or 'none (read-only)'}",
             ),
         )
 
