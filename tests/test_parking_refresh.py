@@ -35,7 +35,6 @@ from delayed_retry.headers import (
     X_PARKED_REASON,
     X_PARKED_REFRESHED_AT,
 )
-from delayed_retry.parking import refresh as refresh_module
 from delayed_retry.parking.lot import (
     ParkedFilter,
     ParkedRecord,
@@ -43,6 +42,7 @@ from delayed_retry.parking.lot import (
     purge_matching,
     read_record,
 )
+from delayed_retry.parking.moving import actions as actions_module
 from delayed_retry.parking.records import replay_headers
 from delayed_retry.parking.refresh import refresh_headers, refresh_needed, refresh_parked
 from delayed_retry.topology import DelayTopology, amqp_arguments
@@ -180,7 +180,7 @@ async def test_a_copy_that_is_not_confirmed_leaves_the_original_in_place(
             raise PublishNotConfirmedError("the broker nacked the copy of old-2")
         await real(own, **kwargs)
 
-    monkeypatch.setattr(refresh_module, "publish_confirmed", refused)
+    monkeypatch.setattr(actions_module, "publish_confirmed", refused)
     with pytest.raises(PublishNotConfirmedError, match="old-2"):
         await refresh_parked(channel, queue=unique, older_than=timedelta(days=7))
     records = {r.id: r for r in await _records(channel, unique)}

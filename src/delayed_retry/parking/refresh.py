@@ -30,9 +30,10 @@ from typing import Any, Literal
 
 import aiormq.abc
 
-from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
 from delayed_retry.headers import X_PARKED_REFRESHED_AT, sanitize_headers
+from delayed_retry.parking.moving.actions import copy_then_ack
 from delayed_retry.parking.moving.engine import MoveRequest, move
 from delayed_retry.parking.moving.report import MoveProgress, MoveReport
 from delayed_retry.parking.records import ParkedFilter
@@ -97,15 +98,10 @@ class RefreshAction:
         canary_token: str | None,
     ) -> None:
         headers = refresh_headers(got.header.properties.headers, now=utcnow())
-        await publish_confirmed(
-            own,
-            exchange="",
-            routing_key=self.parking,
-            body=got.body,
-            properties=copy_properties(got.header.properties, headers),
-            timeout=self.publish_timeout,
+        timeout = self.publish_timeout
+        await copy_then_ack(
+            own, got, exchange="", routing_key=self.parking, headers=headers, timeout=timeout
         )
-        await own.basic_ack(got.delivery_tag or 0)
 
 
 async def refresh_parked(

@@ -10,7 +10,7 @@ running them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import aiormq.abc
 
@@ -19,7 +19,7 @@ from delayed_retry.durations import utcnow
 from delayed_retry.parking.records import replay_copy
 from delayed_retry.topology import DelayTopology
 
-__all__ = ["MessageAction", "PurgeAction", "ReplayAction"]
+__all__ = ["MessageAction", "PurgeAction", "ReplayAction", "copy_then_ack"]
 
 
 class MessageAction(Protocol):
@@ -47,6 +47,31 @@ class MessageAction(Protocol):
     ) -> None:
         """Act on ``got`` (taken unacked on ``own``) and ack it; raise to leave it parked."""
         ...
+
+
+async def copy_then_ack(
+    own: aiormq.abc.AbstractChannel,
+    got: aiormq.abc.DeliveredMessage,
+    *,
+    exchange: str,
+    routing_key: str,
+    headers: dict[str, Any],
+    timeout: float,
+) -> None:
+    """Publish ``got``'s body and properties with ``headers``, confirmed, then ack ``got``.
+
+    The order is the move's promise: the original goes only once the broker holds
+    its copy, so a failure leaves it parked (at worst there twice, never lost).
+    """
+    await publish_confirmed(
+        own,
+        exchange=exchange,
+        routing_key=routing_key,
+        body=got.body,
+        properties=copy_properties(got.header.properties, headers),
+        timeout=timeout,
+    )
+    await own.basic_ack(got.delivery_tag or 0)
 
 
 class PurgeAction:
@@ -113,12 +138,11 @@ class ReplayAction:
             replayed_by=self.replayed_by,
             canary_token=canary_token,
         )
-        await publish_confirmed(
+        await copy_then_ack(
             own,
+            got,
             exchange=route.exchange,
             routing_key=route.routing_key,
-            body=got.body,
-            properties=copy_properties(got.header.properties, headers),
+            headers=headers,
             timeout=self.publish_timeout,
         )
-        await own.basic_ack(got.delivery_tag or 0)
