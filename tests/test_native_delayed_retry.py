@@ -50,7 +50,7 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.consumer import handover
-from delayed_retry.consumer.decorator import RetryingHandler
+from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.headers import X_RETRY
 from harness import RabbitMQNode
 from tests.reliability._support import private_node
