@@ -73,8 +73,8 @@ class HandOverTiming:
     and how long a message that could not be handled is kept before it goes back.
 
     Built once per consumer and passed to :func:`hand_over` and
-    :func:`requeue_after_backoff`: a consumer that must give up sooner (or a
-    test that cannot wait 30 s) passes its own instead of the defaults.
+    :func:`requeue_after_backoff`: a consumer that must give up sooner passes
+    its own instead of the defaults.
     """
 
     window: float = HANDOVER_RETRY_WINDOW
