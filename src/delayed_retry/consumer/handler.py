@@ -55,7 +55,7 @@ P = ParamSpec("P")
 class RetryingHandler(Generic[P]):
     """An aio-pika consumer callback that retries its handler through the delay chain.
 
-    Made by :func:`with_delayed_retry`; pass it to ``queue.consume``. Its
+    Made by :func:`~delayed_retry.with_delayed_retry`; pass it to ``queue.consume``. Its
     last positional argument must be the ``AbstractIncomingMessage``.
     """
 
