@@ -16,7 +16,7 @@ from delayed_retry import (
     NoInstrumentation,
     with_delayed_retry,
 )
-from delayed_retry.consumer.decorator import RetryingHandler
+from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.crashes import MAX_CRASH_COUNT, crashes_of
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.faststream import DelayedRetry

@@ -23,9 +23,12 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry.amqp import declare
 from delayed_retry.amqp.publish import publish_confirmed
-from delayed_retry.consumer import decorator as middleware
 from delayed_retry.consumer import handover
-from delayed_retry.consumer.decorator import consume, early_tolerance, with_delayed_retry
+from delayed_retry.consumer.consume import consume
+from delayed_retry.consumer.decorator import with_delayed_retry
+from delayed_retry.consumer.handler import RetryingHandler
+from delayed_retry.consumer.retry_state import current_retry_state
+from delayed_retry.consumer.until_due import early_tolerance
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, TopologyMismatchError
 from delayed_retry.headers import (
@@ -51,13 +54,13 @@ NO_PAUSES = handover.HandOverTiming(
 """Backoff pauses of zero: the tests check what happens, not how long it waits."""
 
 
-def decorate(fn: Any, **options: Any) -> middleware.RetryingHandler[Any]:
+def decorate(fn: Any, **options: Any) -> RetryingHandler[Any]:
     options.setdefault("queue", QUEUE)
     options.setdefault("topology", TOPOLOGY)
     options.setdefault("instrumentation", NoInstrumentation())
     options.setdefault("wait", tenacity.wait_fixed(1))
     handler = with_delayed_retry(**options)(fn)
-    return middleware.RetryingHandler(handler.fn, replace(handler.options, timing=NO_PAUSES))
+    return RetryingHandler(handler.fn, replace(handler.options, timing=NO_PAUSES))
 
 
 def parks(channel: FakeChannel) -> list[dict[str, Any]]:
@@ -636,7 +639,7 @@ async def test_immediate_retries_make_no_publish_until_the_last_run_fails() -> N
     runs: list[int] = []
 
     async def handler(msg: AbstractIncomingMessage) -> None:
-        state = middleware.current_retry_state()
+        state = current_retry_state()
         assert state is not None
         runs.append(state.immediate_retries)
         raise Boom("still failing")

@@ -17,8 +17,8 @@ import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import DEFAULT_HOLD, ConfigurationError, Hold
-from delayed_retry.consumer import decorator as middleware
 from delayed_retry.consumer.decorator import with_delayed_retry
+from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.durations import from_epoch_ms, to_epoch_ms, utcnow
 from delayed_retry.headers import X_DUE_AT
 from delayed_retry.observability.instrumentation import NoInstrumentation
@@ -30,7 +30,7 @@ QUEUE = "work"
 TOPOLOGY = DelayTopology(prefix="fake", levels=20, unit=timedelta(milliseconds=1))
 
 
-def decorate(fn: Any, **options: Any) -> middleware.RetryingHandler[Any]:
+def decorate(fn: Any, **options: Any) -> RetryingHandler[Any]:
     options.setdefault("queue", QUEUE)
     options.setdefault("topology", TOPOLOGY)
     options.setdefault("instrumentation", NoInstrumentation())

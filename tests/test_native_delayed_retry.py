@@ -12,9 +12,9 @@ What the library does on such queues:
 
 - a retry is a new message published into the delay chain, not a return, so
   the queue's delay never adds to it;
-- a hand-over given back after its window (``nack``, requeue) is delayed by the
+- a hand-over requeued after its window (``nack``, requeue) is delayed by the
   queue's minimum when the type is ``all`` or ``returned``: a later retry, no loss;
-- messages held until due and given back on shutdown come back after the
+- messages held until due and requeued on shutdown come back after the
   queue's delay, late, never lost, never early;
 - a native-retry policy on ``<prefix>.rejected`` (and on the team's queue) does
   not change the router's retries: dead-lettering is not a return.
@@ -50,7 +50,7 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.consumer import handover
-from delayed_retry.consumer.decorator import RetryingHandler
+from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.headers import X_RETRY
 from harness import RabbitMQNode
 from tests.reliability._support import private_node
@@ -183,7 +183,7 @@ async def test_retries_are_new_messages_the_queue_does_not_delay(
 @pytest.mark.parametrize(
     ("kind", "delayed"), [("all", True), ("returned", True), ("failed", False)]
 )
-async def test_a_give_back_is_a_nack_that_the_queue_delays_by_its_minimum(
+async def test_a_requeue_is_a_nack_that_the_queue_delays_by_its_minimum(
     classic43: Scenario,
     node: RabbitMQNode,
     kind: str,

@@ -244,7 +244,7 @@ NOT_THE_OPTION = {
     ("wait", "testing/fake.py"): "aiormq's wait= flag of the fake channel",
     ("queue", "testing/fake.py"): "the fake's AMQP frame fields",
     ("immediate_retries", "headers.py"): "a RetryState's count of the runs so far",
-    ("immediate_retries", "consumer/decorator.py"): "retry_state_scope: the runs so far",
+    ("immediate_retries", "consumer/retry_state.py"): "retry_state_scope: the runs so far",
     ("immediate_retries", "faststream/in_memory.py"): "a decision's count of the runs so far",
 }
 """Names an option shares with something else, by module, and what they mean there."""

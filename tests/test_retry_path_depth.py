@@ -107,7 +107,7 @@ async def test_a_retry_through_the_chain_is_shallow(
         connection, f"{unique}.q", topology, max_retries=3, wait=wait_fixed(0.1), hold=None
     )
     assert exchange.startswith(f"{unique}.level."), exchange  # it did go into the chain
-    assert frames[0].startswith("consumer.decorator:"), frames
+    assert frames[0].startswith("consumer.handler:"), frames
     assert len(frames) <= MAX_LIBRARY_FRAMES, frames
 
 

@@ -27,7 +27,7 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.cli import main
-from delayed_retry.consumer.decorator import RetryingHandler
+from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.headers import X_DELIVERY_COUNT
 from delayed_retry.observability.metrics import THROTTLE_TRIPS, THROTTLED
 from delayed_retry.throttle import marker_queue_name

@@ -13,15 +13,12 @@ from delayed_retry.alerts import (
     WebhookSink,
 )
 from delayed_retry.amqp.declare import declare_topology
-from delayed_retry.consumer.decorator import (
-    RetryingHandler,
-    consume,
-    current_retry_state,
-    retry_state,
-    with_delayed_retry,
-)
+from delayed_retry.consumer.consume import consume
+from delayed_retry.consumer.decorator import with_delayed_retry
+from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.consumer.hooks import FailureEvent
 from delayed_retry.consumer.options import HandlerOptions, RouterOptions, SubscriberOptions
+from delayed_retry.consumer.retry_state import current_retry_state, retry_state
 from delayed_retry.consumer.router import ConsumerRejected, RetryRouter
 from delayed_retry.crashes import CrashGuard
 from delayed_retry.delivery.forwarder import Forwarder

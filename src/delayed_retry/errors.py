@@ -17,6 +17,7 @@ __all__ = [
     "ConfigurationError",
     "DelayOutOfRangeError",
     "DelayedRetryError",
+    "HandlerCancelledError",
     "HandlerSignal",
     "MessageCrashedError",
     "NotFoundError",
@@ -117,6 +118,14 @@ class PublishTimeoutError(PublishError):
 class MessageCrashedError(DelayedRetryError):
     """A message's handling ended with its consumer gone (the process died or lost its
     connection) too many times: the crash guard parked it, reason ``crashed``."""
+
+
+class HandlerCancelledError(DelayedRetryError):
+    """A handler raised ``CancelledError`` although its task was not being cancelled.
+
+    Recorded as the failure that is retried or parked, like any other: a handler's
+    stray cancellation must not pass for a shutdown.
+    """
 
 
 class HandlerSignal(Exception):

@@ -13,11 +13,8 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aio_pika
-import pytest
 from aio_pika.abc import AbstractChannel
 
 from delayed_retry import DelayTopology
@@ -34,15 +31,6 @@ FAIL_ALWAYS = 99
 def plan(i: int) -> dict[str, object]:
     """Fails never, once, twice, or always (parked after 2 retries), by id."""
     return {"fail": (0, 1, 2, 1, FAIL_ALWAYS)[i % 5]}
-
-
-@pytest.fixture
-async def channel(rabbitmq_url: str) -> AsyncIterator[AbstractChannel]:
-    connection = await aio_pika.connect_robust(rabbitmq_url)
-    try:
-        yield await connection.channel()
-    finally:
-        await connection.close()
 
 
 class Child:

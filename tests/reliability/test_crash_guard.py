@@ -13,7 +13,6 @@ import asyncio
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aio_pika
@@ -27,15 +26,6 @@ from tests.support.waiting import wait_until
 
 CHILD = Path(__file__).with_name("poison_consumer.py")
 GOOD = 20
-
-
-@pytest.fixture
-async def channel(rabbitmq_url: str) -> AsyncIterator[AbstractChannel]:
-    connection = await aio_pika.connect_robust(rabbitmq_url)
-    try:
-        yield await connection.channel()
-    finally:
-        await connection.close()
 
 
 class Child:

@@ -53,7 +53,7 @@ async def test_nacked_hand_over_keeps_the_original_unacked_and_the_consumer_runn
     unique: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="delayed_retry.consumer.decorator")
+    caplog.set_level(logging.WARNING, logger="delayed_retry.consumer.handover")
     node = running_node
     queue = f"{unique}.work"
     # Classic level queues reject a publish at once when full; a quorum queue accepts
@@ -120,7 +120,7 @@ async def test_hand_over_that_times_out_keeps_the_original_until_the_broker_acce
     unique: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="delayed_retry.consumer.decorator")
+    caplog.set_level(logging.WARNING, logger="delayed_retry.consumer.handover")
     node = running_node
     queue = f"{unique}.work"
     topology = DelayTopology(prefix=unique, levels=12)

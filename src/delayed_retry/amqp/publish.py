@@ -219,11 +219,12 @@ async def publish_confirmed(
 
 
 class Publisher(Protocol):
-    """What publishes with confirms: :func:`publish_confirmed`, or a stand-in a test passes.
+    """What publishes with confirms: :func:`publish_confirmed`, or another with its contract.
 
     Consumers are built with one (``publish=publish_confirmed``) and call it for
-    every hand-over, so a test injects a publisher that fails or records instead
-    of patching this module.
+    every hand-over: passed in rather than looked up, so whoever builds a consumer
+    decides how its copies leave (one that fails or records shows what a
+    hand-over does when the broker refuses, with no module patched).
     """
 
     async def __call__(

@@ -1,6 +1,6 @@
 """The crash guard acted out: a redelivered message is counted, then put back or parked.
 
-Every give-back the library chooses (the throttle's, a shutdown's, a hold's
+Every return to the queue the library chooses (the throttle's, a shutdown's, a hold's
 release) is a confirmed copy plus an ack (:mod:`delayed_retry.consumer.put_back`),
 so the broker never marks those ``redelivered``. A delivery that is marked so
 was therefore held by a consumer that went away without settling it: its

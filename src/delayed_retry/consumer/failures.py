@@ -25,10 +25,10 @@ from delayed_retry.amqp.publish import Publisher, copy_properties, publish_confi
 from delayed_retry.consumer.handover import (
     DEFAULT_TIMING,
     HandOverTiming,
-    Trouble,
+    RequeueBackoff,
     ack,
-    give_back_later,
     hand_over,
+    requeue_after_backoff,
 )
 from delayed_retry.consumer.hooks import FailureEvent, FailureHooks
 from delayed_retry.durations import to_epoch_ms, utcnow
@@ -60,7 +60,8 @@ class FailureHandling:
     topology: DelayTopology
     parking_queue: str | None
     publish_timeout: float
-    trouble: Trouble = field(default_factory=Trouble)
+    requeue_backoff: RequeueBackoff = field(default_factory=RequeueBackoff)
+    """Messages requeued in a row, unhandled: the pause before the next requeue."""
     return_to: Literal["queue", "exchange"]
     hold: Hold | None = None
     """Retries to the queue leave the chain early by this hold's lead; the handler holds them."""
@@ -79,7 +80,8 @@ class FailureHandling:
     timing: HandOverTiming = DEFAULT_TIMING
     """How long an unconfirmed hand-over is tried, and the pauses before a message goes back."""
     publish: Publisher = publish_confirmed
-    """What publishes the copies, with confirms (a test passes one that fails or records)."""
+    """What publishes the copies, with confirms: passed in, so whoever builds the handling
+    chooses it (one that fails or records shows what a hand-over does when the broker does)."""
 
     async def redelay(self, message: AbstractIncomingMessage, due_at: datetime) -> None:
         """Send a message that arrived before its due time back for the rest of its wait."""
@@ -118,9 +120,13 @@ class FailureHandling:
             decision = Decision("park", reason=cast(ParkReason, reason))
             await self._notify(message, state, exc, decision)
 
-    async def give_back_later(self, message: AbstractIncomingMessage, err: BaseException) -> None:
-        """Keep ``message`` for a backoff pause, then return it to its queue (nack, requeue)."""
-        await give_back_later(message, self.queue, err, self.trouble, timing=self.timing)
+    async def requeue_after_backoff(
+        self, message: AbstractIncomingMessage, err: BaseException
+    ) -> None:
+        """Keep ``message`` for a backoff pause, then requeue it (``nack``, requeue)."""
+        await requeue_after_backoff(
+            message, self.queue, err, self.requeue_backoff, timing=self.timing
+        )
 
     async def failed(
         self,
@@ -133,7 +139,7 @@ class FailureHandling:
         """Carry out ``decision`` for a message whose handler raised ``exc``, then ack it.
 
         Returns the decision carried out (a retry can turn into a parking), or
-        ``None`` when the hand-over failed and the message was given back.
+        ``None`` when the hand-over failed and the message was requeued.
         """
         carried_out = await hand_over(
             message,

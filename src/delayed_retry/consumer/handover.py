@@ -12,9 +12,9 @@ the front door) moves a message on through :func:`hand_over`:
 While the publish is not confirmed (a nack, a timeout, a channel error, a
 missing exchange), the original stays unacked and the publish is tried again
 after a pause that doubles (``0.5 s`` … ``8 s``) for up to
-:data:`HANDOVER_RETRY_WINDOW` seconds; only then is the message given back to
-its queue (``nack`` with requeue), at most once per window: never in a tight
-loop. Each give-back is one delivery toward a quorum queue's delivery limit,
+:data:`HANDOVER_RETRY_WINDOW` seconds; only then is the message requeued
+(:func:`requeue`: ``nack`` with requeue), at most once per window: never in a
+tight loop. Each requeue is one delivery toward a quorum queue's delivery limit,
 which is why every queue the library consumes is declared with
 :data:`~delayed_retry.topology.DELIVERY_LIMIT`. See ``docs/reliability.md``.
 """
@@ -38,12 +38,12 @@ __all__ = [
     "HANDOVER_RETRY_WINDOW",
     "RETRYABLE",
     "HandOverTiming",
-    "Trouble",
+    "RequeueBackoff",
     "ack",
     "channel_open",
-    "give_back",
-    "give_back_later",
     "hand_over",
+    "requeue",
+    "requeue_after_backoff",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,13 +51,13 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 HANDOVER_RETRY_WINDOW = 30.0
-"""Seconds a failed hand-over is tried again, original unacked, before it is given back."""
+"""Seconds a failed hand-over is tried again, original unacked, before it is requeued."""
 HANDOVER_FIRST_PAUSE = 0.5
 HANDOVER_MAX_PAUSE = 8.0
 REQUEUE_FIRST_PAUSE = 0.5
-"""Seconds a message is kept before it is given back after the first internal failure."""
+"""Seconds a message is kept before it is requeued after the first internal failure."""
 REQUEUE_MAX_PAUSE = 30.0
-"""The longest such pause; it doubles with each message given back in a row."""
+"""The longest such pause; it doubles with each message requeued in a row."""
 
 RETRYABLE: tuple[type[BaseException], ...] = (
     PublishError,
@@ -73,7 +73,8 @@ class HandOverTiming:
     and how long a message that could not be handled is kept before it goes back.
 
     Built once per consumer and passed to :func:`hand_over` and
-    :func:`give_back_later`; tests pass short ones instead of the defaults.
+    :func:`requeue_after_backoff`: a consumer that must give up sooner passes
+    its own instead of the defaults.
     """
 
     window: float = HANDOVER_RETRY_WINDOW
@@ -100,11 +101,10 @@ async def hand_over(
     of :data:`RETRYABLE`) unless its copy is confirmed, must be safe to run
     again, and returns what the caller needs back, never ``None`` (return
     ``True`` when there is nothing to say). Returns ``None`` when the message
-    was not acked: given back to ``queue`` after ``timing.window`` seconds of
-    failures, or left to the broker because the consuming channel closed (it
-    redelivers the message). Any other exception of ``publish`` propagates,
-    the message unsettled: the caller gives it back after a pause
-    (:func:`give_back_later`).
+    was not acked: requeued after ``timing.window`` seconds of failures, or
+    left to the broker because the consuming channel closed (it redelivers the
+    message). Any other exception of ``publish`` propagates, the message
+    unsettled: the caller requeues it after a pause (:func:`requeue_after_backoff`).
     """
     started = time.monotonic()
     pause = timing.first_pause
@@ -122,7 +122,13 @@ async def hand_over(
                 )
                 return None
             if time.monotonic() - started + pause > timing.window:
-                await give_back(message, queue, err)
+                log.error(
+                    "could not hand over message %s from queue %r (%s); returning it to the queue",
+                    message.message_id,
+                    queue,
+                    err,
+                )
+                await requeue(message)
                 return None
             log.warning(
                 "hand-over of message %s from queue %r was not confirmed (%s); keeping it "
@@ -140,37 +146,42 @@ async def hand_over(
 
 
 @dataclass(eq=False)
-class Trouble:
-    """Messages given back in a row without a handling in between: sets the next pause."""
+class RequeueBackoff:
+    """How many messages a consumer requeued in a row, unhandled: sets the next pause.
 
-    given_back: int = 0
+    One per consumer; :meth:`reset` after each message handled, so a run of
+    failures backs off (0.5 s, 1 s, ... 30 s) and one success starts again.
+    """
 
-    def clear(self) -> None:
-        self.given_back = 0
+    in_a_row: int = 0
+
+    def reset(self) -> None:
+        self.in_a_row = 0
 
     def next_pause(self, timing: HandOverTiming = DEFAULT_TIMING) -> float:
+        """The pause before the next requeue; counts it."""
         pause = min(
-            timing.requeue_first_pause * 2.0 ** min(self.given_back, 30), timing.requeue_max_pause
+            timing.requeue_first_pause * 2.0 ** min(self.in_a_row, 30), timing.requeue_max_pause
         )
-        self.given_back += 1
+        self.in_a_row += 1
         return pause
 
 
-async def give_back_later(
+async def requeue_after_backoff(
     message: AbstractIncomingMessage,
     queue: str,
     err: BaseException,
-    trouble: Trouble,
+    backoff: RequeueBackoff,
     *,
     timing: HandOverTiming = DEFAULT_TIMING,
 ) -> None:
-    """Keep ``message`` for a pause that grows with ``trouble``, then give it back.
+    """Keep ``message`` for a pause that grows with ``backoff``, then :func:`requeue` it.
 
     For failures no retry of a publish can fix (a broker refusing
     declarations, a channel without confirms): the consumer keeps going, and
     the pause keeps a queue of such messages from spinning.
     """
-    pause = trouble.next_pause(timing)
+    pause = backoff.next_pause(timing)
     log.error(
         "message %s from queue %r could not be handled or parked (%r); returning it "
         "to the queue in %.1f s",
@@ -180,7 +191,7 @@ async def give_back_later(
         pause,
     )
     await asyncio.sleep(pause)
-    await give_back(message, queue, err)
+    await requeue(message)
 
 
 def channel_open(message: AbstractIncomingMessage) -> bool:
@@ -206,23 +217,22 @@ async def ack(message: AbstractIncomingMessage, queue: str) -> None:
         )
 
 
-async def give_back(message: AbstractIncomingMessage, queue: str, err: BaseException) -> None:
-    """Return a message that could not be handed over to its queue (``nack``, requeue).
+async def requeue(message: AbstractIncomingMessage) -> None:
+    """Return ``message`` to its queue now (``nack``, requeue).
 
-    ``nack`` rather than ``reject``: RabbitMQ 4.3 counts a ``reject`` toward a
-    quorum queue's delivery limit and not a ``nack``.
+    Use it for a message the library can neither keep nor move on (a hand-over
+    that was never confirmed, a wait cut short by a shutdown). The broker counts
+    the return (``redelivered``, and toward a quorum queue's delivery limit on
+    RabbitMQ 4.0-4.2); a return that is the library's choice, not the message's
+    fault, is a put-back instead (:func:`~delayed_retry.consumer.put_back.put_back`).
+    ``nack`` rather than ``reject``: RabbitMQ 4.3 counts a ``reject`` toward
+    the delivery limit and not a ``nack``.
     """
-    log.error(
-        "could not hand over message %s from queue %r (%s); returning it to the queue",
-        message.message_id,
-        queue,
-        err,
-    )
     try:
         await message.nack(requeue=True)
-    except Exception as nack_err:  # channel gone: the broker redelivers it anyway
-        log.warning(
-            "could not nack message %s (%r); the broker will redeliver it",
+    except Exception as err:  # channel gone: the broker redelivers it anyway
+        log.info(
+            "could not nack message %s (%r); the broker will deliver it again",
             message.message_id,
-            nack_err,
+            err,
         )

@@ -1,24 +1,23 @@
-"""The pauses between immediate runs of a delivery: bounded, releasable, given back on shutdown.
+"""The pauses between immediate runs of a delivery: bounded, releasable, requeued on shutdown.
 
 While a handler waits to run a message again (see
 :class:`~delayed_retry.immediate.ImmediateRetries`), the message is unacked.
 A consumer that stops must not lose it nor run it again on a closed channel:
 released (:meth:`Pauses.release`, called by
-:meth:`~delayed_retry.consumer.decorator.RetryingHandler.release_held`) or
-cancelled, the pause gives the message back to its queue (``nack``, requeue;
-no delayed retry spent) and the handler does not run again.
+:meth:`~delayed_retry.consumer.handler.RetryingHandler.release_held`) or
+cancelled, the pause requeues the message (``nack``, requeue; no delayed
+retry spent) and the handler does not run again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry.consumer.handover import channel_open
+from delayed_retry.consumer.handover import channel_open, requeue
 from delayed_retry.consumer.waits import Waits
 
 __all__ = ["Pauses", "pause_before_rerun"]
@@ -40,22 +39,22 @@ async def pause_before_rerun(
     seconds: float,
     *,
     queue: str,
-    give_back: Callable[[AbstractIncomingMessage], Awaitable[object]] | None = None,
+    put_back: Callable[[AbstractIncomingMessage], Awaitable[object]] | None = None,
 ) -> bool:
     """Pause, then say whether the handler may run ``message`` again.
 
     ``False`` when the pause was released, or when the channel closed meanwhile
     (the broker delivers the message again elsewhere: running it here would be
     a second handling of a message this process can no longer settle). Cancelled,
-    it gives the message back and lets the cancellation through. ``give_back``
-    replaces the ``nack`` of a released message (the crash guard's put-back,
+    it requeues the message and lets the cancellation through. ``put_back``
+    replaces the requeue of a released message (the crash guard's put-back,
     which the broker does not mark ``redelivered``).
     """
     if seconds > 0:
         try:
             due = await pauses.pause(seconds)
         except asyncio.CancelledError:
-            await _give_back(message)  # a closed channel returns it too
+            await requeue(message)  # a closed channel returns it too
             raise
         if not due:
             log.info(
@@ -63,7 +62,7 @@ async def pause_before_rerun(
                 message.message_id,
                 queue,
             )
-            await (give_back or _give_back)(message)
+            await (put_back or requeue)(message)
             return False
     if not channel_open(message):
         log.warning(
@@ -74,9 +73,3 @@ async def pause_before_rerun(
         )
         return False
     return True
-
-
-async def _give_back(message: AbstractIncomingMessage) -> None:
-    # nack, not reject: RabbitMQ 4.3 counts a reject toward a quorum queue's delivery limit.
-    with contextlib.suppress(Exception):  # channel gone: the broker returns it anyway
-        await message.nack(requeue=True)

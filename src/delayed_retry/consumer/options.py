@@ -13,7 +13,7 @@ annotation, so editors and ``mypy`` check each keyword
 To add an option, add one annotated key to the class of the front ends that
 take it (:class:`ChainOptions` for all, :class:`SubscriberOptions` for the
 decorator and the middleware), then use it where the options are turned into
-settings (:func:`~delayed_retry.consumer.decorator.retry_options`).
+settings (:func:`~delayed_retry.consumer.settings.retry_options`).
 """
 
 import difflib

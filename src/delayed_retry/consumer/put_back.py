@@ -9,7 +9,7 @@ died". :func:`put_back` instead publishes a copy to the tail of the queue
 through the default exchange and acks the original once the copy is
 confirmed (the one hand-over, :func:`~delayed_retry.consumer.handover.hand_over`):
 a fresh message, counted by no version, at the cost of its place in the
-queue. Use it for every give-back that is the library's choice, not the
+queue. Use it for every return that is the library's choice, not the
 message's fault.
 """
 
@@ -62,7 +62,7 @@ async def put_back(
     """Put ``message`` back at the tail of ``queue`` as a new message; ``True`` once acked.
 
     ``False`` when the copy could not be confirmed within the hand-over's
-    window: the original was then given back with ``nack`` (counted as a
+    window: the original was then requeued with ``nack`` (counted as a
     return by the broker), or is left to the broker because its channel closed.
     """
     headers = put_back_headers(message, topology, extra_headers)

@@ -31,7 +31,7 @@ from delayed_retry.amqp.consumers import Consumer, consume_queue
 from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.consumer.failures import FailureHandling
-from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
+from delayed_retry.consumer.handover import RequeueBackoff, hand_over, requeue_after_backoff
 from delayed_retry.consumer.in_flight import InFlight
 from delayed_retry.consumer.options import RouterOptions, with_defaults
 from delayed_retry.consumer.rejections import RETRIED_REASONS, Rejection, read_rejection
@@ -109,7 +109,7 @@ class RetryRouter:
         self.prefetch: int = prefetch
         self.instrumentation: Instrumentation = o["instrumentation"] or default_instrumentation()
         self._known = frozenset(names)
-        self._trouble = Trouble()
+        self._requeue_backoff = RequeueBackoff()
         self.in_flight = InFlight()
         """Rejected messages being handed over now (a stopping service waits for them)."""
         self.consumer: Consumer | None = None
@@ -171,9 +171,11 @@ class RetryRouter:
                 await self._handle(message)
         except Exception as exc:
             log.exception("router failed on message %s", message.message_id)
-            await give_back_later(message, self.topology.rejected_queue, exc, self._trouble)
+            await requeue_after_backoff(
+                message, self.topology.rejected_queue, exc, self._requeue_backoff
+            )
         else:
-            self._trouble.clear()
+            self._requeue_backoff.reset()
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         rejection = read_rejection(message.headers, queues=self._known)

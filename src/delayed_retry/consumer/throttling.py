@@ -2,7 +2,7 @@
 
 :class:`ThrottleControl` acts on the transitions of a
 :class:`~delayed_retry.throttle.ThrottleState` for one
-:class:`~delayed_retry.consumer.decorator.RetryingHandler` (the decorator's and
+:class:`~delayed_retry.consumer.handler.RetryingHandler` (the decorator's and
 the FastStream middleware's alike):
 
 - **trip**: each consumer that delivers to the handler is cancelled on the

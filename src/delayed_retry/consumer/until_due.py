@@ -2,14 +2,14 @@
 
 A message that left the chain a little early (see :mod:`delayed_retry.hold`)
 waits here, unacked, for the rest of its delay. Released on shutdown (or by
-:meth:`HeldUntilDue.release`), it goes back to its queue with ``nack`` and
-requeue, so nothing is lost; a closed channel returns it anyway.
+:meth:`HeldUntilDue.release`), it is requeued (``nack``, requeue), so nothing
+is lost; a closed channel returns it anyway. Without a hold, a message a little
+early (:func:`early_tolerance`) is handled at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -17,11 +17,13 @@ from typing import Literal
 
 from aio_pika.abc import AbstractIncomingMessage
 
+from delayed_retry.consumer.handover import requeue
 from delayed_retry.consumer.waits import Waits
 from delayed_retry.durations import utcnow
 from delayed_retry.hold import Hold
+from delayed_retry.topology import DelayTopology
 
-__all__ = ["HeldUntilDue", "Outcome", "hold_until_due"]
+__all__ = ["EARLY_TOLERANCE", "HeldUntilDue", "Outcome", "early_tolerance", "hold_until_due"]
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +51,24 @@ class HeldUntilDue(Waits):
 
 Outcome = Literal["due", "early", "released"]
 """What :func:`hold_until_due` did: waited until due, found the message too early to hold
-(send it back into the chain), or gave it back to its queue (released or cancelled)."""
+(send it back into the chain), or requeued it (released or cancelled)."""
 
 _ZERO = timedelta(0)
 _US = timedelta(microseconds=1)
+
+EARLY_TOLERANCE = timedelta(milliseconds=50)
+"""Without a hold, a message arriving at most this much before its due time is handled
+now, and never less than one unit of the topology (see :func:`early_tolerance`); one
+arriving earlier is sent back for the rest of the wait."""
+
+
+def early_tolerance(topology: DelayTopology) -> timedelta:
+    """Without a hold, how early a message may arrive and be handled now: 50 ms, or one unit.
+
+    Sending back a message due in less than one unit would cost it a whole
+    unit more in the chain (delays are rounded up to units).
+    """
+    return max(EARLY_TOLERANCE, timedelta(milliseconds=topology.unit_ms))
 
 
 async def hold_until_due(
@@ -63,16 +79,16 @@ async def hold_until_due(
     *,
     max_delay: timedelta,
     tolerance: timedelta = _ZERO,
-    give_back: Callable[[AbstractIncomingMessage], Awaitable[object]] | None = None,
+    put_back: Callable[[AbstractIncomingMessage], Awaitable[object]] | None = None,
 ) -> Outcome:
     """Keep ``message`` until ``due_at`` if ``hold`` allows; say what became of it.
 
     ``"early"``: more than ``hold.limit`` early, or ``hold.max_messages`` are
     held already; the caller sends it back into the chain. ``"released"``: it
-    went back to its queue (``nack``, requeue). A due time beyond
+    was requeued (``nack``, requeue). A due time beyond
     ``max_delay`` (no chain sets one) counts as due. Cancelled while holding,
-    it requeues the message and lets the cancellation through. ``give_back``
-    replaces the ``nack`` of a released message (the crash guard's put-back,
+    it requeues the message and lets the cancellation through. ``put_back``
+    replaces the requeue of a released message (the crash guard's put-back,
     which the broker does not mark ``redelivered``). With no
     ``hold``, nothing is held: a message at most ``tolerance`` early is due,
     an earlier one ``"early"``.
@@ -88,17 +104,12 @@ async def hold_until_due(
         try:
             due = await held.hold(early.total_seconds())
         except asyncio.CancelledError:
-            await _requeue(message)  # shutting down (a closed channel returns it too)
+            await requeue(message)  # shutting down (a closed channel returns it too)
             raise
         if not due:
             log.info(
                 "message %s released before its due time; back to its queue", message.message_id
             )
-            await (give_back or _requeue)(message)
+            await (put_back or requeue)(message)
             return "released"
         # Due by the loop's clock; check the wall clock the due time was set with.
-
-
-async def _requeue(message: AbstractIncomingMessage) -> None:
-    with contextlib.suppress(Exception):  # channel gone: the broker returns it anyway
-        await message.nack(requeue=True)

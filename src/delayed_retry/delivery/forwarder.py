@@ -37,7 +37,7 @@ from delayed_retry.amqp.channels import close_quietly, exchange_exists, underlay
 from delayed_retry.amqp.consumers import Consumer, all_in_place, consume_queue
 from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, publish_copy
-from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
+from delayed_retry.consumer.handover import RequeueBackoff, hand_over, requeue_after_backoff
 from delayed_retry.consumer.in_flight import InFlight
 from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
 from delayed_retry.durations import utcnow
@@ -121,7 +121,7 @@ class Forwarder:
         self._publish_timeout = publish_timeout
         self.hold = hold
         self._held = HeldUntilDue()
-        self._trouble = Trouble()
+        self._requeue_backoff = RequeueBackoff()
         self._consume: AbstractChannel | None = None
         self._consumers: list[Consumer] = []
         self.in_flight = InFlight()
@@ -226,9 +226,9 @@ class Forwarder:
         except Exception as exc:
             log.exception("forwarder failed on message %s of %r", message.message_id, queue)
             self.given_back += 1
-            await give_back_later(message, queue, exc, self._trouble)
+            await requeue_after_backoff(message, queue, exc, self._requeue_backoff)
         else:
-            self._trouble.clear()
+            self._requeue_backoff.reset()
 
     async def _forward(
         self, message: AbstractIncomingMessage, *, exchange: str, queue: str

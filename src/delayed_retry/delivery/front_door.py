@@ -47,7 +47,7 @@ from delayed_retry.amqp.channels import close_quietly, on_scratch_channel, under
 from delayed_retry.amqp.consumers import Consumer, consume_queue
 from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
-from delayed_retry.consumer.handover import Trouble, give_back_later, hand_over
+from delayed_retry.consumer.handover import RequeueBackoff, hand_over, requeue_after_backoff
 from delayed_retry.consumer.in_flight import InFlight
 from delayed_retry.delivery.forwarder import Forwarder, ForwardingFailed
 from delayed_retry.durations import to_epoch_ms, utcnow
@@ -178,7 +178,7 @@ class FrontDoor:
         self._channel: AbstractChannel | None = None
         self._inbox: Consumer | None = None
         self.in_flight = InFlight()
-        self._trouble = Trouble()
+        self._requeue_backoff = RequeueBackoff()
         self.accepted = 0
         self.given_back = 0
 
@@ -272,9 +272,9 @@ class FrontDoor:
             await self._on_message(message)
         except Exception as exc:
             log.exception("front door failed on message %s", message.message_id)
-            await give_back_later(message, self.inbox_queue, exc, self._trouble)
+            await requeue_after_backoff(message, self.inbox_queue, exc, self._requeue_backoff)
         else:
-            self._trouble.clear()
+            self._requeue_backoff.reset()
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         key = message.routing_key or ""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from faststream.exceptions import HandlerException
 from faststream.rabbit.testing import PatchedMessage
 
-from delayed_retry.consumer.decorator import retry_state, retry_state_scope
+from delayed_retry.consumer.retry_state import retry_state, retry_state_scope
 from delayed_retry.durations import utcnow
 from delayed_retry.immediate import ImmediateRetries
 from delayed_retry.policy import RetryPolicy

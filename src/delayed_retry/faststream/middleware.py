@@ -1,7 +1,7 @@
 """``DelayedRetry``: the delayed retries of ``@with_delayed_retry`` as a FastStream middleware.
 
 Each message of a subscriber goes through the decorator's own
-:class:`~delayed_retry.consumer.decorator.RetryingHandler` (made once per
+:class:`~delayed_retry.consumer.handler.RetryingHandler` (made once per
 subscriber, retrying to the subscriber's queue): the same retry state, hold
 until due, telemetry, policy, and the same failure handling and hand-over
 (:mod:`delayed_retry.consumer.failures`, :mod:`delayed_retry.consumer.handover`).
@@ -36,12 +36,10 @@ from faststream.exceptions import (
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.declare import declarer_for
-from delayed_retry.consumer.decorator import (
-    RetryingHandler,
-    RetryOptions,
-    retry_options,
-)
+from delayed_retry.consumer.handler import RetryingHandler
+from delayed_retry.consumer.handover import requeue
 from delayed_retry.consumer.options import SubscriberOptions
+from delayed_retry.consumer.settings import RetryOptions, retry_options
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.delivery_limits import warn_about_delivery_limit
@@ -300,12 +298,12 @@ class _RetryMiddleware(BaseMiddleware):
                 # drop those; each goes back through the chain instead, unhandled.
                 first = id(subscriber) not in self.retrier.refused
                 self.retrier.refused.add(id(subscriber))
-                await _put_back(
+                await _send_back_through_chain(
                     raw, exc, queue=queue, topology=self.retrier.options.topology, log_it=first
                 )
                 raise HandedOver from exc
             log.error("%s; this subscriber stops consuming", exc)
-            await _give_back(raw)
+            await requeue(raw)
             raise StopConsume from exc
         if served.handler is None:
             return await call_next(msg)
@@ -347,15 +345,7 @@ REFUSED_REDELIVERY = timedelta(seconds=2)
 back in its queue."""
 
 
-async def _give_back(raw: Any) -> None:
-    """Return an unacked message of a refused subscriber to its queue."""
-    try:
-        await raw.nack(requeue=True)
-    except Exception as err:  # the channel went: the broker returns the message
-        log.warning("could not give back message %s: %r", raw.message_id, err)
-
-
-async def _put_back(
+async def _send_back_through_chain(
     raw: Any, exc: ConfigurationError, *, queue: str, topology: DelayTopology, log_it: bool
 ) -> None:
     """Put a message a refused ``no_ack`` subscriber took back into ``queue``, unhandled.

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from faststream import Depends
 
-from delayed_retry.consumer.decorator import current_retry_state
+from delayed_retry.consumer.retry_state import current_retry_state
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers import RetryState
 

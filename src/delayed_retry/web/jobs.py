@@ -349,7 +349,7 @@ class JobManager:
             )
 
     async def wait_all(self) -> None:
-        """Wait for every running job (used at shutdown and by tests)."""
+        """Wait for every running job to end: at shutdown, before the connection it uses closes."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
