@@ -14,6 +14,7 @@ from pamqp.encode import field_table
 
 from delayed_retry import headers as h
 from delayed_retry.durations import to_epoch_ms
+from delayed_retry.headers import values as header_values
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -406,4 +407,4 @@ def test_decimal_check_agrees_with_the_amqp_encoder(value: Decimal) -> None:
         encodable = True
     except (TypeError, ValueError, OverflowError):
         encodable = False
-    assert h._amqp_decimal(value) is encodable
+    assert header_values._amqp_decimal(value) is encodable

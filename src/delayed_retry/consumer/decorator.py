@@ -53,10 +53,7 @@ from delayed_retry.crashes import CrashGuard
 from delayed_retry.delivery_limits import warn_about_delivery_limit
 from delayed_retry.durations import to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
-from delayed_retry.headers import (
-    RetryState,
-    parse_retry_state,
-)
+from delayed_retry.headers.retry_state import RetryState, parse_retry_state
 from delayed_retry.hold import Hold, check_hold
 from delayed_retry.immediate import ImmediateRetries
 from delayed_retry.observability.instrumentation import (

@@ -52,14 +52,14 @@ from delayed_retry.consumer.in_flight import InFlight
 from delayed_retry.delivery.forwarder import Forwarder, ForwardingFailed
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
-from delayed_retry.headers import (
+from delayed_retry.headers.names import (
     X_DELAY,
     X_DUE_AT,
     X_FORWARD_ROUTING_KEY,
     X_ORIGINAL_EXCHANGE,
     X_ORIGINAL_ROUTING_KEY,
-    sanitize_headers,
 )
+from delayed_retry.headers.values import sanitize_headers
 from delayed_retry.hold import DEFAULT_HOLD, Hold, chain_units
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 

@@ -159,7 +159,7 @@ def publishing_partitions(spark: Any, partitions: int | None) -> int:
 @lru_cache(maxsize=1024)
 def _decoded_headers(text: str | None) -> dict[str, Any]:
     """Headers JSON decoded and sanitized once per distinct text (bulk rows often share it)."""
-    from delayed_retry.headers import sanitize_headers
+    from delayed_retry.headers.values import sanitize_headers
     from delayed_retry.spark.codec import headers_from_json
 
     return sanitize_headers(headers_from_json(text))
@@ -168,7 +168,7 @@ def _decoded_headers(text: str | None) -> dict[str, Any]:
 def _properties(row: Sequence[Any], job: PublishJob, due_ms: int) -> Any:
     from pamqp import commands as spec
 
-    from delayed_retry.headers import X_DUE_AT
+    from delayed_retry.headers.names import X_DUE_AT
 
     headers = dict(_decoded_headers(row[4]))
     for name in job.drop_headers:
