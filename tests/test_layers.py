@@ -32,6 +32,8 @@ PURE_IN_SUBPACKAGES = (
     "parking.moving.report",
     "parking.moving.canary_rules",
     "parking.ids",
+    "admin.live_chain",
+    "admin.chain_bindings",
     "admin.chain_diff",
     "admin.other_chains",
 )

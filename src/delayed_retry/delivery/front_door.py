@@ -196,7 +196,8 @@ class FrontDoor:
         plugin exchange itself receives what the front door delivers. The
         inbox queue ``X.delay`` gets the delivery limit of every queue the
         library consumes (:data:`~delayed_retry.topology.DELIVERY_LIMIT`); one
-        declared by an older version without it is used as it is, with a warning.
+        that exists without it (declared by hand, by another tool, or by a
+        checkout from before 0.1.0) is used as it is, with a warning.
 
         ``X.delay`` comes last, bound to its queue at once: a producer that
         publishes the moment it exists (as scripts waiting for the front door
