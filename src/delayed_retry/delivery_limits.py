@@ -191,7 +191,8 @@ def kept_classic_queue_risk(*, queue: str) -> str:
     """Why a classic queue where delayed-retry declares a quorum one is a risk, and the fix.
 
     Used when a parking, unroutable, rejected, forward or inbox queue exists as
-    a classic queue (made by hand, by another tool or by an older setup).
+    a classic queue (made by hand, by another tool, or by a chain of the same
+    prefix declared with ``queue_type="classic"``).
     RabbitMQ 3.x accepts the quorum declaration and keeps the classic queue;
     4.3 refuses it. Either way the queue is used as it is.
     """

@@ -108,7 +108,7 @@ class Analysis:
 
     @property
     def top_errors(self) -> tuple[ErrorGroup, ...]:
-        """The failure groups, biggest first (the name older callers use)."""
+        """The failure groups, biggest first: :attr:`groups`, under the first report's name."""
         return self.groups
 
 

@@ -35,8 +35,8 @@ from delayed_retry.spark.fingerprints import (
     with_fingerprint,
 )
 from delayed_retry.spark.ledger import ledger_keys
+from delayed_retry.spark.partition_publish import PublishJob
 from delayed_retry.spark.publisher import (
-    PublishJob,
     barrier_slots,
     declare_destinations,
     publishing_partitions,
