@@ -89,7 +89,7 @@ IN_MEMORY_ARGUMENTS = ("x-max-in-memory-length", "x-max-in-memory-bytes")
 delayed-retry never declares them: the broker (3.10.8 and 4.0.5 alike)
 refuses to re-declare a queue with or without one of them when the queue
 exists the other way, so a chain declared with them by one process could no
-longer be declared by a version that declares it without, and the reverse.
+longer be declared by a process that declares it without, and the reverse.
 The same effect comes from a policy (:meth:`DelayTopology.memory_policy`),
 which leaves the arguments alone. A level queue that already has one is used
 as it is. RabbitMQ 3.12+ accepts them but ignores them (bodies are on disk).
