@@ -5,15 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from delayed_retry import DelayTopology
-from delayed_retry.admin.chain_diff import (
-    Binding,
-    LiveChain,
-    LiveExchange,
-    LiveQueue,
-    Policy,
-    compare,
-    expected_bindings,
-)
+from delayed_retry.admin.chain_bindings import expected_bindings
+from delayed_retry.admin.chain_diff import compare
+from delayed_retry.admin.live_chain import Binding, LiveChain, LiveExchange, LiveQueue, Policy
 from delayed_retry.cli.output import format_at_most
 from delayed_retry.topology import amqp_arguments
 

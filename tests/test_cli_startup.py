@@ -12,7 +12,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from delayed_retry.admin.chain_diff import LiveQueue
+from delayed_retry.admin.live_chain import LiveQueue
 from delayed_retry.cli.startup import Startup, startup_line, stranded_forward_queues
 from delayed_retry.topology import DelayTopology
 from tests.support.chain import Scenario

@@ -14,6 +14,7 @@ from pamqp.encode import field_table
 
 from delayed_retry import headers as h
 from delayed_retry.durations import to_epoch_ms
+from delayed_retry.headers import values as header_values
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -406,4 +407,55 @@ def test_decimal_check_agrees_with_the_amqp_encoder(value: Decimal) -> None:
         encodable = True
     except (TypeError, ValueError, OverflowError):
         encodable = False
-    assert h._amqp_decimal(value) is encodable
+    assert header_values._amqp_decimal(value) is encodable
+
+
+WIRE_NAMES = {
+    "X_RETRY": "x-retry",
+    "X_DUE_AT": "x-retry-due-at",
+    "X_FIRST_FAILURE_AT": "x-retry-first-failure-at",
+    "X_LAST_FAILURE_AT": "x-retry-last-failure-at",
+    "X_LAST_ERROR": "x-retry-last-error",
+    "X_ORIGINAL_EXCHANGE": "x-retry-original-exchange",
+    "X_ORIGINAL_ROUTING_KEY": "x-retry-original-routing-key",
+    "X_QUEUE": "x-retry-queue",
+    "X_PARKED_REASON": "x-parked-reason",
+    "X_PARKED_AT": "x-parked-at",
+    "X_PARKED_REFRESHED_AT": "x-parked-refreshed-at",
+    "X_EXCEPTION_TYPE": "x-exception-type",
+    "X_EXCEPTION_MESSAGE": "x-exception-message",
+    "X_EXCEPTION_TRACEBACK": "x-exception-traceback",
+    "X_REPLAYED": "x-retry-replayed",
+    "X_REPLAYED_AT": "x-retry-replayed-at",
+    "X_REPLAYED_BY": "x-retry-replayed-by",
+    "X_REPLAY_CANARY": "x-retry-replay-canary",
+    "X_DELAY": "x-delay",
+    "X_FORWARD_ROUTING_KEY": "x-retry-forward-routing-key",
+    "X_CLAIMED_QUEUE": "x-retry-claimed-queue",
+    "X_TRACE_ORIGIN": "x-retry-trace-origin",
+    "X_REDRIVE_ID": "x-redrive-id",
+    "X_SCHEDULE_ID": "x-schedule-id",
+    "X_PARKED_NOTE": "x-parked-note",
+    "X_HEADER_PROBLEMS": "x-retry-header-problems",
+    "X_MIGRATED_FROM": "x-retry-migrated-from",
+    "X_IMMEDIATE_RUNS": "x-retry-immediate-runs",
+    "X_RETRY_CRASHES": "x-retry-crashes",
+    "X_THROTTLE_EVENT": "x-retry-throttle-event",
+    "X_THROTTLE_TRIGGER": "x-retry-throttle-trigger",
+    "X_THROTTLED_AT": "x-retry-throttled-at",
+    "X_DEATH": "x-death",
+    "X_DELIVERY_COUNT": "x-delivery-count",
+    "X_ACQUIRED_COUNT": "x-acquired-count",
+}
+"""Every header name as messages carry it: those waiting in a chain or parked were written with
+these, so a name that changes leaves them unread."""
+
+
+def test_the_header_names_on_the_wire_do_not_change() -> None:
+    written = {
+        name: getattr(h.names, name)
+        for name in h.names.__all__
+        if isinstance(getattr(h.names, name), str)
+    }
+    assert written == WIRE_NAMES
+    assert all(getattr(h, name) == value for name, value in WIRE_NAMES.items())

@@ -1,8 +1,9 @@
 """The layers of the package, as contracts on its import graph (see docs/architecture.md).
 
-- The vocabulary (every module at the top of the package: names, encodings,
-  policies, header parsing) and the few pure modules inside subpackages import
-  no I/O library, directly or through another module.
+- The vocabulary (every module at the top of the package, and in a folder that is
+  not a layer, such as ``headers/``: names, encodings, policies, header parsing)
+  and the few pure modules inside the layers import no I/O library, directly or
+  through another module.
 - Every folder imports only itself and the folders below it: ``amqp/`` knows
   only the vocabulary; ``consumer/`` nothing of ``delivery/``, ``parking/`` or
   ``admin/``; the command line sits on top of everything.
@@ -10,7 +11,7 @@
   wheel does not carry.
 
 Modules that appear later are checked as soon as they exist: the layer of a
-module comes from its folder, and a new top-level module is pure by place.
+module comes from its folder, and a new module outside the layers is pure by place.
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ PURE_IN_SUBPACKAGES = (
     "parking.moving.report",
     "parking.moving.canary_rules",
     "parking.ids",
+    "admin.live_chain",
+    "admin.chain_bindings",
     "admin.chain_diff",
     "admin.other_chains",
 )
-"""Pure modules inside a subpackage, beside the I/O they serve. Every module at the top of
-the package (``delayed_retry.<name>``, not a subpackage) is pure too: the vocabulary."""
+"""Pure modules inside a layer, beside the I/O they serve. Every module outside the layers
+(``delayed_retry.<name>``, and the modules of a folder not in :data:`LAYERS`, such as
+``headers/``) is pure too: the vocabulary."""
 
 HARNESS = "harness"
 """The repository's broker harness (``harness/``): tests, benchmarks and the demo script use it;
@@ -66,7 +70,7 @@ LAYERS = (
     "observability",
     "amqp",
 )
-"""Subpackages above the pure vocabulary, highest first; the top-level modules are the
+"""Subpackages above the pure vocabulary, highest first; the modules outside them are the
 vocabulary, at the bottom. So ``consumer/`` imports nothing from ``delivery/``,
 ``parking/`` or ``admin/``, and ``amqp/`` nothing but the vocabulary."""
 
@@ -80,15 +84,12 @@ def layer_of(module: str, package: str = PACKAGE) -> int:
 
 
 def pure_modules(graph: grimp.ImportGraph, package: str = PACKAGE) -> list[str]:
-    """The top-level modules (not subpackages) and :data:`PURE_IN_SUBPACKAGES`."""
-    subpackages = {m.split(".")[1] for m in graph.modules if m.count(".") >= 2}
-    top = [
-        m
-        for m in graph.modules
-        if m.startswith(f"{package}.") and m.count(".") == 1 and m.split(".")[1] not in subpackages
+    """The modules outside the layers (the vocabulary) and :data:`PURE_IN_SUBPACKAGES`."""
+    vocabulary = [
+        m for m in graph.modules if m.startswith(f"{package}.") and m.split(".")[1] not in LAYERS
     ]
     named = [f"{package}.{name}" for name in PURE_IN_SUBPACKAGES]
-    return sorted(set(top) | {m for m in named if m in graph.modules})
+    return sorted(set(vocabulary) | {m for m in named if m in graph.modules})
 
 
 def pure_violations(graph: grimp.ImportGraph, package: str = PACKAGE) -> list[str]:
@@ -172,12 +173,13 @@ def test_the_contracts_catch_a_violation(tmp_path: Path) -> None:
     # A small package that breaks both contracts, checked in a process of its own
     # (grimp imports nothing, but finds packages on sys.path).
     root = tmp_path / "layered"
-    for folder in ("", "cli", "alerts"):
+    for folder in ("", "cli", "alerts", "names"):
         (root / folder).mkdir(exist_ok=True)
         (root / folder / "__init__.py").write_text("")
     (root / "cli" / "main.py").write_text("X = 1\n")
     (root / "alerts" / "sinks.py").write_text("import aiohttp\n")
     (root / "headers.py").write_text("from layered import policy\n")
+    (root / "names" / "wire.py").write_text("import aiohttp\n")  # a vocabulary folder
     (root / "policy.py").write_text("from layered.alerts import sinks\n")
     (root / "middleware.py").write_text("from layered.cli.main import X\n")
     (root / "cli" / "demo.py").write_text("import json\n\nfrom harness import broker_url\n")
@@ -203,6 +205,7 @@ def test_the_contracts_catch_a_violation(tmp_path: Path) -> None:
         "layered.cli.demo -> harness (line 3)",
         "layered.headers -> layered.policy -> layered.alerts.sinks -> aiohttp",
         "layered.middleware -> layered.cli.main (line 1)",
+        "layered.names.wire -> aiohttp",
         "layered.policy -> layered.alerts.sinks (line 1)",
         "layered.policy -> layered.alerts.sinks -> aiohttp",
     ]

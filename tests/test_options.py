@@ -243,7 +243,7 @@ def _sources() -> Iterator[tuple[Path, ast.AST]]:
 NOT_THE_OPTION = {
     ("wait", "testing/fake.py"): "aiormq's wait= flag of the fake channel",
     ("queue", "testing/fake.py"): "the fake's AMQP frame fields",
-    ("immediate_retries", "headers.py"): "a RetryState's count of the runs so far",
+    ("immediate_retries", "headers/retry_state.py"): "a RetryState's count of the runs so far",
     ("immediate_retries", "consumer/retry_state.py"): "retry_state_scope: the runs so far",
     ("immediate_retries", "faststream/in_memory.py"): "a decision's count of the runs so far",
 }

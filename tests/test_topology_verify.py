@@ -119,9 +119,9 @@ def test_verify_through_the_management_api(
     assert f"✗ queue '{unique}.level.00': arguments differ: x-message-ttl=1 (wants 2)" in out
 
 
-async def _rebind_as_earlier_versions(url: str, topology: DelayTopology, *, only: bool) -> None:
-    """Add the pass-through bindings earlier versions declared; with ``only``, drop this
-    version's skip-zero bindings too, leaving the chain an earlier version made."""
+async def _rebind_as_pass_through(url: str, topology: DelayTopology, *, only: bool) -> None:
+    """Add the pass-through bindings (as declared before 0.1.0); with ``only``, drop the
+    skip-zero bindings too, leaving a pass-through chain."""
     connection = await aio_pika.connect(url)
     async with connection:
         raw = await (await connection.channel()).get_underlay_channel()
@@ -136,7 +136,7 @@ async def _rebind_as_earlier_versions(url: str, topology: DelayTopology, *, only
             await raw.exchange_unbind(destination, source, routing_key=key)
 
 
-def test_verify_tells_earlier_versions_bindings_apart_and_declare_moves_them_on(
+def test_verify_tells_pass_through_bindings_apart_and_declare_moves_them_on(
     management_node: tuple[RabbitMQNode, str], unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     node, api = management_node
@@ -148,25 +148,25 @@ def test_verify_tells_earlier_versions_bindings_apart_and_declare_moves_them_on(
     assert main(verify) == 0
     assert "skip-zeros bindings)" in capsys.readouterr().out
 
-    # A service of an earlier version declares the chain: both kinds of bindings.
-    asyncio.run(_rebind_as_earlier_versions(url, topology, only=False))
+    # A process that declares pass-through bindings runs beside: both kinds of bindings.
+    asyncio.run(_rebind_as_pass_through(url, topology, only=False))
     assert main([*verify, "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["bindings"] == "mixed"
     (mixed,) = report["differences"]
-    assert mixed["problem"].startswith("5 pass-through binding(s) of delayed-retry before")
-    assert "once every service runs this version" in mixed["fix"]
+    assert mixed["problem"].startswith("5 pass-through binding(s) (as declared before 0.1.0)")
+    assert "once no process declares pass-through bindings" in mixed["fix"]
 
-    # Only the earlier versions' chain: one line, not one per skip-zero binding.
-    asyncio.run(_rebind_as_earlier_versions(url, topology, only=True))
+    # A pass-through chain alone: one line, not one per skip-zero binding it lacks.
+    asyncio.run(_rebind_as_pass_through(url, topology, only=True))
     assert main([*verify, "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["bindings"] == "pass-through"
-    (earlier,) = report["differences"]
-    assert earlier["object"] == f"bindings of chain {unique!r}"
-    assert earlier["fix"].startswith(f"run delayed-retry declare --prefix {unique}")
+    (pass_through,) = report["differences"]
+    assert pass_through["object"] == f"bindings of chain {unique!r}"
+    assert pass_through["fix"].startswith(f"run delayed-retry declare --prefix {unique}")
 
-    # Declaring with this version moves the chain forward.
+    # Declaring the chain moves it to the skip-zero bindings.
     assert main(["--url", url, "declare", *topo]) == 0
     assert main(verify) == 0
     assert "skip-zeros bindings)" in capsys.readouterr().out

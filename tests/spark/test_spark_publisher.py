@@ -18,7 +18,7 @@ import pytest
 
 from delayed_retry import declare_topology
 from delayed_retry.spark import ArchiveSinkError, PublishRunError, schedule_dataframe
-from delayed_retry.spark.publisher import PUBLISH_COLUMNS, PublishJob, publish_attempt
+from delayed_retry.spark.partition_publish import PUBLISH_COLUMNS, PublishJob, publish_attempt
 from delayed_retry.spark.redrive import _spread
 from delayed_retry.topology import DelayTopology
 
@@ -207,7 +207,7 @@ def test_a_ledger_that_fails_mid_run_stops_the_partition_and_says_what_is_unreco
 
 
 def test_the_agreed_start_is_after_the_last_ready_partition() -> None:
-    from delayed_retry.spark.publisher import agreed_start
+    from delayed_retry.spark.partition_publish import agreed_start
 
     assert agreed_start([1_000, 1_750, 1_200], margin_ms=500) == 2_250
     assert agreed_start([42], margin_ms=0) == 42
