@@ -27,7 +27,7 @@ from delayed_retry import (
 )
 from delayed_retry.admin.teardown import plan_teardown, tear_down
 from delayed_retry.amqp.channels import declared_queue, exchange_exists
-from delayed_retry.chain_digest import declaration_digest, marker_exchange
+from delayed_retry.chain_digest import declaration_digest, digest_marker, markers, settled_marker
 from delayed_retry.cli import main
 from delayed_retry.errors import TopologyMismatchError
 from delayed_retry.headers import X_DUE_AT
@@ -60,8 +60,10 @@ def test_the_digest_follows_every_setting_and_nothing_else() -> None:
 
 def test_the_marker_name_fits_for_the_longest_prefix() -> None:
     longest = DelayTopology(prefix="p" * (MAX_NAME_BYTES - len(".parking.alerts")))
-    assert len(marker_exchange(longest).encode()) <= MAX_NAME_BYTES
-    assert marker_exchange(DelayTopology(prefix="orders")).startswith("orders.chain-")
+    assert all(len(name.encode()) <= MAX_NAME_BYTES for name in markers(longest))
+    orders = DelayTopology(prefix="orders")
+    assert settled_marker(orders) == "orders.chain"
+    assert digest_marker(orders) == f"orders.chain-{declaration_digest(orders)}"
 
 
 # -- on a real broker ----------------------------------------------------------------------
@@ -85,6 +87,11 @@ def _all_chain_bindings(topology: DelayTopology) -> int:
     """Binds and unbinds of a full declaration: every binding, and every retired one removed."""
     queue_bindings = sum(len(spec.bindings) for spec in topology.queues())
     return queue_bindings + len(topology.exchange_bindings()) + len(topology.retired_bindings())
+
+
+async def _marked(s: Scenario, topology: DelayTopology) -> bool:
+    """Whether both markers of ``topology`` exist."""
+    return all([await exchange_exists(s.connection, name) for name in markers(topology)])
 
 
 async def _proxy(rabbitmq_url: str, **options: int) -> tuple[FrameCountingProxy, str]:
@@ -142,7 +149,7 @@ async def test_a_reconnecting_consumer_whose_chain_is_complete_declares_no_chain
         assert await asyncio.wait_for(handled.get(), WAIT) == b"before"
         # The first connection found no chain: it declared every binding, and marked it.
         assert len(_chain_binds(proxy.connections[0], topology)) == _all_chain_bindings(topology)
-        assert await exchange_exists(s.connection, marker_exchange(topology))
+        assert await _marked(s, topology)
 
         proxy.cut()
 
@@ -197,7 +204,7 @@ async def test_a_chain_missing_an_exchange_or_queue_is_declared_in_full_by_the_n
         assert len(_chain_binds(proxy.connections[0], topology)) == _all_chain_bindings(topology)
     finally:
         await proxy.close()
-    assert await exchange_exists(s.connection, marker_exchange(topology))
+    assert await _marked(s, topology)
     inbox = Inbox()
     await queue.consume(inbox)
     # Published by the first connection, which declared nothing again: the repair serves it.
@@ -250,25 +257,26 @@ async def test_a_declaration_cut_short_leaves_no_marker_so_the_next_one_is_in_fu
     s = quorum
     topology = s.topology
     await declare_topology(s.ch, topology)
-    assert await exchange_exists(s.connection, marker_exchange(topology))
+    assert await _marked(s, topology)
     proxy, url = await _proxy(rabbitmq_url, cut_after_binds=20)
     try:
         connection = await aio_pika.connect(url)
         with pytest.raises((aio_pika.exceptions.AMQPError, ConnectionError)):
             await declare_topology(await connection.channel(), topology, repair=True)
-        assert not await exchange_exists(s.connection, marker_exchange(topology))
+        for marker in markers(topology):
+            assert not await exchange_exists(s.connection, marker)
         proxy.cut_after_binds = None
         async with await aio_pika.connect(url) as connection:
             await declare_topology(await connection.channel(), topology)
         assert len(_chain_binds(proxy.connections[-1], topology)) == _all_chain_bindings(topology)
-        assert await exchange_exists(s.connection, marker_exchange(topology))
+        assert await _marked(s, topology)
     finally:
         await proxy.close()
 
 
 @pytest.mark.broker
 async def test_other_settings_under_a_marked_prefix_are_declared_and_refused(
-    quorum: Scenario,
+    quorum: Scenario, rabbitmq_url: str
 ) -> None:
     s = quorum
     await declare_topology(s.ch, s.topology)
@@ -277,7 +285,34 @@ async def test_other_settings_under_a_marked_prefix_are_declared_and_refused(
     )
     with pytest.raises(TopologyMismatchError, match="x-queue-type"):
         await declare_topology(s.ch, classic)
-    assert await exchange_exists(s.connection, marker_exchange(s.topology))
+    # The refused declaration began as every declaration does: the chain's next connection
+    # declares it in full, once, and marks it again.
+    assert not await exchange_exists(s.connection, settled_marker(s.topology))
+    async with await aio_pika.connect(rabbitmq_url) as connection:
+        await declare_topology(await connection.channel(), s.topology)
+    assert await _marked(s, s.topology)
+
+
+@pytest.mark.broker
+async def test_a_declaration_under_way_in_another_version_makes_every_connection_declare(
+    quorum: Scenario, rabbitmq_url: str
+) -> None:
+    """Whatever its digest, a declaration deletes the settled marker first: until it has
+    written it again, no connection trusts its own digest's marker."""
+    s = quorum
+    topology = s.topology
+    await declare_topology(s.ch, topology)
+    raw = await s.ch.get_underlay_channel()
+    await raw.exchange_delete(settled_marker(topology))  # as any version's declaration starts
+    assert await exchange_exists(s.connection, digest_marker(topology))
+    proxy, url = await _proxy(rabbitmq_url)
+    try:
+        async with await aio_pika.connect(url) as connection:
+            await declare_topology(await connection.channel(), topology)
+        assert len(_chain_binds(proxy.connections[0], topology)) == _all_chain_bindings(topology)
+    finally:
+        await proxy.close()
+    assert await _marked(s, topology)
 
 
 @pytest.mark.broker
@@ -286,5 +321,6 @@ async def test_a_teardown_removes_the_marker_first(quorum: Scenario) -> None:
     await declare_topology(s.ch, s.topology)
     plan = await plan_teardown(s.connection, s.topology)
     await tear_down(s.connection, plan)
-    assert not await exchange_exists(s.connection, marker_exchange(s.topology))
+    for marker in markers(s.topology):
+        assert not await exchange_exists(s.connection, marker)
     assert not await exchange_exists(s.connection, s.topology.delivery_exchange)

@@ -1,14 +1,19 @@
-"""What a complete declaration of a delay chain leaves behind: a digest and a marker name. Pure.
+"""What a complete declaration of a delay chain leaves behind: a digest and two markers. Pure.
 
 Declaring a 36-level chain sends 702 bindings, which the broker writes one by
 one (RabbitMQ 3.10 in Mnesia, 4.3 through Khepri's consensus), even when they
-exist already. So a declaration that completes writes, last, a marker: an
-exchange named by :func:`marker_exchange`, whose name ends in a digest of
-everything the declaration sent (:func:`declaration_digest`). A connection
-that finds that marker, and every exchange and queue of the chain, needs to
-send no binding (see :mod:`delayed_retry.amqp.chain_marker`). Other settings,
-or another version whose declarations differ, give another digest, hence
-another marker, and a full declaration.
+exist already. So a declaration that completes leaves two markers, exchanges
+that route nothing (see :mod:`delayed_retry.amqp.chain_marker`):
+
+- :func:`settled_marker`, ``<prefix>.chain``: deleted first by every
+  declaration of the chain, whatever its settings or version, and written
+  last; while one is under way, or after one was cut short, there is none;
+- :func:`digest_marker`, ``<prefix>.chain-<digest>``: which declarations
+  completed (:func:`declaration_digest`). Other settings, or a version whose
+  declarations differ, give another digest, hence a full declaration.
+
+A connection that finds both, and every exchange and queue of the chain,
+needs to send no binding.
 """
 
 from __future__ import annotations
@@ -18,10 +23,16 @@ import json
 
 from delayed_retry.topology import DelayTopology, amqp_arguments
 
-__all__ = ["MARKER_FORMAT", "declaration_digest", "marker_exchange"]
+__all__ = [
+    "MARKER_FORMAT",
+    "declaration_digest",
+    "digest_marker",
+    "markers",
+    "settled_marker",
+]
 
 MARKER_FORMAT = 1
-"""Part of the digest: a change of what a marker vouches for changes every marker's name."""
+"""Part of the digest: a change of what the markers vouch for changes every digest."""
 
 _DIGEST_HEX = 8
 
@@ -48,10 +59,20 @@ def declaration_digest(topology: DelayTopology) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:_DIGEST_HEX]
 
 
-def marker_exchange(topology: DelayTopology) -> str:
-    """``<prefix>.chain-<digest>``: the exchange a complete declaration of ``topology`` writes last.
+def settled_marker(topology: DelayTopology) -> str:
+    """``<prefix>.chain``: no declaration of the chain is under way, none was cut short."""
+    return f"{topology.prefix}.chain"
+
+
+def digest_marker(topology: DelayTopology) -> str:
+    """``<prefix>.chain-<digest>``: a declaration of exactly ``topology``'s objects completed.
 
     Its suffix is no longer than the longest one the topology allows for, so
     every valid prefix gives a valid name.
     """
     return f"{topology.prefix}.chain-{declaration_digest(topology)}"
+
+
+def markers(topology: DelayTopology) -> tuple[str, str]:
+    """Both markers of ``topology``: the digest's, then the settled one (checked last)."""
+    return digest_marker(topology), settled_marker(topology)

@@ -24,8 +24,8 @@ import aiormq.abc
 
 from delayed_retry.amqp.chain_marker import (
     chain_is_marked_complete,
-    withdraw_marker,
-    write_marker,
+    withdraw_markers,
+    write_markers,
 )
 from delayed_retry.amqp.channels import close_quietly, on_scratch_channel, underlay_channel
 from delayed_retry.broker_versions import (
@@ -200,13 +200,13 @@ async def _declare_kept_queue(
 async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: DelayTopology) -> None:
     """Declare every exchange, queue and binding of ``topology``; mark it complete if it is.
 
-    The marker goes first and comes back last (see
+    The markers go first and come back last (see
     :mod:`delayed_retry.amqp.chain_marker`), and only when the chain is exactly
     as declared: not while its alert queue's node is down, nor when a queue is
     used as it is despite other arguments (its warning then comes on every
     connection, as the declaration that logs it runs on every connection).
     """
-    await withdraw_marker(channel, topology)
+    await withdraw_markers(channel, topology)
     for ex in topology.exchanges():
         args: dict[str, Any] = (
             {"alternate-exchange": ex.alternate_exchange} if ex.alternate_exchange else {}
@@ -238,7 +238,7 @@ async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: Delay
         await _bind_chain(channel, topology, specs)
         used_as_they_are = {spec.name for spec in specs} & declarer_for(channel.connection).warned
         if len(specs) == len(topology.queues()) and not tolerated and not used_as_they_are:
-            await write_marker(channel, topology)
+            await write_markers(channel, topology)
     if tolerated:
         log.warning("%s", _tolerated_message(topology, tolerated))
     _log_memory_hint(channel.connection, topology, tolerated=bool(tolerated))
