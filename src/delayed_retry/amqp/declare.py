@@ -203,8 +203,8 @@ async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: Delay
     The markers go first and come back last (see
     :mod:`delayed_retry.amqp.chain_marker`), and only when the chain is exactly
     as declared: not while its alert queue's node is down, nor when a queue is
-    used as it is despite other arguments (its warning then comes on every
-    connection, as the declaration that logs it runs on every connection).
+    used as it is despite other arguments (so the warning about it keeps coming
+    on every new connection).
     """
     await withdraw_markers(channel, topology)
     for ex in topology.exchanges():
@@ -389,7 +389,7 @@ class TopologyDeclarer:
 
         Call it when a publish into the chain found an exchange missing (deleted
         by hand, or by a mistaken teardown): the next hand-over puts it back,
-        every binding included, whatever the chain's marker says.
+        every binding included, whatever the chain's markers say.
         """
         self._done = {key for key in self._done if topology not in key}
         self._repair.add(topology)
