@@ -8,6 +8,8 @@ reached the broker, whatever the Python code called.
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Any
 
 import aio_pika
 import pytest
@@ -31,7 +33,7 @@ from delayed_retry.chain_digest import declaration_digest, digest_marker, marker
 from delayed_retry.cli import main
 from delayed_retry.errors import TopologyMismatchError
 from delayed_retry.headers import X_DUE_AT
-from delayed_retry.topology import MAX_NAME_BYTES
+from delayed_retry.topology import MAX_NAME_BYTES, amqp_arguments
 from tests.support.amqp_proxy import ClientConnection, FrameCountingProxy
 from tests.support.chain import Inbox, Scenario, publish
 from tests.support.waiting import WAIT, wait_until
@@ -316,7 +318,28 @@ async def test_a_declaration_under_way_in_another_version_makes_every_connection
 
 
 @pytest.mark.broker
-async def test_a_teardown_removes_the_marker_first(quorum: Scenario) -> None:
+async def test_a_chain_used_as_it_is_is_not_marked_so_each_connection_warns(
+    quorum: Scenario, rabbitmq_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Level queues with an in-memory argument are used as they are, with a warning naming
+    the fix: the chain is never marked, so every new connection declares it and warns."""
+    s = quorum
+    topology = s.topology
+    name = topology.level_name(4)
+    (spec,) = [q for q in topology.queues() if q.name == name]
+    arguments: dict[str, Any] = {**amqp_arguments(spec.arguments), "x-max-in-memory-length": 0}
+    await s.ch.declare_queue(name, durable=True, arguments=arguments)
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="delayed_retry.amqp.declare"):
+            async with await aio_pika.connect(rabbitmq_url) as connection:
+                await declare_topology(await connection.channel(), topology)
+        assert any(name in r.getMessage() for r in caplog.records), "no warning"
+        assert not await exchange_exists(s.connection, settled_marker(topology))
+
+
+@pytest.mark.broker
+async def test_a_teardown_removes_the_markers_first(quorum: Scenario) -> None:
     s = quorum
     await declare_topology(s.ch, s.topology)
     plan = await plan_teardown(s.connection, s.topology)
