@@ -69,5 +69,11 @@ def test_the_checkouts_demo_starts_a_throwaway_node_of_its_own() -> None:
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "order-2: done" in run.stdout and "2 message(s) parked" in run.stdout
+    # Its first line comes before the node's seconds of start-up, and says what they are.
+    lines = run.stdout.splitlines()
+    assert "starting a throwaway RabbitMQ node for the demo" in lines[0]
+    first = float(lines[0][1:].split("s]", 1)[0])
+    next_stamped = next(line for line in lines[1:] if line.startswith("["))
+    assert first < 1.0 and float(next_stamped[1:].split("s]", 1)[0]) >= first
     # The node goes away with everything on it: nothing to tell the user to remove.
     assert "left on the broker" not in run.stdout

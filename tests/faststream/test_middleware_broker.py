@@ -231,3 +231,9 @@ async def test_faststreams_log_says_what_became_of_a_failed_message(
     assert f"{failed}parked in {parking!r} (max-retries)" in said
     # Before: only FastStream's "Processed" after "Message was retried or parked by delayed-retry".
     assert not any("retried or parked" in text for text in said)
+    # FastStream ends every message's log with "Processed", failed or not (after an exception
+    # line when the handler raised); what became of a failed one is said before it.
+    retried = said.index(
+        f"{failed}retried: back in {queue.name!r} in 300 ms through the delay chain"
+    )
+    assert said[retried + 1] == "Processed"
