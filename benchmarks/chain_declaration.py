@@ -7,7 +7,7 @@ Two ways, interleaved (which goes first alternates by round), on one chain
   connection did before the chain's marker (``declare_topology(repair=True)``,
   which the ``delayed-retry declare`` command still does);
 - ``check``: what a new connection does now: passive declarations of the
-  chain's exchanges and queues and of its marker, in one round trip, and no
+  chain's exchanges and queues and of its markers, each answered before the next, and no
   binding (``declare_topology``).
 
 Each sample declares on ``--batch`` connections opened beforehand, one after

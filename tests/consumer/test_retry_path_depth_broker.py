@@ -62,12 +62,30 @@ async def topology(
 
 
 async def stack_at_publish(
-    connection: AbstractRobustConnection,
+    url: str,
     queue_name: str,
     topology: DelayTopology,
     **options: Any,
 ) -> tuple[list[str], str]:
-    """Consume one failing message; the library frames and exchange of the first publish."""
+    """Consume one failing message; the library frames and exchange of the first publish.
+
+    On a connection of its own, closed at the end while the handler may still be retrying:
+    a channel closed under a publish in flight would be a connection error for the
+    fixture's connection, which cleans up after the test.
+    """
+    connection = await aio_pika.connect(url)
+    try:
+        return await _stack_at_publish(connection, queue_name, topology, **options)
+    finally:
+        await connection.close()
+
+
+async def _stack_at_publish(
+    connection: aio_pika.abc.AbstractConnection,
+    queue_name: str,
+    topology: DelayTopology,
+    **options: Any,
+) -> tuple[list[str], str]:
     channel = await connection.channel()
     queue = await channel.declare_queue(queue_name, durable=True)
     underlay = await channel.get_underlay_channel()
@@ -94,17 +112,16 @@ async def stack_at_publish(
     await producer.default_exchange.publish(aio_pika.Message(b"x"), routing_key=queue_name)
     await producer.close()
     frames, exchange = await asyncio.wait_for(seen, 30)
-    await asyncio.wait_for(confirmed.wait(), 30)  # not closing the channel under the publish
+    await asyncio.wait_for(confirmed.wait(), 30)
     print("\n".join(["", *frames]))
-    await channel.close()
     return frames, exchange
 
 
 async def test_a_retry_through_the_chain_is_shallow(
-    connection: AbstractRobustConnection, unique: str, topology: DelayTopology
+    rabbitmq_url: str, unique: str, topology: DelayTopology
 ) -> None:
     frames, exchange = await stack_at_publish(
-        connection, f"{unique}.q", topology, max_retries=3, wait=wait_fixed(0.1), hold=None
+        rabbitmq_url, f"{unique}.q", topology, max_retries=3, wait=wait_fixed(0.1), hold=None
     )
     assert exchange.startswith(f"{unique}.level."), exchange  # it did go into the chain
     assert frames[0].startswith("consumer.handler:"), frames
@@ -112,18 +129,18 @@ async def test_a_retry_through_the_chain_is_shallow(
 
 
 async def test_a_retry_due_at_once_is_shallow(
-    connection: AbstractRobustConnection, unique: str, topology: DelayTopology
+    rabbitmq_url: str, unique: str, topology: DelayTopology
 ) -> None:
     frames, exchange = await stack_at_publish(
-        connection, f"{unique}.q", topology, max_retries=3, wait=wait_fixed(0)
+        rabbitmq_url, f"{unique}.q", topology, max_retries=3, wait=wait_fixed(0)
     )
     assert exchange == ""  # straight back to the queue
     assert len(frames) <= MAX_LIBRARY_FRAMES, frames
 
 
 async def test_a_parking_is_shallow(
-    connection: AbstractRobustConnection, unique: str, topology: DelayTopology
+    rabbitmq_url: str, unique: str, topology: DelayTopology
 ) -> None:
-    frames, exchange = await stack_at_publish(connection, f"{unique}.q", topology, max_retries=0)
+    frames, exchange = await stack_at_publish(rabbitmq_url, f"{unique}.q", topology, max_retries=0)
     assert exchange == topology.parking_exchange
     assert len(frames) <= MAX_LIBRARY_FRAMES, frames

@@ -3,7 +3,7 @@
 Every declaration of the chain deletes the settled marker first and writes
 both markers last, once the broker has confirmed every binding
 (:mod:`delayed_retry.chain_digest` names them). A connection then asks, in
-one round trip, :func:`chain_is_marked_complete`: every exchange and queue of
+:func:`chain_is_marked_complete`: every exchange and queue of
 the chain exists, and so do both markers.
 
 What that vouches for: nothing of the chain was deleted since (a deleted
@@ -40,20 +40,21 @@ async def chain_is_marked_complete(
 ) -> bool:
     """Whether every exchange and queue of ``topology`` exists, and both its markers too.
 
-    Passive declarations without waiting for each answer, then one that waits,
-    for the settled marker: the broker handles a channel's requests in order,
-    so its answer comes after all of them, and a missing one has closed the
-    channel by then. Any refusal answers ``False`` (the declaration that
-    follows explains it). On a scratch channel of its own.
+    Passive declarations, each answered before the next is sent, the settled
+    marker last. Not pipelined: a missing object makes the broker close the
+    channel, and a frame the client sends on it after answering that close is
+    a connection error that would close every channel of the connection.
+    Any refusal answers ``False`` (the declaration that follows explains it).
+    On a scratch channel of its own.
     """
     digest, settled = markers(topology)
 
     async def check(channel: aiormq.abc.AbstractChannel) -> None:
         for exchange in topology.exchanges():
-            await channel.exchange_declare(exchange.name, passive=True, nowait=True)
+            await channel.exchange_declare(exchange.name, passive=True)
         for spec in topology.queues():
-            await channel.queue_declare(spec.name, passive=True, nowait=True)
-        await channel.exchange_declare(digest, passive=True, nowait=True)
+            await channel.queue_declare(spec.name, passive=True)
+        await channel.exchange_declare(digest, passive=True)
         # Last: a declaration under way deleted it before making anything.
         await channel.exchange_declare(settled, passive=True)
 

@@ -543,8 +543,8 @@ class TopologyDeclarer:
         """Declare the chain, delivery, unroutable and parking exchanges and queues.
 
         Once per connection, and only when something is missing or different:
-        a chain marked complete, with every exchange and queue in place (one
-        round trip, :func:`~delayed_retry.amqp.chain_marker.chain_is_marked_complete`),
+        a chain marked complete, with every exchange and queue in place (passive
+        checks, :func:`~delayed_retry.amqp.chain_marker.chain_is_marked_complete`),
         is not declared again. After :meth:`forget` it is, in full.
         """
         key: tuple[object, ...] = ("topology", topology)
