@@ -33,6 +33,7 @@ PURE_IN_SUBPACKAGES = (
     "parking.ids",
     "admin.chain_diff",
     "admin.other_chains",
+    "admin.waiting",
 )
 """Pure modules inside a subpackage, beside the I/O they serve. Every module at the top of
 the package (``delayed_retry.<name>``, not a subpackage) is pure too: the vocabulary."""
