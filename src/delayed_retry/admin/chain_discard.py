@@ -23,6 +23,7 @@ channel closed under the scan gives the messages back as well, counted.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from typing import Any, Literal
 import aiormq
 import aiormq.abc
 
+from delayed_retry.admin.level_reads import HeldReads
 from delayed_retry.admin.waiting import (
     READ_BUDGET,
     WaitingMessage,
@@ -122,43 +124,46 @@ async def discard_waiting(
     async with scratch_channel(connection, confirms=park) as own:
         for level in range(topology.levels):
             await _check_level(own, topology, level)
-        held: set[int] = set()
+        reads = HeldReads(own)
         too_often: WaitingMessage | None = None
         start = time.monotonic()
         try:
             for level in reversed(range(topology.levels)):
-                name = topology.level_name(level)
-                while limit is None or report.done < limit:
-                    got = await own.basic_get(name, no_ack=False)
-                    tag = got.delivery_tag
-                    if tag is None:
-                        break
-                    held.add(tag)
-                    props = got.header.properties
-                    message = read_waiting(
-                        props.headers,
-                        message_id=props.message_id,
-                        body=got.body,
-                        routing_key=got.routing_key or "",
-                        level=level,
-                        levels=topology.levels,
-                    )
-                    report.scanned += 1
-                    if over_read_budget(message, counted=counted):
-                        too_often = message
-                        break
-                    if not selection.matches(message):
-                        continue
-                    report.selected.append(message)
-                    if dry_run:
-                        continue
-                    await _take_out(own, got, message, park, topology, publish_timeout, report)
-                    held.discard(tag)
+                async with contextlib.aclosing(
+                    reads.read(topology.level_name(level))
+                ) as level_messages:
+                    async for got in level_messages:
+                        props = got.header.properties
+                        message = read_waiting(
+                            props.headers,
+                            message_id=props.message_id,
+                            body=got.body,
+                            routing_key=got.routing_key or "",
+                            level=level,
+                            levels=topology.levels,
+                        )
+                        report.scanned += 1
+                        if over_read_budget(message, counted=counted):
+                            too_often = message
+                            break
+                        if not selection.matches(message):
+                            continue
+                        if limit is not None and report.done >= limit:
+                            break
+                        report.selected.append(message)
+                        if dry_run:
+                            continue
+                        await _take_out(own, got, message, park, topology, publish_timeout, report)
+                        reads.settled(got.delivery_tag or 0)
+                        if limit is not None and report.done >= limit:
+                            break
                 if too_often is not None or (limit is not None and report.done >= limit):
                     break
         finally:
             report.seconds = time.monotonic() - start
-            await _give_back(own, held)
+            if not own.is_closed:
+                # A closed channel gave them back already (counted on 4.x: rare, see READ_BUDGET).
+                await reads.give_back()
     if too_often is not None:
         raise ConfigurationError(
             f"messages in level queue {topology.level_name(too_often.level)!r} were read "
@@ -228,15 +233,3 @@ async def _take_out(
     )
     if parking not in report.parked_to:
         report.parked_to.append(parking)
-
-
-async def _give_back(own: aiormq.abc.AbstractChannel, held: set[int]) -> None:
-    """Return every held message with one ``basic.nack`` (requeue), which 4.3 does not count."""
-    if not held or own.is_closed:
-        return  # a closed channel gave them back already
-    try:
-        await own.basic_nack(max(held), multiple=True, requeue=True)
-    except aiormq.exceptions.AMQPError as exc:
-        log.warning(
-            "could not return %d held message(s) by nack (%s); closing returns them", len(held), exc
-        )
