@@ -8,7 +8,9 @@ closer to a drop (the delivery limit of RabbitMQ 4.x quorum queues).
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import re
 from datetime import timedelta
 
 import aio_pika
@@ -17,6 +19,7 @@ from aio_pika.abc import AbstractChannel
 
 from delayed_retry import DelayTopology, publish_delayed
 from delayed_retry.admin.chain_discard import discard_waiting
+from delayed_retry.admin.level_reads import FEW
 from delayed_retry.admin.waiting import READ_BUDGET, reads_are_counted
 from delayed_retry.broker_versions import broker_version
 from delayed_retry.cli import main
@@ -85,6 +88,31 @@ async def test_a_discarded_message_never_arrives_and_the_others_arrive_once_neve
     for arrival in (*arrivals, kept):
         _never_early(arrival)
     # Nothing left anywhere that could still bring "drop" (or a second copy of the others).
+    await _chain_empty(scenario)
+    await scenario.wait_for_depth(queue.name, 0)
+    assert inbox.pending() == 0
+
+
+async def test_a_level_with_many_messages_is_read_whole_and_given_back_whole(
+    scenario: Scenario,
+) -> None:
+    # More than FEW ready in one level: read by a consumer, then basic.get.
+    queue = await scenario.queue()
+    ids = [f"m-{i}" for i in range(3 * FEW)]
+    await _schedule(scenario, queue.name, *ids)
+
+    report = await discard_waiting(scenario.ch, ids=("m-17", "m-40"), topology=scenario.topology)
+
+    assert sorted(m.id for m in report.selected) == ["m-17", "m-40"]
+    assert report.scanned == len(ids)
+    inbox = Inbox()
+    await queue.consume(inbox)
+    arrivals = await inbox.take(len(ids) - 2)
+    assert sorted(a.message.message_id or "" for a in arrivals) == sorted(
+        set(ids) - {"m-17", "m-40"}
+    )
+    for arrival in arrivals:
+        _never_early(arrival)
     await _chain_empty(scenario)
     await scenario.wait_for_depth(queue.name, 0)
     assert inbox.pending() == 0
@@ -178,7 +206,9 @@ async def test_repeated_scans_never_bring_a_waiting_message_to_its_delivery_limi
     # dead-letter the message to the next level: early. A discard returns by basic.nack,
     # which 4.3 does not count; where returns count, it stops reading at READ_BUDGET.
     queue = await quorum.queue()
-    await _schedule(quorum, queue.name, "waits", due_in=60.0)
+    # More than FEW in one level, so its consumer's deliveries are given back too.
+    others = [f"w-{i}" for i in range(FEW)]
+    await _schedule(quorum, queue.name, "waits", *others, due_in=60.0)
     version = await _version(quorum.ch)
     major = None if version is None else version[0]
     budgeted = reads_are_counted(broker_major=major, queue_type="quorum") and (
@@ -187,20 +217,58 @@ async def test_repeated_scans_never_bring_a_waiting_message_to_its_delivery_limi
     scans = READ_BUDGET if budgeted else 25  # 25: past the broker's default limit of 20
     for _ in range(scans):
         report = await discard_waiting(
-            quorum.ch, ids=("waits",), dry_run=True, topology=quorum.topology
+            quorum.ch, queue=queue.name, dry_run=True, topology=quorum.topology
         )
-        assert [m.id for m in report.selected] == ["waits"]
-    level = quorum.topology.level_name(report.selected[0].level)
+        assert sorted(m.id for m in report.selected) == sorted(["waits", *others])
+    (level,) = {quorum.topology.level_name(m.level) for m in report.selected}
     if budgeted:
-        with pytest.raises(ConfigurationError, match=f"read {READ_BUDGET} times already"):
+        with pytest.raises(ConfigurationError, match=f"returned {READ_BUDGET} times already"):
             await discard_waiting(quorum.ch, ids=("waits",), topology=quorum.topology)
-        # Refused, and still waiting in its level: not taken, not moved on.
-        await quorum.wait_for_depth(level, 1)
+        # Refused, and all still waiting in their level: none taken, none moved on.
+        await quorum.wait_for_depth(level, 1 + FEW)
         return
     if version is not None and version >= (4, 3):
-        assert report.selected[0].returns == 0
-    # Still waiting in its level (not dead-lettered on), and a discard still takes it.
-    await quorum.wait_for_depth(level, 1)
+        assert {m.returns for m in report.selected} == {0}
+    # Still waiting in their level (not dead-lettered on), and a discard still takes one.
+    await quorum.wait_for_depth(level, 1 + FEW)
     taken = await discard_waiting(quorum.ch, ids=("waits",), topology=quorum.topology)
     assert taken.done == 1
-    await quorum.wait_for_depth(level, 0)
+    await quorum.wait_for_depth(level, FEW)
+
+
+class _Terminal(io.StringIO):
+    """Standard input that is a terminal, answering what it was given."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+async def test_without_yes_it_counts_what_it_found_and_asks_first(
+    scenario: Scenario,
+    rabbitmq_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    queue = await scenario.queue()
+    await _schedule(scenario, queue.name, "twin", "twin", "other", due_in=60.0)
+    discard = ["--url", rabbitmq_url, "topology", "discard", *_topology_args(scenario)]
+    discard += ["--id", "twin"]
+
+    assert await asyncio.to_thread(main, discard) == 2  # no terminal to ask on, no --yes
+    err = capsys.readouterr().err
+    assert "delete 2 waiting message(s) with id 'twin' for good?" in err and "--yes" in err
+
+    monkeypatch.setattr("sys.stdin", _Terminal("n\n"))
+    assert await asyncio.to_thread(main, discard) == 1
+    captured = capsys.readouterr()
+    assert "[y/N]" in captured.out and "nothing discarded" in captured.err
+
+    monkeypatch.setattr("sys.stdin", _Terminal("y\n"))
+    assert await asyncio.to_thread(main, discard) == 0
+    # It stops at the count agreed to: "other" may not even have been read.
+    assert re.search(r"discarded 2 of [23] waiting message\(s\)", capsys.readouterr().out)
+
+    left = await discard_waiting(
+        scenario.ch, queue=queue.name, dry_run=True, topology=scenario.topology
+    )
+    assert [m.id for m in left.selected] == ["other"]

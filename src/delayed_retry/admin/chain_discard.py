@@ -107,9 +107,10 @@ async def discard_waiting(
     length (:attr:`DiscardReport.seconds`). Raises
     :class:`~delayed_retry.errors.NotFoundError` when a level queue of
     ``topology`` is missing, and :class:`~delayed_retry.errors.ConfigurationError`
-    for an empty selection or when a level's messages were read so often that
-    reading them again could move them on early (RabbitMQ 4.0-4.2, see
-    :data:`~delayed_retry.admin.waiting.READ_BUDGET`); nothing is taken then.
+    for an empty selection, and when it meets a message returned so often that
+    another return could move it on early (RabbitMQ 4.x quorum levels, see
+    :data:`~delayed_retry.admin.waiting.READ_BUDGET`): the scan stops there,
+    having taken only what it selected before.
     """
     selection = WaitingSelection(ids=frozenset(ids), queue=queue)
     if limit is not None and limit < 0:
@@ -166,12 +167,13 @@ async def discard_waiting(
                 await reads.give_back()
     if too_often is not None:
         raise ConfigurationError(
-            f"messages in level queue {topology.level_name(too_often.level)!r} were read "
-            f"{too_often.returns} times already (message {too_often.id}); on this broker each "
-            "read counts toward the delivery limit of 20 after which a level sends a message "
-            f"on early, so a discard stops reading at {READ_BUDGET}. Nothing more was taken "
-            f"({report.done} message(s) before it were). Let the messages come due, or "
-            "upgrade to RabbitMQ 4.3, which does not count a discard's reads"
+            f"message {too_often.id} in level queue {topology.level_name(too_often.level)!r} "
+            f"was returned {too_often.returns} times already (x-delivery-count); RabbitMQ 4.x "
+            "counts returns toward a quorum queue's delivery limit (20 unless set; 4.0-4.2 "
+            "count every return, 4.3 only those of a closed channel), past which a level sends "
+            f"a message on early, so a discard stops reading at {READ_BUDGET}: "
+            f"{report.done} selected message(s) read before it were taken out, none after. Let "
+            "the messages come due, or move to RabbitMQ 4.3, where a discard's reads do not count"
         )
     report.unmatched = selection.unmatched(report.selected)
     log.info(

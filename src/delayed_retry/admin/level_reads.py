@@ -9,9 +9,11 @@ as a delivery (a closed channel's return does count).
 
 The time a message is held is the time it may arrive late, so a level is
 read by a consumer with a wide prefetch window until the broker counts no
-message ready, about ten times faster here than one ``basic.get`` after
-another; ``basic.get`` then takes what the count did not show yet, and stops
-only when the queue has nothing more to give.
+message ready (1,000 messages of one quorum level in 0.14–0.17 s on 3.10.8
+here, against 0.86–2.1 s by one ``basic.get`` after another); ``basic.get``
+then takes what the count did not show yet, and stops only when the queue
+has nothing more to give. A level with few messages is read by ``basic.get``
+alone.
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ from collections.abc import AsyncGenerator
 import aiormq
 import aiormq.abc
 
-__all__ = ["WINDOW", "HeldReads"]
+__all__ = ["FEW", "WINDOW", "HeldReads"]
 
 WINDOW = 10_000
 """Messages a level's consumer may be given unacked; ``basic.get`` reads past it."""
+
+FEW = 16
+"""Below this many ready messages a level is read by ``basic.get`` alone: a consumer's start
+and cancel cost more than they save."""
 
 _STALLED_POLLS = 5
 """Counts in a row with messages ready and none delivered meanwhile: read the rest by get."""
@@ -59,6 +65,11 @@ class HeldReads:
         consumer is cancelled then (what it was given stays held).
         """
         own = self._own
+        declared = await own.queue_declare(queue, passive=True)
+        if (declared.message_count or 0) < FEW:
+            async for got in self._get_all(queue):
+                yield got
+            return
         if not self._window_set:
             await own.basic_qos(prefetch_count=WINDOW)
             self._window_set = True
@@ -87,17 +98,21 @@ class HeldReads:
             await asyncio.sleep(0)
             while not arrived.empty():
                 yield arrived.get_nowait()
-            while True:
-                got = await own.basic_get(queue, no_ack=False)
-                if got.delivery_tag is None:
-                    break
-                self._held.add(got.delivery_tag)
+            async for got in self._get_all(queue):
                 yield got
             while not arrived.empty():  # a delivery whose callback ran late: still read
                 yield arrived.get_nowait()
         finally:
             if consumer_tag is not None and not own.is_closed:
                 await own.basic_cancel(consumer_tag)
+
+    async def _get_all(self, queue: str) -> AsyncGenerator[aiormq.abc.DeliveredMessage, None]:
+        while True:
+            got = await self._own.basic_get(queue, no_ack=False)
+            if got.delivery_tag is None:
+                return
+            self._held.add(got.delivery_tag)
+            yield got
 
     async def give_back(self) -> None:
         """Return every held message with one ``basic.nack`` (requeue)."""
