@@ -24,7 +24,7 @@ from delayed_retry.admin.waiting import READ_BUDGET, reads_are_counted
 from delayed_retry.broker_versions import broker_version
 from delayed_retry.cli import main
 from delayed_retry.durations import utcnow
-from delayed_retry.errors import ConfigurationError, NotFoundError
+from delayed_retry.errors import ConfigurationError, NotFoundError, ReadsCountedError
 from delayed_retry.headers import X_DUE_AT, read_epoch_ms
 from tests.support.chain import Arrival, Inbox, Scenario
 
@@ -222,7 +222,7 @@ async def test_repeated_scans_never_bring_a_waiting_message_to_its_delivery_limi
         assert sorted(m.id for m in report.selected) == sorted(["waits", *others])
     (level,) = {quorum.topology.level_name(m.level) for m in report.selected}
     if budgeted:
-        with pytest.raises(ConfigurationError, match=f"returned {READ_BUDGET} times already"):
+        with pytest.raises(ReadsCountedError, match=f"returned {READ_BUDGET} times already"):
             await discard_waiting(quorum.ch, ids=("waits",), topology=quorum.topology)
         # Refused, and all still waiting in their level: none taken, none moved on.
         await quorum.wait_for_depth(level, 1 + FEW)

@@ -47,7 +47,7 @@ from delayed_retry.amqp.declare import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.broker_versions import broker_major_version
 from delayed_retry.durations import utcnow
-from delayed_retry.errors import ConfigurationError, NotFoundError
+from delayed_retry.errors import ConfigurationError, NotFoundError, ReadsCountedError
 from delayed_retry.parking.moving.actions import copy_then_ack
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
@@ -107,8 +107,9 @@ async def discard_waiting(
     length (:attr:`DiscardReport.seconds`). Raises
     :class:`~delayed_retry.errors.NotFoundError` when a level queue of
     ``topology`` is missing, and :class:`~delayed_retry.errors.ConfigurationError`
-    for an empty selection, and when it meets a message returned so often that
-    another return could move it on early (RabbitMQ 4.x quorum levels, see
+    for an empty selection, and :class:`~delayed_retry.errors.ReadsCountedError`
+    when it meets a message returned so often that another return could move
+    it on early (RabbitMQ 4.x quorum levels, see
     :data:`~delayed_retry.admin.waiting.READ_BUDGET`): the scan stops there,
     having taken only what it selected before.
     """
@@ -166,7 +167,7 @@ async def discard_waiting(
                 # A closed channel gave them back already (counted on 4.x: rare, see READ_BUDGET).
                 await reads.give_back()
     if too_often is not None:
-        raise ConfigurationError(
+        raise ReadsCountedError(
             f"message {too_often.id} in level queue {topology.level_name(too_often.level)!r} "
             f"was returned {too_often.returns} times already (x-delivery-count); RabbitMQ 4.x "
             "counts returns toward a quorum queue's delivery limit (20 unless set; 4.0-4.2 "

@@ -40,8 +40,9 @@ def register_discard(verbs: Any) -> None:
         "its highest level down; the other messages are held meanwhile and given back at "
         "the end, never early and late by at most the scan's length. Asks for confirmation "
         "unless --yes. --dry-run lists the selected messages (id, destination, due time) and "
-        "takes nothing. Exit status: 0 done, 1 an --id selected nothing or the chain is not "
-        "there, 2 usage error.",
+        "takes nothing. Exit status: 0 done, 1 an --id selected nothing, the chain is not "
+        "there, or a waiting message was returned so often that RabbitMQ 4.x could move it "
+        "on early (the scan stops there), 2 usage error.",
     )
     discard.add_argument(
         "--id",
