@@ -23,7 +23,6 @@ channel closed under the scan gives the messages back as well, counted.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -131,41 +130,37 @@ async def discard_waiting(
         start = time.monotonic()
         try:
             for level in reversed(range(topology.levels)):
-                async with contextlib.aclosing(
-                    reads.read(topology.level_name(level))
-                ) as level_messages:
-                    async for got in level_messages:
-                        props = got.header.properties
-                        message = read_waiting(
-                            props.headers,
-                            message_id=props.message_id,
-                            body=got.body,
-                            routing_key=got.routing_key or "",
-                            level=level,
-                            levels=topology.levels,
-                        )
-                        report.scanned += 1
-                        if over_read_budget(message, counted=counted):
-                            too_often = message
-                            break
-                        if not selection.matches(message):
-                            continue
-                        if limit is not None and report.done >= limit:
-                            break
-                        report.selected.append(message)
-                        if dry_run:
-                            continue
-                        await _take_out(own, got, message, park, topology, publish_timeout, report)
-                        reads.settled(got.delivery_tag or 0)
-                        if limit is not None and report.done >= limit:
-                            break
+                async for got in reads.read(topology.level_name(level)):
+                    props = got.header.properties
+                    message = read_waiting(
+                        props.headers,
+                        message_id=props.message_id,
+                        body=got.body,
+                        routing_key=got.routing_key or "",
+                        level=level,
+                        levels=topology.levels,
+                    )
+                    report.scanned += 1
+                    if over_read_budget(message, counted=counted):
+                        too_often = message
+                        break
+                    if not selection.matches(message):
+                        continue
+                    if limit is not None and report.done >= limit:
+                        break
+                    report.selected.append(message)
+                    if dry_run:
+                        continue
+                    await _take_out(own, got, message, park, topology, publish_timeout, report)
+                    reads.settled(got.delivery_tag or 0)
+                    if limit is not None and report.done >= limit:
+                        break
                 if too_often is not None or (limit is not None and report.done >= limit):
                     break
         finally:
+            # A closed channel gave them back already (counted on 4.x: rare, see READ_BUDGET).
+            await reads.give_back()
             report.seconds = time.monotonic() - start
-            if not own.is_closed:
-                # A closed channel gave them back already (counted on 4.x: rare, see READ_BUDGET).
-                await reads.give_back()
     if too_often is not None:
         raise ReadsCountedError(
             f"message {too_often.id} in level queue {topology.level_name(too_often.level)!r} "

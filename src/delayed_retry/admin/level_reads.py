@@ -47,6 +47,7 @@ class HeldReads:
     def __init__(self, own: aiormq.abc.AbstractChannel) -> None:
         self._own = own
         self._held: set[int] = set()
+        self._consumers: list[str] = []
         self._window_set = False
 
     @property
@@ -61,8 +62,8 @@ class HeldReads:
     async def read(self, queue: str) -> AsyncGenerator[aiormq.abc.DeliveredMessage, None]:
         """Every message of ``queue`` not read yet, taken unacked, in queue order.
 
-        Use it in ``contextlib.aclosing`` when the loop may stop early: its
-        consumer is cancelled then (what it was given stays held).
+        A loop may stop early: what the level's consumer is given meanwhile is
+        held, unread, and given back with the rest.
         """
         own = self._own
         declared = await own.queue_declare(queue, passive=True)
@@ -80,31 +81,28 @@ class HeldReads:
             arrived.put_nowait(message)
 
         ok = await own.basic_consume(queue, on_message, no_ack=False)
-        consumer_tag = ok.consumer_tag
-        try:
-            stalled = 0
-            while stalled < _STALLED_POLLS:
-                while not arrived.empty():
-                    yield arrived.get_nowait()
-                declared = await own.queue_declare(queue, passive=True)
-                if not declared.message_count:
-                    break
-                # A full window or a count that lags: basic.get reads the rest.
-                stalled = 0 if arrived.qsize() else stalled + 1
-            assert consumer_tag is not None
-            await own.basic_cancel(consumer_tag)
-            consumer_tag = None
-            # Deliveries read before the cancel-ok run their callback before this resumes.
-            await asyncio.sleep(0)
+        # Cancelled only in give_back, with every other one: on 3.10 a quorum queue may
+        # still be sending to a consumer being cancelled, and the broker's channel drops
+        # such a delivery (the message stays with the consumer until the channel closes).
+        # Kept, the consumer receives it, and it is held and given back like the others.
+        assert ok.consumer_tag is not None
+        self._consumers.append(ok.consumer_tag)
+        stalled = 0
+        while stalled < _STALLED_POLLS:
             while not arrived.empty():
                 yield arrived.get_nowait()
-            async for got in self._get_all(queue):
-                yield got
-            while not arrived.empty():  # a delivery whose callback ran late: still read
-                yield arrived.get_nowait()
-        finally:
-            if consumer_tag is not None and not own.is_closed:
-                await own.basic_cancel(consumer_tag)
+            declared = await own.queue_declare(queue, passive=True)
+            if not declared.message_count:
+                break
+            # A full window or a count that lags: basic.get reads the rest.
+            stalled = 0 if arrived.qsize() else stalled + 1
+        while not arrived.empty():
+            yield arrived.get_nowait()
+        async for got in self._get_all(queue):
+            yield got
+        # What was on its way to the consumer when the count said none were ready.
+        while not arrived.empty():
+            yield arrived.get_nowait()
 
     async def _get_all(self, queue: str) -> AsyncGenerator[aiormq.abc.DeliveredMessage, None]:
         while True:
@@ -115,8 +113,15 @@ class HeldReads:
             yield got
 
     async def give_back(self) -> None:
-        """Return every held message with one ``basic.nack`` (requeue)."""
-        if not self._held or self._own.is_closed:
+        """Stop the level consumers, then return every held message with one ``basic.nack``."""
+        if self._own.is_closed:
             return  # a closed channel gave them back already
-        await self._own.basic_nack(max(self._held), multiple=True, requeue=True)
-        self._held.clear()
+        for consumer_tag in self._consumers:
+            # Requeued to a consumer still there, a message would come straight back to it.
+            await self._own.basic_cancel(consumer_tag)
+        self._consumers.clear()
+        # Deliveries read before the last cancel-ok run their callback before this resumes.
+        await asyncio.sleep(0)
+        if self._held:
+            await self._own.basic_nack(max(self._held), multiple=True, requeue=True)
+            self._held.clear()
