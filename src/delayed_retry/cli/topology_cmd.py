@@ -77,7 +77,9 @@ def register(sub: Any) -> None:
         "show",
         help="levels with their delay range, messages per level, and when they are due",
         description="Show each level of the chain: how long it holds a message, which delays "
-        "enter there, how many messages wait in it and the latest they are due. Read-only.",
+        "enter there, how many messages wait in it and the latest they are due. Read-only. "
+        "'topology discard --dry-run --queue QUEUE' lists the messages waiting for QUEUE, "
+        "with their ids and due times.",
     )
     add_topology_args(show)
     show.add_argument("--all", action="store_true", help="also list empty levels")
