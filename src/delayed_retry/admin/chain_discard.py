@@ -66,7 +66,7 @@ class DiscardReport:
     selected: list[WaitingMessage] = field(default_factory=list)
     """The messages selected, in the order read (acted on unless ``dry_run``)."""
     unmatched: tuple[str, ...] = ()
-    """Ids given that selected no waiting message."""
+    """Ids given that selected no waiting message (empty when the limit stopped the scan)."""
     parked_to: list[str] = field(default_factory=list)
     """The parking queues the selected messages went to (``park``), without repeats."""
     seconds: float = 0.0
@@ -171,7 +171,9 @@ async def discard_waiting(
             f"{report.done} selected message(s) read before it were taken out, none after. Let "
             "the messages come due, or move to RabbitMQ 4.3, where a discard's reads do not count"
         )
-    report.unmatched = selection.unmatched(report.selected)
+    if limit is None or report.done < limit:
+        # Stopped at the limit, the scan did not look at every waiting message.
+        report.unmatched = selection.unmatched(report.selected)
     log.info(
         "%s%s %d of %d waiting message(s) read in the delay chain %r in %.3f s",
         "dry run: would " if dry_run else "",
