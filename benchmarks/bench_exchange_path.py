@@ -36,6 +36,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, publish_delayed
+from delayed_retry.chain_digest import markers
 from delayed_retry.delivery.forwarder import Forwarder
 from delayed_retry.delivery.front_door import (
     FrontDoor,
@@ -181,8 +182,8 @@ async def _main(args: argparse.Namespace) -> int:
                 channel = await connection.channel()
                 for spec in topology.queues():
                     await channel.queue_delete(spec.name)
-                for ex in topology.exchanges():
-                    await channel.exchange_delete(ex.name)
+                for name in [*(ex.name for ex in topology.exchanges()), *markers(topology)]:
+                    await channel.exchange_delete(name)
     for r in results:
         base = next(b for b in results if b["phase"] == r["phase"] and b["mode"] == "queue")
         r["throughput_ratio"] = r["per_second"] / base["per_second"]

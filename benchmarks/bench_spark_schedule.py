@@ -32,6 +32,7 @@ from typing import Any
 import aio_pika
 
 from delayed_retry import declare_topology
+from delayed_retry.chain_digest import markers
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.spark import redrive, schedule_dataframe
 from delayed_retry.spark.schema import archive_spark_schema
@@ -58,9 +59,9 @@ async def _cleanup(url: str, topology: DelayTopology, queue: str) -> None:
     for name in (queue, f"{queue}.parking", topology.alerts_queue, topology.unroutable_queue):
         with contextlib.suppress(Exception):
             await channel.queue_delete(name)
-    for spec in topology.exchanges():
+    for name in [*(spec.name for spec in topology.exchanges()), *markers(topology)]:
         with contextlib.suppress(Exception):
-            await channel.exchange_delete(spec.name)
+            await channel.exchange_delete(name)
     await connection.close()
 
 

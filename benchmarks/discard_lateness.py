@@ -31,6 +31,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, declare_topology, publish_delayed
 from delayed_retry.admin.chain_discard import discard_waiting
+from delayed_retry.chain_digest import markers
 from delayed_retry.durations import utcnow
 from delayed_retry.headers import X_DUE_AT, read_epoch_ms
 from harness import RabbitMQNode
@@ -142,8 +143,8 @@ async def _run(
             await channel.queue_delete(queue)
             for spec in topology.queues():
                 await channel.queue_delete(spec.name)
-            for exchange in topology.exchanges():
-                await channel.exchange_delete(exchange.name)
+            for name in [*(e.name for e in topology.exchanges()), *markers(topology)]:
+                await channel.exchange_delete(name)
 
 
 @contextlib.contextmanager

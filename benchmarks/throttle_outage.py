@@ -47,6 +47,7 @@ from delayed_retry import (
     consume,
     with_delayed_retry,
 )
+from delayed_retry.chain_digest import markers
 from delayed_retry.headers import X_ACQUIRED_COUNT, X_DELIVERY_COUNT
 from harness import RabbitMQNode
 
@@ -175,7 +176,7 @@ async def _clean(
 ) -> None:
     """Delete the run's queues and its whole chain (the shared broker keeps nothing)."""
     names = queues + [spec.name for spec in topology.queues()]
-    exchanges = [spec.name for spec in topology.exchanges()]
+    exchanges = [spec.name for spec in topology.exchanges()] + list(markers(topology))
     channel = await connection.channel()
     for kind, items in (("queue", names), ("exchange", exchanges)):
         for item in items:

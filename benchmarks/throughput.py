@@ -43,6 +43,7 @@ from delayed_retry import (
     declare_topology,
     with_delayed_retry,
 )
+from delayed_retry.chain_digest import markers
 
 PREFETCH = 100
 BODY = b"x" * 200
@@ -320,5 +321,5 @@ async def delete_topology(channel: AbstractChannel, topology: DelayTopology) -> 
     """Delete a benchmark's chain: its queues, then its exchanges."""
     for spec in topology.queues():
         await channel.queue_delete(spec.name)
-    for ex in reversed(topology.exchanges()):
-        await channel.exchange_delete(ex.name)
+    for name in [*markers(topology), *(ex.name for ex in reversed(topology.exchanges()))]:
+        await channel.exchange_delete(name)

@@ -33,6 +33,7 @@ import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, consume, with_delayed_retry, work_queue_arguments
+from delayed_retry.chain_digest import markers
 from harness import RabbitMQNode
 
 
@@ -139,8 +140,8 @@ async def run(
             *(s.name for s in topology.queues()),
         ):
             await cleanup.queue_delete(q)
-        for e in topology.exchanges():
-            await cleanup.exchange_delete(e.name)
+        for name in [*(e.name for e in topology.exchanges()), *markers(topology)]:
+            await cleanup.exchange_delete(name)
         await admin.close()
 
 

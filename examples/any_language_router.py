@@ -23,6 +23,7 @@ import aiormq
 from tenacity import wait_exponential
 
 from delayed_retry import DelayTopology, NoInstrumentation, RetryRouter
+from delayed_retry.chain_digest import markers
 from harness import broker_url
 
 
@@ -109,8 +110,9 @@ async def _clean_up(
 ) -> None:
     for name in [q.name for q in topology.queues()] + [queue, f"{queue}.parking"]:
         await channel.queue_delete(name)
-    for exchange in topology.exchanges():
-        await channel.exchange_delete(exchange.name)
+    # The two markers a complete declaration leaves (delayed-retry teardown deletes them too).
+    for exchange in [*(e.name for e in topology.exchanges()), *markers(topology)]:
+        await channel.exchange_delete(exchange)
 
 
 def main() -> None:

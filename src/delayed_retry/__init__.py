@@ -38,7 +38,7 @@ from delayed_retry.errors import (
     RetryAfter,
     TopologyMismatchError,
 )
-from delayed_retry.headers import RetryState
+from delayed_retry.headers.retry_state import RetryState
 from delayed_retry.hold import DEFAULT_HOLD, Hold
 from delayed_retry.observability.gauges import ChainMonitor
 from delayed_retry.observability.instrumentation import Instrumentation, NoInstrumentation

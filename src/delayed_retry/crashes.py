@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.headers import X_RETRY_CRASHES
+from delayed_retry.headers.names import X_RETRY_CRASHES
 
 __all__ = ["MAX_CRASH_COUNT", "CrashGuard", "crashes_of"]
 

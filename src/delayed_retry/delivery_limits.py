@@ -27,8 +27,9 @@ RabbitMQ 4.0 and later give every quorum queue a default delivery limit of
 (``-1``, 4.0+ only: 3.10 reads ``-1`` as "drop at the first return") or at
 least :data:`SAFE_DELIVERY_LIMIT`, with a dead-letter exchange so what passes
 it is kept. delayed-retry's own parking and unroutable queues are declared
-with :data:`~delayed_retry.topology.DELIVERY_LIMIT`; one declared by an
-older version without it is reported by :func:`kept_queue_risk`. Policies
+with :data:`~delayed_retry.topology.DELIVERY_LIMIT`; one that exists without
+it (declared by hand, by another tool, or by a checkout from before 0.1.0) is
+reported by :func:`kept_queue_risk`. Policies
 (``delivery-limit``) cannot be read over AMQP; check them with
 ``rabbitmqctl list_policies``.
 """
@@ -190,7 +191,8 @@ def kept_classic_queue_risk(*, queue: str) -> str:
     """Why a classic queue where delayed-retry declares a quorum one is a risk, and the fix.
 
     Used when a parking, unroutable, rejected, forward or inbox queue exists as
-    a classic queue (made by hand, by another tool or by an older setup).
+    a classic queue (made by hand, by another tool, or by a chain of the same
+    prefix declared with ``queue_type="classic"``).
     RabbitMQ 3.x accepts the quorum declaration and keeps the classic queue;
     4.3 refuses it. Either way the queue is used as it is.
     """

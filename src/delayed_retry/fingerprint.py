@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 # Header names, spelled here so this module imports nothing of the package (it is shared
-# by the Spark executors, which only need this file); they equal those in headers.py.
+# by the Spark executors, which only need this file); they equal those in headers/names.py.
 _X_EXCEPTION_TYPE = "x-exception-type"
 _X_EXCEPTION_MESSAGE = "x-exception-message"
 _X_EXCEPTION_TRACEBACK = "x-exception-traceback"
@@ -245,8 +245,9 @@ def fingerprint_headers(headers: Mapping[str, Any] | None) -> Fingerprint:
 
     Reads ``x-exception-type``, ``x-exception-message`` and
     ``x-exception-traceback`` (the parking record); when those are missing
-    (a message parked by an older version, or one still in the chain) it
-    falls back to ``x-retry-last-error`` (``Type: message``). Values may be
+    (a message still in the chain, or one put in a parking queue by something
+    other than this library's parking) it falls back to ``x-retry-last-error``
+    (``Type: message``). Values may be
     ``str`` or ``bytes``; anything else is ignored.
     """
     headers = headers or {}

@@ -18,7 +18,7 @@ import tenacity
 from tenacity.wait import wait_base
 
 from delayed_retry.errors import ConfigurationError, ParkMessage, RetryAfter
-from delayed_retry.headers import RetryState
+from delayed_retry.headers.retry_state import RetryState
 from delayed_retry.policy import RetryPolicy
 
 __all__ = ["IMMEDIATE_WAIT_LIMIT", "MAX_IMMEDIATE_RETRIES", "ImmediateRetries"]

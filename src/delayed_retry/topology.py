@@ -30,15 +30,13 @@ both kinds routes every message once.
 
 from __future__ import annotations
 
-import json
 import math
-import re
-import shlex
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, NamedTuple, TypedDict
 
 from delayed_retry import routing_keys
+from delayed_retry.broker_policies import BrokerPolicy, regex_literal
 from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.errors import ConfigurationError, DelayOutOfRangeError
 
@@ -47,14 +45,12 @@ __all__ = [
     "DelayTopology",
     "ExchangeSpec",
     "IN_MEMORY_ARGUMENTS",
-    "MemoryPolicy",
     "QueueArguments",
     "QueueSpec",
     "QueueType",
     "Naming",
     "Route",
     "amqp_arguments",
-    "regex_literal",
 ]
 
 QueueType = Literal["quorum", "classic"]
@@ -93,51 +89,11 @@ IN_MEMORY_ARGUMENTS = ("x-max-in-memory-length", "x-max-in-memory-bytes")
 delayed-retry never declares them: the broker (3.10.8 and 4.0.5 alike)
 refuses to re-declare a queue with or without one of them when the queue
 exists the other way, so a chain declared with them by one process could no
-longer be declared by a version that declares it without, and the reverse.
+longer be declared by a process that declares it without, and the reverse.
 The same effect comes from a policy (:meth:`DelayTopology.memory_policy`),
 which leaves the arguments alone. A level queue that already has one is used
 as it is. RabbitMQ 3.12+ accepts them but ignores them (bodies are on disk).
 """
-
-
-@dataclass(frozen=True, kw_only=True)
-class MemoryPolicy:
-    """An operator policy that keeps the chain's waiting message bodies on disk (3.10–3.11).
-
-    RabbitMQ documents ``max-in-memory-length`` for quorum queues on 3.10 and
-    3.11, which may keep message bodies in memory; docs/capacity.md has what
-    it changed on 3.10.8 here. Apply it once per vhost on those versions,
-    before delays pile up; it changes no queue argument, so consumers of every
-    delayed-retry version keep agreeing on the chain. An
-    *operator* policy merges with whatever ordinary policy applies to the
-    same queues instead of displacing it. RabbitMQ 3.12+ accepts the key and
-    ignores it: there is nothing to do there.
-    """
-
-    name: str
-    pattern: str
-    definition: dict[str, int]
-    apply_to: str = "queues"
-    priority: int = 0
-
-    def rabbitmqctl_args(self, *, vhost: str = "/") -> list[str]:
-        """Arguments of ``rabbitmqctl`` that set this policy on ``vhost``."""
-        return [
-            "set_operator_policy",
-            "--vhost",
-            vhost,
-            "--apply-to",
-            self.apply_to,
-            "--priority",
-            str(self.priority),
-            self.name,
-            self.pattern,
-            json.dumps(self.definition, separators=(",", ":")),
-        ]
-
-    def command(self, *, vhost: str = "/") -> str:
-        """The shell command an operator runs on a broker node to set this policy."""
-        return shlex.join(["rabbitmqctl", *self.rabbitmqctl_args(vhost=vhost)])
 
 
 class QueueArguments(TypedDict, total=False):
@@ -388,18 +344,27 @@ class DelayTopology:
         level = name.removeprefix(self._level_prefix)
         return level != name and level.isdigit() and int(level) < self.levels
 
-    def memory_policy(self) -> MemoryPolicy:
+    def memory_policy(self) -> BrokerPolicy:
         """The operator policy that keeps this chain's bodies on disk on RabbitMQ 3.10–3.11.
 
-        It matches the level queues only (``<prefix>.level.NN``, or NServiceBus's
-        ``nsb.v2.delay-level-NN``): they hold the waiting messages.
+        RabbitMQ documents ``max-in-memory-length`` for quorum queues on 3.10
+        and 3.11, which may keep message bodies in memory; docs/capacity.md has
+        what it changed on 3.10.8 here. Apply it once per vhost on those
+        versions, before delays pile up; it changes no queue argument, so every
+        process that declares the chain keeps agreeing on it. It is an operator
+        policy, so it merges with any ordinary policy on the same queues. It
+        matches the level queues only (``<prefix>.level.NN``, or NServiceBus's
+        ``nsb.v2.delay-level-NN``): they hold the waiting messages. RabbitMQ
+        3.12+ accepts the key and ignores it: there is nothing to do there.
         """
-        return MemoryPolicy(
+        return BrokerPolicy(
             name=f"{self.prefix}.levels-on-disk"
             if self.naming == "delayed-retry"
             else "nsb.v2.delay-levels-on-disk",
             pattern=f"^{regex_literal(self._level_prefix)}[0-9]+$",
             definition={"max-in-memory-length": 0},
+            priority=0,
+            operator=True,
         )
 
     # -- delays --------------------------------------------------------------
@@ -612,11 +577,6 @@ class DelayTopology:
         """(exchange, routing key) binding ``queue`` to the end of the chain."""
         self.check_destination(queue)
         return self.delivery_exchange, routing_keys.delivery_binding_key(self.levels, queue)
-
-
-def regex_literal(text: str) -> str:
-    """``text`` as a regular expression matching itself (``-`` left alone: it is plain there)."""
-    return re.escape(text).replace("\\-", "-")
 
 
 DEFAULT_TOPOLOGY = DelayTopology()

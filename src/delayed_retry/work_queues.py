@@ -8,13 +8,12 @@ what they set up. The delay chain's own queues are :mod:`delayed_retry.topology`
 
 from __future__ import annotations
 
-import json
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from delayed_retry.broker_policies import BrokerPolicy, regex_literal
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.topology import DelayTopology, QueueArguments, amqp_arguments, regex_literal
+from delayed_retry.topology import DelayTopology, QueueArguments, amqp_arguments
 
 __all__ = [
     "WORK_QUEUE_DELIVERY_LIMIT",
@@ -116,19 +115,10 @@ def work_queue_policy_command(
     definition = {
         key.removeprefix("x-"): value for key, value in args.items() if key != "x-queue-type"
     }
-    return shlex.join(
-        [
-            "rabbitmqctl",
-            "set_policy",
-            "--vhost",
-            vhost,
-            "--apply-to",
-            "queues",
-            f"{queue}.work-queue",
-            f"^{regex_literal(queue)}$",
-            json.dumps(definition, separators=(",", ":")),
-        ]
+    policy = BrokerPolicy(
+        name=f"{queue}.work-queue", pattern=f"^{regex_literal(queue)}$", definition=definition
     )
+    return policy.command(vhost=vhost)
 
 
 def dead_letter_target(arguments: object) -> str | None:

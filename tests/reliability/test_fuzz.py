@@ -1,6 +1,6 @@
 """Fuzzing what a consumer can receive: raw header tables, routing keys, and real deliveries.
 
-The pure header functions are fuzzed with Python values in ``tests/test_headers.py``;
+The pure header functions are fuzzed with Python values in ``tests/headers/test_headers.py``;
 here the input is what comes off the wire: random bytes decoded as an AMQP
 field table, random routing keys, and hypothesis-made headers published to a
 real queue whose consumer must end every message acked-and-forwarded or parked,

@@ -9,6 +9,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from delayed_retry import DelayTopology
+from delayed_retry.chain_digest import markers
 from tests.support.waiting import WAIT, wait_until
 
 
@@ -58,7 +59,8 @@ async def delete_all(
     exchanges: Iterable[str] = (),
     topology: DelayTopology | None = None,
 ) -> None:
-    """Delete ``queues`` and ``exchanges``, and with ``topology`` its chain and parking queues.
+    """Delete ``queues`` and ``exchanges``, and with ``topology`` its chain (its markers
+    included) and parking queues.
 
     With a topology, each of ``queues`` also loses its default parking queue.
     What is already gone is skipped. Given a connection, it works on channels of
@@ -71,6 +73,7 @@ async def delete_all(
         queue_names += [topology.default_parking_queue(q) for q in queue_names]
         queue_names += [spec.name for spec in topology.queues()]
         exchange_names += [spec.name for spec in topology.exchanges()]
+        exchange_names += markers(topology)
     own = isinstance(where, AbstractConnection)
     channel = await where.channel() if isinstance(where, AbstractConnection) else where
     try:

@@ -1,36 +1,34 @@
 """Compare a live delay chain with the configuration it should match. Pure.
 
-:func:`compare` takes a :class:`DelayTopology` and a :class:`LiveChain` (what
-the broker reports, read by :mod:`delayed_retry.admin.management`) and returns one
+:func:`compare` takes a :class:`DelayTopology` and a
+:class:`~delayed_retry.admin.live_chain.LiveChain` (what the broker reports,
+read by :mod:`delayed_retry.admin.management`) and returns one
 :class:`Difference` per problem, each with the fix an operator can run. Used by
 ``delayed-retry topology verify``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
+from delayed_retry.admin.chain_bindings import (
+    binding_style,
+    expected_bindings,
+    retired_bindings,
+    skip_only_bindings,
+)
+from delayed_retry.admin.live_chain import Binding, LiveChain, applying_policies
 from delayed_retry.broker_versions import keeps_bodies_in_memory
 from delayed_retry.topology import IN_MEMORY_ARGUMENTS, DelayTopology, amqp_arguments
 
 __all__ = [
     "HARMFUL_POLICY_KEYS",
-    "Binding",
     "Difference",
-    "LiveChain",
-    "LiveExchange",
-    "LiveQueue",
-    "Policy",
-    "BindingStyle",
-    "applying_policies",
-    "binding_style",
-    "compare",
-    "expected_bindings",
-    "missing_queue_fix",
     "collapse_absent_chain",
+    "compare",
+    "missing_queue_fix",
     "topology_options",
 ]
 
@@ -42,115 +40,6 @@ wins); ``expires`` deletes an idle queue with its messages; length limits drop
 or refuse delayed messages. Other keys (a ``dead-letter-exchange``, say) lose
 to the queue's own arguments.
 """
-
-
-@dataclass(frozen=True, kw_only=True)
-class Binding:
-    """One binding: the ``source`` exchange routes to a queue or exchange ``destination``.
-
-    The one binding record of the package: what the chain needs
-    (:func:`expected_bindings`), what the management API reports
-    (:mod:`delayed_retry.admin.management`) and what a plugin migration copies.
-    Equal bindings have the same source, destination and routing key; their
-    ``arguments`` and ``properties_key`` do not take part (the chain binds
-    without arguments).
-    """
-
-    source: str
-    destination_type: str  # "queue" or "exchange"
-    destination: str
-    routing_key: str
-    arguments: Mapping[str, Any] = field(default_factory=dict, compare=False)
-    # How the management API names the binding (to delete it).
-    properties_key: str = field(default="", compare=False)
-
-    def describe(self) -> str:
-        """``binding 'src' → queue 'dst' (key 'k')``, the object named in a difference."""
-        return (
-            f"binding {self.source!r} → {self.destination_type} {self.destination!r} "
-            f"(key {self.routing_key!r})"
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class LiveExchange:
-    """An exchange as the broker reports it."""
-
-    name: str
-    type: str
-    durable: bool = True
-    arguments: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, kw_only=True)
-class LiveQueue:
-    """A queue as the broker reports it."""
-
-    name: str
-    durable: bool = True
-    arguments: Mapping[str, Any] = field(default_factory=dict)
-    messages: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Policy:
-    """A policy (or an operator policy) of the vhost, as the management API lists it."""
-
-    name: str
-    pattern: str
-    apply_to: str = "all"
-    priority: int = 0
-    definition: Mapping[str, Any] = field(default_factory=dict)
-    operator: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class LiveChain:
-    """What the broker holds on a vhost: exchanges, queues, bindings and policies."""
-
-    exchanges: Mapping[str, LiveExchange]
-    queues: Mapping[str, LiveQueue]
-    bindings: frozenset[Binding]
-    policies: tuple[Policy, ...] = ()
-
-
-def _applies(policy: Policy, name: str, kind: str, queue_type: str | None) -> bool:
-    targets = {
-        "all": ("queue", "exchange"),
-        "queues": ("queue",),
-        "exchanges": ("exchange",),
-        "classic_queues": ("queue",),
-        "quorum_queues": ("queue",),
-        "streams": ("queue",),
-    }.get(policy.apply_to, ())
-    if kind not in targets:
-        return False
-    if policy.apply_to in ("classic_queues", "quorum_queues", "streams"):
-        wanted = {"classic_queues": "classic", "quorum_queues": "quorum", "streams": "stream"}
-        if queue_type != wanted[policy.apply_to]:
-            return False
-    try:
-        return re.search(policy.pattern, name) is not None  # the broker's re:run searches too
-    except re.error:
-        return False
-
-
-def applying_policies(
-    policies: Iterable[Policy], name: str, *, kind: str, queue_type: str | None = None
-) -> list[Policy]:
-    """The policies the broker applies to ``name``: the highest-priority match of each sort.
-
-    Computed from the policy list rather than read from the object, whose
-    reported policy lags behind by the management plugin's statistics interval.
-    """
-    out = []
-    for operator in (False, True):
-        matches = [
-            p for p in policies if p.operator == operator and _applies(p, name, kind, queue_type)
-        ]
-        if matches:
-            out.append(max(matches, key=lambda p: p.priority))
-    return out
 
 
 @dataclass(frozen=True)
@@ -186,83 +75,6 @@ def missing_queue_fix(topology: DelayTopology, queues: Iterable[str]) -> str:
         "check the name and the vhost, or create it: its consumer declares it, or run "
         f"{_declare_hint(topology, queues)} --create"
     )
-
-
-def _as_binding(destination_type: str, destination: str, source: str, key: str) -> Binding:
-    return Binding(
-        source=source, destination_type=destination_type, destination=destination, routing_key=key
-    )
-
-
-def expected_bindings(topology: DelayTopology, queues: Iterable[str] = ()) -> set[Binding]:
-    """Every binding the chain needs, and those of ``queues`` (delivery and parking)."""
-    out = {
-        _as_binding("queue", spec.name, exchange, key)
-        for spec in topology.queues()
-        for exchange, key in spec.bindings
-    }
-    out |= {_as_binding("exchange", *binding) for binding in topology.exchange_bindings()}
-    for queue in queues:
-        out.add(_as_binding("queue", queue, *topology.delivery_binding(queue)))
-        spec = topology.parking_queue_spec(queue)
-        out |= {_as_binding("queue", spec.name, ex, k) for ex, k in spec.bindings}
-    return out
-
-
-BindingStyle = Literal["skip-zeros", "pass-through", "mixed", "incomplete"]
-"""How a live chain's level exchanges are bound (see :func:`binding_style`)."""
-
-
-def _chain_bindings(topology: DelayTopology) -> set[Binding]:
-    """The bindings of the chain itself (level queues and exchange-to-exchange), this version's."""
-    out = {
-        _as_binding("queue", spec.name, exchange, key)
-        for spec in topology.queues()
-        if topology.is_level_queue(spec.name)
-        for exchange, key in spec.bindings
-    }
-    out |= {_as_binding("exchange", *binding) for binding in topology.exchange_bindings()}
-    return out
-
-
-def _retired_bindings(topology: DelayTopology) -> set[Binding]:
-    return {_as_binding("exchange", *binding) for binding in topology.retired_bindings()}
-
-
-def _skip_only_bindings(topology: DelayTopology) -> set[Binding]:
-    """This version's chain bindings that the pass-through chain of earlier versions lacks."""
-    previous = {
-        _as_binding("queue", topology.level_name(level), *topology.level_queue_bindings(level)[0])
-        for level in range(topology.levels)
-    }
-    previous.add(_as_binding("exchange", *topology.exchange_bindings()[0]))
-    return _chain_bindings(topology) - previous
-
-
-def binding_style(topology: DelayTopology, bindings: frozenset[Binding]) -> BindingStyle:
-    """How the live ``bindings`` route ``topology``'s chain.
-
-    ``skip-zeros``: this version's bindings only. ``pass-through``: the
-    bindings earlier versions made (each level exchange bound to the next
-    lower one), none of this version's own. ``mixed``: both, as while services
-    of both versions run; every message still reaches its queue once (the
-    broker delivers a message once to a queue however many bindings match),
-    but it passes every level exchange again. ``incomplete``: anything else.
-    NServiceBus naming is always ``pass-through``, its own design, when whole.
-    """
-    chain = _chain_bindings(topology)
-    retired = _retired_bindings(topology)
-    if not topology.skips_zeros:
-        return "pass-through" if chain <= bindings else "incomplete"
-    has_chain = chain <= bindings
-    skip_only = _skip_only_bindings(topology)
-    if has_chain and not retired & bindings:
-        return "skip-zeros"
-    if has_chain and retired <= bindings:
-        return "mixed"
-    if not skip_only & bindings and retired <= bindings and (chain - skip_only) <= bindings:
-        return "pass-through"
-    return "incomplete"
 
 
 def _mismatched(
@@ -412,32 +224,32 @@ def compare(
             )
     wanted_bindings = expected_bindings(topology, queues)
     missing = wanted_bindings - live.bindings
-    retired = _retired_bindings(topology)
+    retired = retired_bindings(topology)
     style = binding_style(topology, live.bindings)
     if style == "pass-through" and topology.skips_zeros:
-        # One line for the earlier versions' chain, not one per skip-zero binding it lacks.
+        # One line for a pass-through chain, not one per skip-zero binding it lacks.
         out.append(
             Difference(
                 f"bindings of chain {topology.prefix!r}",
-                "are those of delayed-retry before skip-zero routing: each level exchange "
+                "are pass-through bindings (as declared before 0.1.0): each level exchange "
                 "passes a message on to the next lower one, so every delayed message passes "
                 "every level exchange below its entry (correct, but up to three times the "
                 "broker's routing work)",
-                f"run {hint} (it adds the skip-zero bindings, then removes these); services of "
-                "an earlier version still running add them back when they reconnect, without "
-                "harm",
+                f"run {hint} (it adds the skip-zero bindings, then removes these); a process "
+                "that still declares the pass-through bindings adds them back when it "
+                "reconnects, without harm",
             )
         )
-        missing -= _skip_only_bindings(topology)
+        missing -= skip_only_bindings(topology)
     elif live.bindings & retired:
         out.append(
             Difference(
                 f"bindings of chain {topology.prefix!r}",
-                f"{len(live.bindings & retired)} pass-through binding(s) of delayed-retry before "
-                "skip-zero routing are still there, beside this version's: services of an "
-                "earlier version declared them. Every message still reaches its queue once, "
+                f"{len(live.bindings & retired)} pass-through binding(s) (as declared before "
+                "0.1.0) are still there, beside the skip-zero ones: a process that declares "
+                "them is running, or was. Every message still reaches its queue once, "
                 "but passes every level exchange again",
-                f"once every service runs this version, run {hint}, which removes them",
+                f"once no process declares pass-through bindings, run {hint}, which removes them",
             )
         )
     for binding in sorted(missing, key=_order):

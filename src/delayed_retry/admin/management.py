@@ -37,7 +37,7 @@ import urllib.request
 from typing import Any, Literal
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from delayed_retry.admin.chain_diff import Binding, LiveChain, LiveExchange, LiveQueue, Policy
+from delayed_retry.admin.live_chain import Binding, LiveChain, LiveExchange, LiveQueue, Policy
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.urls import redact_url, vhost_of
 

@@ -4,8 +4,8 @@
 current one. Each source is described by a :class:`SourceChain`: its level
 names, level count, unit, and what the routing key's tail means. Three kinds:
 
-- an older configuration of ours (another prefix, unit, level count or queue
-  type): ``<prefix>.level.NN``, the tail is the destination queue;
+- a chain of ours declared with other settings (another prefix, unit, level
+  count or queue type): ``<prefix>.level.NN``, the tail is the destination queue;
 - Kombu/Celery's native delayed delivery: ``celery_delayed_0`` … ``_27``
   (``<prefix>_celery_delayed_N`` with a prefix), 1 s units, keys of 28 digit
   words then the *original routing key* (delivered through exchanges bound
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from delayed_retry.headers import X_DUE_AT, read_epoch_ms
+from delayed_retry.headers.names import X_DUE_AT
+from delayed_retry.headers.retry_state import read_epoch_ms
 from delayed_retry.topology import NSB_LEVEL_PREFIX, DelayTopology
 
 __all__ = ["MovePlan", "SourceChain", "plan_move"]

@@ -26,7 +26,7 @@ from typing import Any
 import aiormq
 from aio_pika.abc import AbstractConnection
 
-from delayed_retry.admin.chain_diff import Binding
+from delayed_retry.admin.live_chain import Binding
 from delayed_retry.admin.management import ManagementClient, ManagementError
 from delayed_retry.delivery.front_door import FrontDoor, delay_exchange_name
 from delayed_retry.errors import ConfigurationError, DelayedRetryError

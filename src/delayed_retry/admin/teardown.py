@@ -53,6 +53,7 @@ from aio_pika.abc import AbstractConnection
 from delayed_retry.admin.chain_probe import declared_queue
 from delayed_retry.admin.management import ManagementClient, ManagementError
 from delayed_retry.amqp.channels import on_scratch_channel, scratch_channel, underlay_connection
+from delayed_retry.chain_digest import markers
 from delayed_retry.delivery.front_door import delay_exchange_name
 from delayed_retry.errors import TopologyMismatchError
 from delayed_retry.topology import DelayTopology, QueueSpec
@@ -89,6 +90,9 @@ class TeardownPlan:
     the levels, when asked)."""
     forwarding: list[str] = field(default_factory=list)
     """Exchanges whose forward queue and front door go with the chain."""
+    markers: tuple[str, ...] = ()
+    """The chain's markers (:func:`~delayed_retry.chain_digest.markers`), deleted first:
+    a teardown cut short leaves connections declaring the chain in full."""
 
     @property
     def blocked(self) -> bool:
@@ -190,7 +194,7 @@ async def plan_teardown(
     ``discard_waiting=True`` lets the level queues go with the messages still
     waiting in them, which are then never delivered.
     """
-    plan = TeardownPlan(forwarding=list(dict.fromkeys(forwarding)))
+    plan = TeardownPlan(forwarding=list(dict.fromkeys(forwarding)), markers=markers(topology))
     for spec in deletion_order(topology, queues, plan.forwarding):
         declared = await declared_queue(connection, spec.name)
         if declared is None:
@@ -276,6 +280,8 @@ async def tear_down(connection: AbstractConnection, plan: TeardownPlan) -> Teard
     """
     underlay = await underlay_connection(connection)
     outcome = TeardownOutcome()
+    for marker in plan.markers:
+        await _delete_exchange(underlay, marker)
     for name in plan.queues:
         reason = await _delete_one(
             underlay,

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 from delayed_retry.durations import from_epoch_ms
 from delayed_retry.fingerprint import Fingerprint, fingerprint, raising_frame
-from delayed_retry.headers import (
+from delayed_retry.headers.names import (
     X_EXCEPTION_MESSAGE,
     X_EXCEPTION_TRACEBACK,
     X_EXCEPTION_TYPE,

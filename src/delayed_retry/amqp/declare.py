@@ -22,6 +22,11 @@ from typing import Any
 import aiormq
 import aiormq.abc
 
+from delayed_retry.amqp.chain_marker import (
+    chain_is_marked_complete,
+    withdraw_markers,
+    write_markers,
+)
 from delayed_retry.amqp.channels import close_quietly, on_scratch_channel, underlay_channel
 from delayed_retry.broker_versions import (
     bodies_in_memory_hint,
@@ -193,6 +198,15 @@ async def _declare_kept_queue(
 
 
 async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: DelayTopology) -> None:
+    """Declare every exchange, queue and binding of ``topology``; mark it complete if it is.
+
+    The markers go first and come back last (see
+    :mod:`delayed_retry.amqp.chain_marker`), and only when the chain is exactly
+    as declared: not while its alert queue's node is down, nor when a queue is
+    used as it is despite other arguments (so the warning about it keeps coming
+    on every new connection).
+    """
+    await withdraw_markers(channel, topology)
     for ex in topology.exchanges():
         args: dict[str, Any] = (
             {"alternate-exchange": ex.alternate_exchange} if ex.alternate_exchange else {}
@@ -222,15 +236,25 @@ async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: Delay
                 channel = replacement
                 tolerated[spec.name] = kept
         await _bind_chain(channel, topology, specs)
+        used_as_they_are = {spec.name for spec in specs} & declarer_for(channel.connection).warned
+        if len(specs) == len(topology.queues()) and not tolerated and not used_as_they_are:
+            await write_markers(channel, topology)
     if tolerated:
         log.warning("%s", _tolerated_message(topology, tolerated))
-    if topology.queue_type == "quorum":
-        hint = bodies_in_memory_hint(
-            broker_version(getattr(channel.connection, "server_properties", None)),
-            topology=topology,
-        )
-        if hint is not None and not tolerated:
-            log.info("%s", hint)
+    _log_memory_hint(channel.connection, topology, tolerated=bool(tolerated))
+
+
+def _log_memory_hint(
+    connection: aiormq.abc.AbstractConnection, topology: DelayTopology, *, tolerated: bool
+) -> None:
+    """On RabbitMQ 3.10–3.11, say how to keep the chain's waiting bodies on disk (info)."""
+    if topology.queue_type != "quorum" or tolerated:
+        return
+    hint = bodies_in_memory_hint(
+        broker_version(getattr(connection, "server_properties", None)), topology=topology
+    )
+    if hint is not None:
+        log.info("%s", hint)
 
 
 HOME_NODE_DOWN = ("is down or inaccessible", "process is stopped by supervisor")
@@ -358,14 +382,17 @@ class TopologyDeclarer:
         self.warned: set[str] = set()
         """Queues used as they are despite other arguments, already warned about."""
         self._exchange_checks: dict[str, asyncio.Lock] = {}
+        self._repair: set[DelayTopology] = set()
 
     def forget(self, topology: DelayTopology) -> None:
-        """Declare ``topology`` (and every destination of it) again on next use.
+        """Declare ``topology`` (and every destination of it) again on next use, in full.
 
         Call it when a publish into the chain found an exchange missing (deleted
-        by hand, or by a mistaken teardown): the next hand-over puts it back.
+        by hand, or by a mistaken teardown): the next hand-over puts it back,
+        every binding included, whatever the chain's markers say.
         """
         self._done = {key for key in self._done if topology not in key}
+        self._repair.add(topology)
 
     async def exchange_exists(
         self, connection: aiormq.abc.AbstractConnection, exchange: str, *, cache: float = 0.0
@@ -513,13 +540,31 @@ class TopologyDeclarer:
     async def topology(
         self, connection: aiormq.abc.AbstractConnection, topology: DelayTopology
     ) -> None:
-        """Declare the chain, delivery, unroutable and parking exchanges and queues."""
+        """Declare the chain, delivery, unroutable and parking exchanges and queues.
 
-        async def action(channel: aiormq.abc.AbstractChannel) -> None:
-            await _declare_topology(channel, topology)
-            log.debug("declared delay topology %r (%d levels)", topology.prefix, topology.levels)
-
-        await self._once(("topology", topology), connection, action)
+        Once per connection, and only when something is missing or different:
+        a chain marked complete, with every exchange and queue in place (one
+        round trip, :func:`~delayed_retry.amqp.chain_marker.chain_is_marked_complete`),
+        is not declared again. After :meth:`forget` it is, in full.
+        """
+        key: tuple[object, ...] = ("topology", topology)
+        if key in self._done:
+            return
+        async with self._lock:
+            if key in self._done:
+                return
+            if topology not in self._repair and await chain_is_marked_complete(
+                connection, topology
+            ):
+                log.debug("delay topology %r is complete: nothing to declare", topology.prefix)
+                _log_memory_hint(connection, topology, tolerated=False)
+            else:
+                await on_scratch_channel(connection, lambda ch: _declare_topology(ch, topology))
+                log.debug(
+                    "declared delay topology %r (%d levels)", topology.prefix, topology.levels
+                )
+                self._repair.discard(topology)
+            self._done.add(key)
 
     async def destination(
         self,
@@ -578,17 +623,30 @@ def declarer_for(connection: aiormq.abc.AbstractConnection) -> TopologyDeclarer:
 
 
 async def declare_topology(
-    channel: Any, topology: DelayTopology = DEFAULT_TOPOLOGY, *, queues: Iterable[str] = ()
+    channel: Any,
+    topology: DelayTopology = DEFAULT_TOPOLOGY,
+    *,
+    queues: Iterable[str] = (),
+    repair: bool = False,
 ) -> None:
     """Declare ``topology`` now, and bind ``queues`` to its end (with their parking queues).
 
     Optional: the decorator and :func:`~delayed_retry.publish_delayed` declare
     what they need on first use. Call it at start-up to fail fast on a
     mismatch. ``channel`` is an aio-pika or aiormq channel; the declarations
-    are cached per connection, so calling it again costs nothing.
+    are cached per connection, so calling it again costs nothing; a new
+    connection that finds the chain complete and marked so declares none of it
+    (see :mod:`delayed_retry.amqp.chain_marker`).
+
+    ``repair=True`` declares every exchange, queue and binding now, even on a
+    connection that declared them, even when the chain is marked complete: for
+    a binding removed by hand, which no check over AMQP sees (the
+    ``delayed-retry declare`` command does this).
     """
     underlay = await underlay_channel(channel)
     declarer = declarer_for(underlay.connection)
+    if repair:
+        declarer.forget(topology)
     await declarer.topology(underlay.connection, topology)
     for queue in queues:
         await declarer.destination(underlay.connection, topology, queue)

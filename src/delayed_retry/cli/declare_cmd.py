@@ -31,7 +31,9 @@ def register(sub: Any) -> None:
         "declare",
         help="declare the delay chain (and bind queues to it)",
         description="Declare the delay chain, delivery, unroutable and parking exchanges and "
-        "queues. Idempotent; fails naming any object that exists with other arguments.",
+        "queues, every binding included (so it puts back one removed by hand, which services "
+        "that find the chain marked complete do not redeclare). Idempotent; fails naming any "
+        "object that exists with other arguments.",
     )
     add_topology_args(declare)
     declare.add_argument(
@@ -80,7 +82,7 @@ async def _declare(args: argparse.Namespace) -> int:
             print(f"created queue {queue!r} ({topology.queue_type}{limit})")
             made[queue] = dead_letter_target(arguments)
         channel = await connection.channel()
-        await declare_topology(channel, topology, queues=args.bind)
+        await declare_topology(channel, topology, queues=args.bind, repair=True)
         underlay = (await underlay_channel(channel)).connection
         warnings: list[str] = []
         notes: list[str] = []

@@ -24,7 +24,7 @@ from delayed_retry.cli.output import (
 from delayed_retry.cli.parking_args import add_filter_args, add_queue_args, filter_from_args
 from delayed_retry.cli.parking_ids import ambiguous_id, match_ids, no_such_id, resolve_ids
 from delayed_retry.durations import format_duration, utcnow
-from delayed_retry.headers import (
+from delayed_retry.headers.names import (
     BROKER_READ_COUNTERS,
     X_EXCEPTION_TRACEBACK,
     split_read_counters,

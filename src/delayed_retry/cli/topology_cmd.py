@@ -13,7 +13,8 @@ from typing import Any
 
 import aio_pika
 
-from delayed_retry.admin.chain_diff import Difference, binding_style, compare
+from delayed_retry.admin.chain_bindings import binding_style
+from delayed_retry.admin.chain_diff import Difference, compare
 from delayed_retry.admin.chain_probe import level_depths, probe_over_amqp, queue_depth
 from delayed_retry.admin.management import ManagementError
 from delayed_retry.cli.common import (

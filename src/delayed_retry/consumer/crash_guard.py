@@ -26,7 +26,8 @@ from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.put_back import put_back
 from delayed_retry.crashes import CrashGuard, crashes_of
 from delayed_retry.errors import MessageCrashedError
-from delayed_retry.headers import X_RETRY_CRASHES, RetryState
+from delayed_retry.headers.names import X_RETRY_CRASHES
+from delayed_retry.headers.retry_state import RetryState
 
 __all__ = ["guard_redelivery"]
 

@@ -33,15 +33,10 @@ from delayed_retry.consumer.handover import (
 from delayed_retry.consumer.hooks import FailureEvent, FailureHooks
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import DelayOutOfRangeError, PublishError
-from delayed_retry.headers import (
-    X_DUE_AT,
-    X_FORWARD_ROUTING_KEY,
-    X_PARKED_NOTE,
-    RetryState,
-    failure_headers,
-    parking_headers,
-    sanitize_headers,
-)
+from delayed_retry.headers.names import X_DUE_AT, X_FORWARD_ROUTING_KEY, X_PARKED_NOTE
+from delayed_retry.headers.parking_record import parking_headers
+from delayed_retry.headers.retry_state import RetryState, failure_headers
+from delayed_retry.headers.values import sanitize_headers
 from delayed_retry.hold import Hold, chain_units, redelay_units
 from delayed_retry.observability.instrumentation import AttemptScope, NoInstrumentation
 from delayed_retry.policy import Decision, ParkReason

@@ -41,7 +41,7 @@ from delayed_retry.consumer.throttling import ThrottleControl
 from delayed_retry.consumer.until_due import early_tolerance, hold_until_due
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError, HandlerCancelledError
-from delayed_retry.headers import RetryState
+from delayed_retry.headers.retry_state import RetryState
 from delayed_retry.observability.instrumentation import QUIET_SCOPE, AttemptScope
 from delayed_retry.policy import Decision
 

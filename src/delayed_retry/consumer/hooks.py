@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.headers import RetryState
+from delayed_retry.headers.retry_state import RetryState
 from delayed_retry.policy import Decision
 
 __all__ = ["HOOK_TIMEOUT", "FailureEvent", "FailureHook", "FailureHooks"]

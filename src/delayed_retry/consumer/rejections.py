@@ -23,12 +23,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from delayed_retry.headers import (
-    MAX_RETRY_COUNT,
-    X_DEATH,
-    RetryState,
-    parse_retry_state,
-)
+from delayed_retry.headers.names import X_DEATH
+from delayed_retry.headers.retry_state import MAX_RETRY_COUNT, RetryState, parse_retry_state
 
 __all__ = ["RETRIED_REASONS", "DeathRecord", "Rejection", "read_rejection", "newest_death"]
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry.headers import RetryState, parse_retry_state
+from delayed_retry.headers.retry_state import RetryState, parse_retry_state
 
 __all__ = [
     "CURRENT_STATE",

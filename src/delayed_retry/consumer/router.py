@@ -37,7 +37,8 @@ from delayed_retry.consumer.options import RouterOptions, with_defaults
 from delayed_retry.consumer.rejections import RETRIED_REASONS, Rejection, read_rejection
 from delayed_retry.durations import to_epoch_ms, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
-from delayed_retry.headers import X_CLAIMED_QUEUE, X_PARKED_AT, X_PARKED_REASON, sanitize_headers
+from delayed_retry.headers.names import X_CLAIMED_QUEUE, X_PARKED_AT, X_PARKED_REASON
+from delayed_retry.headers.values import sanitize_headers
 from delayed_retry.observability.instrumentation import Instrumentation
 from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import Decision, RetryPolicy

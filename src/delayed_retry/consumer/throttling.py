@@ -47,16 +47,15 @@ from delayed_retry.amqp.consumers import consume_marker, resume_on_broker
 from delayed_retry.amqp.publish import publish_confirmed
 from delayed_retry.consumer.put_back import put_back
 from delayed_retry.durations import to_epoch_ms, utcnow
-from delayed_retry.headers import (
+from delayed_retry.headers.names import (
     X_EXCEPTION_MESSAGE,
     X_EXCEPTION_TYPE,
     X_QUEUE,
     X_THROTTLE_EVENT,
     X_THROTTLE_TRIGGER,
     X_THROTTLED_AT,
-    exception_name,
-    exception_text,
 )
+from delayed_retry.headers.text import exception_name, exception_text
 from delayed_retry.observability.metrics import THROTTLE_TRIPS, THROTTLED, meter_for
 from delayed_retry.throttle import (
     MARKER_EXPIRES_MS,

@@ -9,7 +9,7 @@ process step at the end of the chain::
 
 The exchange is fixed by the forward queue (configuration), only the routing
 key comes from the message (header
-:data:`~delayed_retry.headers.X_FORWARD_ROUTING_KEY`). A message the forwarder
+:data:`~delayed_retry.headers.names.X_FORWARD_ROUTING_KEY`). A message the forwarder
 cannot deliver (``X`` deleted while it waited, or nothing bound to ``K``) is
 parked with a record in ``<prefix>.forward.X.parking``, never dropped. A
 delivery that fails for a reason that may pass (a full queue refusing
@@ -42,15 +42,14 @@ from delayed_retry.consumer.in_flight import InFlight
 from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError, PublishError
-from delayed_retry.headers import (
+from delayed_retry.headers.names import (
     X_FORWARD_ROUTING_KEY,
     X_ORIGINAL_EXCHANGE,
     X_ORIGINAL_ROUTING_KEY,
-    forwarded_headers,
-    parking_headers,
-    parse_retry_state,
-    sanitize_headers,
 )
+from delayed_retry.headers.parking_record import parking_headers
+from delayed_retry.headers.retry_state import forwarded_headers, parse_retry_state
+from delayed_retry.headers.values import sanitize_headers
 from delayed_retry.hold import DEFAULT_HOLD, Hold, check_hold, redelay_units
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 

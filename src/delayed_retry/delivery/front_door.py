@@ -52,14 +52,14 @@ from delayed_retry.consumer.in_flight import InFlight
 from delayed_retry.delivery.forwarder import Forwarder, ForwardingFailed
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
-from delayed_retry.headers import (
+from delayed_retry.headers.names import (
     X_DELAY,
     X_DUE_AT,
     X_FORWARD_ROUTING_KEY,
     X_ORIGINAL_EXCHANGE,
     X_ORIGINAL_ROUTING_KEY,
-    sanitize_headers,
 )
+from delayed_retry.headers.values import sanitize_headers
 from delayed_retry.hold import DEFAULT_HOLD, Hold, chain_units
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
@@ -196,7 +196,8 @@ class FrontDoor:
         plugin exchange itself receives what the front door delivers. The
         inbox queue ``X.delay`` gets the delivery limit of every queue the
         library consumes (:data:`~delayed_retry.topology.DELIVERY_LIMIT`); one
-        declared by an older version without it is used as it is, with a warning.
+        that exists without it (declared by hand, by another tool, or by a
+        checkout from before 0.1.0) is used as it is, with a warning.
 
         ``X.delay`` comes last, bound to its queue at once: a producer that
         publishes the moment it exists (as scripts waiting for the front door

@@ -14,12 +14,12 @@ from delayed_retry.amqp.declare import EXISTS_CACHE_SECONDS, declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration, resolve_due_at, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.headers import (
+from delayed_retry.headers.names import (
     X_FORWARD_ROUTING_KEY,
     X_ORIGINAL_EXCHANGE,
     X_ORIGINAL_ROUTING_KEY,
-    scheduled_headers,
 )
+from delayed_retry.headers.retry_state import scheduled_headers
 from delayed_retry.hold import DEFAULT_HOLD, Hold, chain_units, check_hold
 from delayed_retry.observability.instrumentation import Instrumentation, NoInstrumentation
 from delayed_retry.observability.otel import default_instrumentation

@@ -8,7 +8,7 @@ from faststream import Depends
 
 from delayed_retry.consumer.retry_state import current_retry_state
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.headers import RetryState
+from delayed_retry.headers.retry_state import RetryState
 
 __all__ = ["CurrentRetryState", "retry_state_dependency"]
 

@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry.headers import RetryState
+from delayed_retry.headers.retry_state import RetryState
 
 __all__ = [
     "QUIET_SCOPE",

@@ -28,7 +28,8 @@ from opentelemetry import metrics
 from opentelemetry.metrics import Meter, MeterProvider
 
 from delayed_retry.durations import utcnow
-from delayed_retry.headers import RetryState, exception_name
+from delayed_retry.headers.retry_state import RetryState
+from delayed_retry.headers.text import exception_name
 from delayed_retry.observability.spans import (
     ATTR_OUTCOME,
     ATTR_PUBLISH_KIND,

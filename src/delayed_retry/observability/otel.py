@@ -21,10 +21,8 @@ from opentelemetry.metrics import MeterProvider, NoOpMeterProvider
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import TracerProvider
 
-from delayed_retry.headers import (
-    X_TRACE_ORIGIN,
-    RetryState,
-)
+from delayed_retry.headers.names import X_TRACE_ORIGIN
+from delayed_retry.headers.retry_state import RetryState
 from delayed_retry.observability.instrumentation import Instrumentation, Outcome, PublishKind
 from delayed_retry.observability.metrics import RetryMetrics, meter_for
 from delayed_retry.observability.spans import (

@@ -31,7 +31,9 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from delayed_retry.headers import X_TRACE_ORIGIN, RetryState, exception_name, exception_text
+from delayed_retry.headers.names import X_TRACE_ORIGIN
+from delayed_retry.headers.retry_state import RetryState
+from delayed_retry.headers.text import exception_name, exception_text
 
 __all__ = [
     "ATTR_ATTEMPT",

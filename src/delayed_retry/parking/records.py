@@ -19,7 +19,7 @@ from delayed_retry.consumer.rejections import newest_death
 from delayed_retry.durations import to_epoch_ms, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.fingerprint import fingerprint_headers
-from delayed_retry.headers import (
+from delayed_retry.headers.names import (
     X_DUE_AT,
     X_EXCEPTION_MESSAGE,
     X_EXCEPTION_TRACEBACK,
@@ -39,11 +39,9 @@ from delayed_retry.headers import (
     X_REPLAYED_AT,
     X_REPLAYED_BY,
     X_RETRY,
-    encode_body_preview,
-    parse_retry_state,
-    read_epoch_ms,
-    scheduled_headers,
 )
+from delayed_retry.headers.retry_state import parse_retry_state, read_epoch_ms, scheduled_headers
+from delayed_retry.headers.text import encode_body_preview
 from delayed_retry.topology import DelayTopology, Route
 
 __all__ = [

@@ -32,7 +32,8 @@ import aiormq.abc
 
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
-from delayed_retry.headers import X_PARKED_REFRESHED_AT, sanitize_headers
+from delayed_retry.headers.names import X_PARKED_REFRESHED_AT
+from delayed_retry.headers.values import sanitize_headers
 from delayed_retry.parking.moving.actions import copy_then_ack
 from delayed_retry.parking.moving.engine import MoveRequest, move
 from delayed_retry.parking.moving.report import MoveProgress, MoveReport
@@ -63,7 +64,7 @@ def refresh_headers(headers: Mapping[str, Any] | None, *, now: datetime) -> dict
     """Headers of a refreshed copy: the parked message's, with the time of this refresh.
 
     The parking record is kept as it is; only the broker-written headers go
-    (see :func:`~delayed_retry.headers.sanitize_headers`).
+    (see :func:`~delayed_retry.headers.values.sanitize_headers`).
     """
     out = sanitize_headers(headers)
     out[X_PARKED_REFRESHED_AT] = to_epoch_ms(now)

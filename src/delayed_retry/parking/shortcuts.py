@@ -55,9 +55,9 @@ async def peek_parked(
     as a delivery (RabbitMQ 3.10 and 4.0 alike); the parking queue's delivery
     limit (:data:`~delayed_retry.topology.DELIVERY_LIMIT`) is out of
     reach of any number of peeks. On RabbitMQ 4.x a parking queue declared
-    without it (by an older delayed-retry) has the broker's limit of 20, which
-    peeks would exhaust: peeking it is refused with a :class:`ConfigurationError`
-    naming the fix.
+    without it (by hand, by another tool, or by a checkout from before 0.1.0)
+    has the broker's limit of 20, which peeks would exhaust: peeking it is
+    refused with a :class:`ConfigurationError` naming the fix.
     """
     if limit < 1:
         raise ConfigurationError(f"limit={limit} must be at least 1")

@@ -6,10 +6,7 @@ Apache Spark through PySpark (local mode by default, any cluster with a
 imported only when a Spark function runs.
 """
 
-from delayed_retry.headers import (
-    X_REDRIVE_ID,
-    X_SCHEDULE_ID,
-)
+from delayed_retry.headers.names import X_REDRIVE_ID, X_SCHEDULE_ID
 from delayed_retry.spark.analyze import Analysis, ErrorGroup, analyze_archive
 from delayed_retry.spark.archive import ArchiveError, ArchiveResult, archive, archive_queue
 from delayed_retry.spark.bulk import (

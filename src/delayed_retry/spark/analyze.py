@@ -108,7 +108,7 @@ class Analysis:
 
     @property
     def top_errors(self) -> tuple[ErrorGroup, ...]:
-        """The failure groups, biggest first (the name older callers use)."""
+        """The failure groups, biggest first: :attr:`groups`, under the first report's name."""
         return self.groups
 
 
@@ -188,7 +188,7 @@ def _classified(frame: Any) -> Any:
 
 
 def _preview(body: bytes | None, limit: int = 160) -> str:
-    from delayed_retry.headers import encode_body_preview
+    from delayed_retry.headers.text import encode_body_preview
 
     return encode_body_preview(bytes(body or b""), limit)
 

@@ -30,7 +30,7 @@ from delayed_retry.errors import (
     parking_queue_not_found,
     queue_not_found,
 )
-from delayed_retry.headers import (
+from delayed_retry.headers.names import (
     X_ACQUIRED_COUNT,
     X_DELIVERY_COUNT,
     X_EXCEPTION_MESSAGE,
@@ -40,8 +40,8 @@ from delayed_retry.headers import (
     X_PARKED_REASON,
     X_QUEUE,
     X_RETRY,
-    parse_retry_state,
 )
+from delayed_retry.headers.retry_state import parse_retry_state
 from delayed_retry.spark.codec import headers_to_json, message_key
 from delayed_retry.spark.schema import archive_arrow_schema, escape_partition_value
 from delayed_retry.spark.sinks import ArchiveSink, sink_for

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.headers import X_SCHEDULE_ID
+from delayed_retry.headers.names import X_SCHEDULE_ID
 from delayed_retry.spark.ledger import ledger_keys
+from delayed_retry.spark.partition_publish import PublishJob
 from delayed_retry.spark.publisher import (
-    PublishJob,
     declare_destinations,
     publishing_partitions,
     run_publish,

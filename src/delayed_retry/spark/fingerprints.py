@@ -30,7 +30,7 @@ def _fingerprint_row(
     last_error: str | None,
 ) -> tuple[str, str, str, str | None]:
     from delayed_retry.fingerprint import fingerprint_headers
-    from delayed_retry.headers import (
+    from delayed_retry.headers.names import (
         X_EXCEPTION_MESSAGE,
         X_EXCEPTION_TRACEBACK,
         X_EXCEPTION_TYPE,

@@ -27,7 +27,7 @@ from typing import Any
 
 from delayed_retry.durations import from_epoch_ms, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.headers import X_REDRIVE_ID, X_RETRY
+from delayed_retry.headers.names import X_REDRIVE_ID, X_RETRY
 from delayed_retry.spark.dataset import read_archive, reading
 from delayed_retry.spark.fingerprints import (
     FINGERPRINT_COLUMNS,
@@ -35,8 +35,8 @@ from delayed_retry.spark.fingerprints import (
     with_fingerprint,
 )
 from delayed_retry.spark.ledger import ledger_keys
+from delayed_retry.spark.partition_publish import PublishJob
 from delayed_retry.spark.publisher import (
-    PublishJob,
     barrier_slots,
     declare_destinations,
     publishing_partitions,

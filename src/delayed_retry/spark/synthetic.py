@@ -12,7 +12,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from delayed_retry.headers import parking_headers, parse_retry_state
+from delayed_retry.headers.parking_record import parking_headers
+from delayed_retry.headers.retry_state import parse_retry_state
 from delayed_retry.spark.archive import archive_row
 from delayed_retry.spark.schema import archive_arrow_schema, escape_partition_value
 from delayed_retry.spark.sinks import LocalSink

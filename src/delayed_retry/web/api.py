@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from delayed_retry.errors import DelayedRetryError
-from delayed_retry.headers import split_read_counters
+from delayed_retry.headers.names import split_read_counters
 from delayed_retry.parking.lot import ParkedRecord
 from delayed_retry.web.jobs import Action, JobRequest
 from delayed_retry.web.query import filter_from_query, query_int

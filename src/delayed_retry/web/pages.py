@@ -16,16 +16,16 @@ from aiohttp import web
 
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
-from delayed_retry.headers import (
+from delayed_retry.headers.names import (
     BROKER_READ_COUNTERS,
     X_DEATH,
     X_LAST_ERROR,
     X_LAST_FAILURE_AT,
     X_REPLAYED_AT,
     X_REPLAYED_BY,
-    read_epoch_ms,
     split_read_counters,
 )
+from delayed_retry.headers.retry_state import read_epoch_ms
 from delayed_retry.parking.lot import CanaryWait, ParkedFilter
 from delayed_retry.parking.moving.canary_rules import retry_span
 from delayed_retry.web.forms import PAGE_CANARY, PAGE_RATE, form_field, request_from_form

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from delayed_retry.durations import format_duration
-from delayed_retry.headers import read_epoch_ms
+from delayed_retry.headers.retry_state import read_epoch_ms
 
 __all__ = [
     "BodyView",

@@ -25,7 +25,7 @@ import aiormq.abc
 
 from delayed_retry.amqp.channels import close_quietly, underlay_channel
 from delayed_retry.durations import utcnow
-from delayed_retry.headers import X_REPLAY_CANARY
+from delayed_retry.headers.names import X_REPLAY_CANARY
 from delayed_retry.parking.moving.canary_rules import (
     CanaryNews,
     CanaryPhase,

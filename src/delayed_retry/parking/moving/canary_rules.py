@@ -30,7 +30,8 @@ from datetime import datetime
 from typing import Literal
 
 from delayed_retry.durations import format_duration
-from delayed_retry.headers import X_LAST_FAILURE_AT, read_epoch_ms
+from delayed_retry.headers.names import X_LAST_FAILURE_AT
+from delayed_retry.headers.retry_state import read_epoch_ms
 from delayed_retry.parking.records import ParkedRecord
 
 __all__ = [

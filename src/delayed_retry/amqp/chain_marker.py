@@ -1,0 +1,97 @@
+"""The chain's markers on a broker: whether a new connection may skip declaring the chain.
+
+Every declaration of the chain deletes the settled marker first and writes
+both markers last, once the broker has confirmed every binding
+(:mod:`delayed_retry.chain_digest` names them). A connection then asks, in
+one round trip, :func:`chain_is_marked_complete`: every exchange and queue of
+the chain exists, and so do both markers.
+
+What that vouches for: nothing of the chain was deleted since (a deleted
+exchange or queue takes its bindings with it, and is missing until a
+declaration makes it again, which deletes the settled marker first, whatever
+its version); the settings and this version's declarations are those that
+completed (another digest is another marker). What it cannot see: one
+binding removed by hand (AMQP cannot read bindings), an object deleted and
+made again by hand or by another tool without its bindings, and the arguments
+of what exists (compared by the declaration that wrote the markers; the
+broker changes no queue's arguments without deleting it).
+``delayed-retry topology verify`` sees those through the management API, and
+``delayed-retry declare`` puts them right.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import aiormq
+import aiormq.abc
+
+from delayed_retry.amqp.channels import on_scratch_channel
+from delayed_retry.chain_digest import markers
+from delayed_retry.topology import DelayTopology
+
+__all__ = ["chain_is_marked_complete", "withdraw_markers", "write_markers"]
+
+log = logging.getLogger(__name__)
+
+
+async def chain_is_marked_complete(
+    connection: aiormq.abc.AbstractConnection, topology: DelayTopology
+) -> bool:
+    """Whether every exchange and queue of ``topology`` exists, and both its markers too.
+
+    Passive declarations without waiting for each answer, then one that waits,
+    for the settled marker: the broker handles a channel's requests in order,
+    so its answer comes after all of them, and a missing one has closed the
+    channel by then. Any refusal answers ``False`` (the declaration that
+    follows explains it). On a scratch channel of its own.
+    """
+    digest, settled = markers(topology)
+
+    async def check(channel: aiormq.abc.AbstractChannel) -> None:
+        for exchange in topology.exchanges():
+            await channel.exchange_declare(exchange.name, passive=True, nowait=True)
+        for spec in topology.queues():
+            await channel.queue_declare(spec.name, passive=True, nowait=True)
+        await channel.exchange_declare(digest, passive=True, nowait=True)
+        # Last: a declaration under way deleted it before making anything.
+        await channel.exchange_declare(settled, passive=True)
+
+    try:
+        await on_scratch_channel(connection, check)
+    except (aiormq.exceptions.ChannelClosed, aiormq.exceptions.ChannelInvalidStateError) as exc:
+        log.debug("declaring the delay chain %r in full: %s", topology.prefix, exc)
+        return False
+    return True
+
+
+async def withdraw_markers(channel: aiormq.abc.AbstractChannel, topology: DelayTopology) -> None:
+    """Delete ``topology``'s markers before declaring: a declaration cut short leaves neither.
+
+    The settled marker is every version's and every setting's: while it is
+    gone, every connection declares the chain in full. Without waiting for the
+    answers: the declarations that follow on ``channel`` come after them, and
+    deleting an exchange that does not exist is no error.
+    """
+    for name in markers(topology):
+        await channel.exchange_delete(name, nowait=True)
+
+
+async def write_markers(channel: aiormq.abc.AbstractChannel, topology: DelayTopology) -> None:
+    """Write ``topology``'s markers, the settled one last: only once every binding is confirmed.
+
+    Internal fanout exchanges with no bindings: nothing can be published to
+    them, and they route nothing.
+    """
+    described = (
+        f"every exchange, queue and binding of the delay chain {topology.prefix!r} was "
+        "declared; a connection that finds this declares none of its bindings"
+    )
+    for name in markers(topology):
+        await channel.exchange_declare(
+            name,
+            exchange_type="fanout",
+            durable=True,
+            internal=True,
+            arguments={"x-delayed-retry-marker": described},
+        )

@@ -1,0 +1,78 @@
+"""What a complete declaration of a delay chain leaves behind: a digest and two markers. Pure.
+
+Declaring a 36-level chain sends 702 bindings, which the broker writes one by
+one (RabbitMQ 3.10 in Mnesia, 4.3 through Khepri's consensus), even when they
+exist already. So a declaration that completes leaves two markers, exchanges
+that route nothing (see :mod:`delayed_retry.amqp.chain_marker`):
+
+- :func:`settled_marker`, ``<prefix>.chain``: deleted first by every
+  declaration of the chain, whatever its settings or version, and written
+  last; while one is under way, or after one was cut short, there is none;
+- :func:`digest_marker`, ``<prefix>.chain-<digest>``: which declarations
+  completed (:func:`declaration_digest`). Other settings, or a version whose
+  declarations differ, give another digest, hence a full declaration.
+
+A connection that finds both, and every exchange and queue of the chain,
+needs to send no binding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from delayed_retry.topology import DelayTopology, amqp_arguments
+
+__all__ = [
+    "MARKER_FORMAT",
+    "declaration_digest",
+    "digest_marker",
+    "markers",
+    "settled_marker",
+]
+
+MARKER_FORMAT = 1
+"""Part of the digest: a change of what the markers vouch for changes every digest."""
+
+_DIGEST_HEX = 8
+
+
+def declaration_digest(topology: DelayTopology) -> str:
+    """Eight hex digits that change with anything the declaration of ``topology`` sends.
+
+    Every exchange (name, type, alternate exchange), every queue (name,
+    arguments, bindings), the exchange-to-exchange bindings and the retired
+    bindings the declaration removes. Same settings and same library
+    declarations give the same digest in every process.
+    """
+    described = {
+        "format": MARKER_FORMAT,
+        "exchanges": [[ex.name, ex.type, ex.alternate_exchange] for ex in topology.exchanges()],
+        "queues": [
+            [spec.name, sorted(amqp_arguments(spec.arguments).items()), list(spec.bindings)]
+            for spec in topology.queues()
+        ],
+        "exchange_bindings": topology.exchange_bindings(),
+        "retired_bindings": topology.retired_bindings(),
+    }
+    text = json.dumps(described, separators=(",", ":"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:_DIGEST_HEX]
+
+
+def settled_marker(topology: DelayTopology) -> str:
+    """``<prefix>.chain``: no declaration of the chain is under way, none was cut short."""
+    return f"{topology.prefix}.chain"
+
+
+def digest_marker(topology: DelayTopology) -> str:
+    """``<prefix>.chain-<digest>``: a declaration of exactly ``topology``'s objects completed.
+
+    Its suffix is no longer than the longest one the topology allows for, so
+    every valid prefix gives a valid name.
+    """
+    return f"{topology.prefix}.chain-{declaration_digest(topology)}"
+
+
+def markers(topology: DelayTopology) -> tuple[str, str]:
+    """Both markers of ``topology``: the digest's, then the settled one (checked last)."""
+    return digest_marker(topology), settled_marker(topology)

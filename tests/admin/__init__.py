@@ -1,0 +1,2 @@
+"""Tests of ``delayed_retry.admin``: chain diff and probe, migrations, teardown, the management API
+client."""

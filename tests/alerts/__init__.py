@@ -1,0 +1,2 @@
+"""Tests of ``delayed_retry.alerts``: grouping of parking arrivals, the alerts consumer and its
+sinks."""

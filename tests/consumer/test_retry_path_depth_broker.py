@@ -1,0 +1,129 @@
+"""How deep the library's stack is when a failing handler's retry reaches ``basic_publish``.
+
+Every frame between the handler's exception and the publish is paid on every
+retry, and every one is a place to look when reading the path. The test wraps
+the consuming channel's ``basic_publish`` (aiormq, under aio-pika) and records
+the stack at the moment the copy leaves, on a real broker.
+
+To see the frames themselves::
+
+    .venv/bin/pytest tests/consumer/test_retry_path_depth_broker.py -s -k chain
+
+prints them (``-s``) as ``module:function`` from the outermost in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from tenacity import wait_fixed
+
+import delayed_retry
+from delayed_retry import DelayTopology, NoInstrumentation, consume, with_delayed_retry
+from tests.support.queues import cleaned
+
+pytestmark = pytest.mark.broker
+
+MAX_LIBRARY_FRAMES = 6
+"""At most this many frames of the library from the handler's failure to the publish."""
+
+PACKAGE = Path(delayed_retry.__file__).parent
+
+
+class Flaky(Exception):
+    """A failure worth retrying."""
+
+
+def library_frames(stack: traceback.StackSummary) -> list[str]:
+    """The frames of ``stack`` that run the library's own code, outermost first."""
+    frames = []
+    for frame in stack:
+        path = Path(frame.filename)
+        if path.is_relative_to(PACKAGE):
+            module = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+            frames.append(f"{module}:{frame.name}")
+    return frames
+
+
+@pytest.fixture
+async def topology(
+    connection: AbstractRobustConnection, unique: str
+) -> AsyncIterator[DelayTopology]:
+    topo = DelayTopology(prefix=unique, levels=8, queue_type="classic")
+    async with cleaned(connection, topo, [f"{unique}.q"]):
+        yield topo
+
+
+async def stack_at_publish(
+    connection: AbstractRobustConnection,
+    queue_name: str,
+    topology: DelayTopology,
+    **options: Any,
+) -> tuple[list[str], str]:
+    """Consume one failing message; the library frames and exchange of the first publish."""
+    channel = await connection.channel()
+    queue = await channel.declare_queue(queue_name, durable=True)
+    underlay = await channel.get_underlay_channel()
+    seen: asyncio.Future[tuple[list[str], str]] = asyncio.get_running_loop().create_future()
+    confirmed = asyncio.Event()
+    real = underlay.basic_publish
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        if not seen.done():
+            seen.set_result((library_frames(traceback.extract_stack()), kwargs.get("exchange", "")))
+        try:
+            return await real(*args, **kwargs)
+        finally:
+            confirmed.set()
+
+    underlay.basic_publish = recording  # type: ignore[method-assign]
+
+    @with_delayed_retry(topology=topology, instrumentation=NoInstrumentation(), **options)
+    async def handle(message: AbstractIncomingMessage) -> None:
+        raise Flaky("the database is down")
+
+    await consume(queue, handle)
+    producer = await connection.channel()  # not the consuming channel, whose publishes count
+    await producer.default_exchange.publish(aio_pika.Message(b"x"), routing_key=queue_name)
+    await producer.close()
+    frames, exchange = await asyncio.wait_for(seen, 30)
+    await asyncio.wait_for(confirmed.wait(), 30)  # not closing the channel under the publish
+    print("\n".join(["", *frames]))
+    await channel.close()
+    return frames, exchange
+
+
+async def test_a_retry_through_the_chain_is_shallow(
+    connection: AbstractRobustConnection, unique: str, topology: DelayTopology
+) -> None:
+    frames, exchange = await stack_at_publish(
+        connection, f"{unique}.q", topology, max_retries=3, wait=wait_fixed(0.1), hold=None
+    )
+    assert exchange.startswith(f"{unique}.level."), exchange  # it did go into the chain
+    assert frames[0].startswith("consumer.handler:"), frames
+    assert len(frames) <= MAX_LIBRARY_FRAMES, frames
+
+
+async def test_a_retry_due_at_once_is_shallow(
+    connection: AbstractRobustConnection, unique: str, topology: DelayTopology
+) -> None:
+    frames, exchange = await stack_at_publish(
+        connection, f"{unique}.q", topology, max_retries=3, wait=wait_fixed(0)
+    )
+    assert exchange == ""  # straight back to the queue
+    assert len(frames) <= MAX_LIBRARY_FRAMES, frames
+
+
+async def test_a_parking_is_shallow(
+    connection: AbstractRobustConnection, unique: str, topology: DelayTopology
+) -> None:
+    frames, exchange = await stack_at_publish(connection, f"{unique}.q", topology, max_retries=0)
+    assert exchange == topology.parking_exchange
+    assert len(frames) <= MAX_LIBRARY_FRAMES, frames

@@ -1,0 +1,1 @@
+"""Tests of ``delayed_retry.delivery``: the forwarder and the front door."""

@@ -1,0 +1,1 @@
+"""Tests of ``delayed_retry.faststream``: DelayedRetry in FastStream apps."""

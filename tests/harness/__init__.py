@@ -1,0 +1,2 @@
+"""Tests of the repository's broker harness (``harness/``): nodes, clusters, chroots,
+containers."""

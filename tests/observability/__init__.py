@@ -1,0 +1,1 @@
+"""Tests of ``delayed_retry.observability``: metrics and spans."""

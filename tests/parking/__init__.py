@@ -1,0 +1,1 @@
+"""Tests of ``delayed_retry.parking``: records, ids, the lot, refresh."""

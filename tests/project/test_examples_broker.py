@@ -1,0 +1,136 @@
+"""The README's "Use" program (examples/use.py) runs as pasted: consumes, then stops cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import aio_pika
+import pytest
+
+pytestmark = pytest.mark.broker
+
+USE = Path(__file__).resolve().parents[2] / "examples" / "use.py"
+
+
+def test_the_readme_use_snippet_is_the_example_program() -> None:
+    readme = (USE.parents[1] / "README.md").read_text()
+    body = USE.read_text().split('"""', 2)[2].strip()
+    assert body in readme, "README's Use section must show examples/use.py as it is"
+
+
+async def _until_consuming(url: str) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        while True:
+            channel = await connection.channel()
+            try:
+                queue = await channel.declare_queue("orders", passive=True)
+                if queue.declaration_result.consumer_count:
+                    await channel.default_exchange.publish(
+                        aio_pika.Message(b"order-1"), routing_key="orders"
+                    )
+                    return
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                pass
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
+            await asyncio.sleep(0.1)
+
+
+async def _delete_orders(url: str) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.queue_delete("orders")
+        await channel.queue_delete("orders.parking")
+        await channel.queue_delete("orders.dead-letter")
+
+
+def test_the_use_program_consumes_and_stops_on_sigint(rabbitmq_url: str) -> None:
+    env = {**os.environ, "RABBITMQ_URL": rabbitmq_url}
+    proc = subprocess.Popen(
+        [sys.executable, str(USE)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        asyncio.run(asyncio.wait_for(_until_consuming(rabbitmq_url), 120))
+        assert proc.stdout is not None
+        lines = []
+        for raw in proc.stdout:
+            lines.append(raw.decode())
+            if "processing b'order-1'" in lines[-1]:
+                break
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, "".join(lines)
+        assert "consuming 'orders'" in "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        asyncio.run(_delete_orders(rabbitmq_url))
+
+
+FASTSTREAM_APP = USE.parent / "faststream_app.py"
+
+
+async def _publish_when_consumed(url: str, queue: str, bodies: list[bytes]) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        while True:
+            channel = await connection.channel()
+            try:
+                declared = await channel.declare_queue(queue, passive=True)
+                if declared.declaration_result.consumer_count:
+                    for body in bodies:
+                        await channel.default_exchange.publish(
+                            aio_pika.Message(body), routing_key=queue
+                        )
+                    return
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                pass
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
+            await asyncio.sleep(0.1)
+
+
+async def _delete(url: str, *queues: str) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        for queue in queues:
+            await channel.queue_delete(queue)
+
+
+def test_the_faststream_app_retries_and_parks(rabbitmq_url: str) -> None:
+    env = {**os.environ, "RABBITMQ_URL": rabbitmq_url}
+    proc = subprocess.Popen(
+        [sys.executable, str(FASTSTREAM_APP)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        publish = _publish_when_consumed(rabbitmq_url, "fs-orders", [b"invalid-1", b"flaky-1"])
+        asyncio.run(asyncio.wait_for(publish, 120))
+        assert proc.stdout is not None
+        lines = []
+        for raw in proc.stdout:
+            lines.append(raw.decode())
+            if "flaky-1: done" in lines[-1]:
+                break
+        out = "".join(lines)
+        assert "flaky-1: attempt 2 (last error: __main__.TransientError" in out, out
+        assert "invalid-1: attempt 2" not in out, out
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        asyncio.run(_delete(rabbitmq_url, "fs-orders", "fs-orders.parking"))

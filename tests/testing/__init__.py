@@ -1,0 +1,1 @@
+"""Tests of ``delayed_retry.testing``: the fake channel users test with."""

@@ -1,0 +1,1 @@
+"""Tests of ``delayed_retry.web``: the web view's logic, API, ASGI form, browser."""
