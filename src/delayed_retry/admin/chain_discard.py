@@ -5,8 +5,9 @@ everything waiting for one queue) must not arrive: a reminder cancelled, a
 retry of a message that is no longer wanted. ``delayed-retry teardown
 --discard-waiting`` is the other way out, for the whole chain at once.
 
-How: every level queue is read from the highest level down with
-``basic.get``, each message taken unacked. A selected one is acked (discard)
+How: every level queue is read whole, from the highest level down, each
+message taken unacked (:class:`~delayed_retry.admin.level_reads.HeldReads`:
+a consumer, then ``basic.get``). A selected one is acked (discard)
 or copied to its destination's parking queue, confirmed, then acked (park,
 reason ``discarded``); the others are held unacked until the scan ends and
 then given back with one ``basic.nack`` (requeue). A held message cannot
