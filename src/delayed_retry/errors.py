@@ -25,6 +25,7 @@ __all__ = [
     "PublishError",
     "PublishNotConfirmedError",
     "PublishTimeoutError",
+    "ReadsCountedError",
     "RetryAfter",
     "TopologyMismatchError",
     "parking_queue_not_found",
@@ -100,6 +101,15 @@ class TopologyMismatchError(DelayedRetryError):
 
     delayed-retry never deletes or re-declares anything by itself: the message
     names the object and the difference so an operator can decide.
+    """
+
+
+class ReadsCountedError(DelayedRetryError):
+    """Reading a queue further could bring a message to the broker's delivery limit.
+
+    RabbitMQ 4.x quorum queues count returns toward a delivery limit (20 unless
+    set), past which the message is dead-lettered or dropped: an operation that
+    reads and gives back stops before that, and says which message and queue.
     """
 
 

@@ -39,7 +39,7 @@ def test_a_module_of_its_own_holds_one_verb_of_its_command() -> None:
     registered = {m.rsplit(".", 1)[1] for m in SUBCOMMAND_MODULES}
     commands = _subcommands(build_parser())
     verb_modules = sorted(p.stem for p in CLI.glob("*_cmd.py") if p.stem not in registered)
-    assert verb_modules == ["topology_migrate_cmd"]
+    assert verb_modules == ["topology_discard_cmd", "topology_migrate_cmd"]
     for stem in verb_modules:
         command, verb = stem.removesuffix("_cmd").split("_", 1)
         assert verb in _subcommands(commands[command]), stem

@@ -36,6 +36,7 @@ PURE_IN_SUBPACKAGES = (
     "admin.chain_bindings",
     "admin.chain_diff",
     "admin.other_chains",
+    "admin.waiting",
 )
 """Pure modules inside a layer, beside the I/O they serve. Every module outside the layers
 (``delayed_retry.<name>``, and the modules of a folder not in :data:`LAYERS`, such as

@@ -1,6 +1,8 @@
-"""``delayed-retry topology verify|show|migrate``: check the live chain, see what waits in it.
+"""``delayed-retry topology verify|show|migrate|discard``: check the live chain, see what waits
+in it.
 
-``migrate`` lives in :mod:`delayed_retry.cli.topology_migrate_cmd`.
+``migrate`` lives in :mod:`delayed_retry.cli.topology_migrate_cmd`, ``discard`` in
+:mod:`delayed_retry.cli.topology_discard_cmd`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from delayed_retry.cli.output import (
     format_at_most,
     print_table,
 )
+from delayed_retry.cli.topology_discard_cmd import register_discard
 from delayed_retry.cli.topology_migrate_cmd import register_migrate
 from delayed_retry.durations import format_duration
 from delayed_retry.topology import DelayTopology
@@ -38,10 +41,11 @@ __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
-    """Add ``topology verify``, ``topology show`` and ``topology migrate``."""
+    """Add ``topology verify``, ``topology show``, ``topology migrate`` and ``topology discard``."""
     group = sub.add_parser(
         "topology",
-        help="verify the live chain against the configuration, show what waits, migrate",
+        help="verify the live chain against the configuration, show what waits, migrate, "
+        "discard waiting messages",
         description="Operate on the delay chain as a whole.",
     )
     verbs = group.add_subparsers(dest="topology_command", required=True, metavar="VERB")
@@ -74,13 +78,16 @@ def register(sub: Any) -> None:
         "show",
         help="levels with their delay range, messages per level, and when they are due",
         description="Show each level of the chain: how long it holds a message, which delays "
-        "enter there, how many messages wait in it and the latest they are due. Read-only.",
+        "enter there, how many messages wait in it and the latest they are due. Read-only. "
+        "'topology discard --dry-run --queue QUEUE' lists the messages waiting for QUEUE, "
+        "with their ids and due times.",
     )
     add_topology_args(show)
     show.add_argument("--all", action="store_true", help="also list empty levels")
     add_json_option(show)
     show.set_defaults(func=lambda args: run(_show(args)))
     register_migrate(verbs)
+    register_discard(verbs)
 
 
 async def _verify(args: argparse.Namespace) -> int:

@@ -1,0 +1,236 @@
+"""Discard (or park) chosen messages waiting in the delay chain, leaving the others in place.
+
+Use :func:`discard_waiting` when one scheduled message (or a retry copy, or
+everything waiting for one queue) must not arrive: a reminder cancelled, a
+retry of a message that is no longer wanted. ``delayed-retry teardown
+--discard-waiting`` is the other way out, for the whole chain at once.
+
+How: every level queue is read whole, from the highest level down, each
+message taken unacked (:class:`~delayed_retry.admin.level_reads.HeldReads`:
+a consumer, then ``basic.get``). A selected one is acked (discard)
+or copied to its destination's parking queue, confirmed, then acked (park,
+reason ``discarded``); the others are held unacked until the scan ends and
+then given back with one ``basic.nack`` (requeue). A held message cannot
+expire; given back, it keeps its enqueue time, so one whose time passed
+during the scan moves on at once. Hence the promise: never early, nothing
+else lost, the others late by at most the scan's length. Reading from the
+top down, a message that moves on meanwhile goes to a level not read yet,
+so it is not missed.
+
+Returns and the delivery limit: see :data:`~delayed_retry.admin.waiting.READ_BUDGET`.
+The return is a ``basic.nack``, which RabbitMQ 4.3 does not count; a
+channel closed under the scan gives the messages back as well, counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiormq
+import aiormq.abc
+
+from delayed_retry.admin.level_reads import HeldReads
+from delayed_retry.admin.waiting import (
+    READ_BUDGET,
+    WaitingMessage,
+    WaitingSelection,
+    discarded_headers,
+    over_read_budget,
+    read_waiting,
+    reads_are_counted,
+)
+from delayed_retry.amqp.channels import scratch_channel, underlay_channel
+from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.broker_versions import broker_major_version
+from delayed_retry.durations import utcnow
+from delayed_retry.errors import ConfigurationError, NotFoundError, ReadsCountedError
+from delayed_retry.parking.moving.actions import copy_then_ack
+from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+
+__all__ = ["DiscardReport", "discard_waiting"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class DiscardReport:
+    """What a discard looked at and took out of the chain."""
+
+    action: Literal["discard", "park"]
+    dry_run: bool
+    scanned: int = 0
+    """Waiting messages read (a message that moved down a level meanwhile counts twice)."""
+    selected: list[WaitingMessage] = field(default_factory=list)
+    """The messages selected, in the order read (acted on unless ``dry_run``)."""
+    unmatched: tuple[str, ...] = ()
+    """Ids given that selected no waiting message (empty when the limit stopped the scan)."""
+    parked_to: list[str] = field(default_factory=list)
+    """The parking queues the selected messages went to (``park``), without repeats."""
+    seconds: float = 0.0
+    """How long the scan held the messages it read (how late the others can be)."""
+
+    @property
+    def done(self) -> int:
+        """Messages taken out of the chain (or that would be, in a dry run)."""
+        return len(self.selected)
+
+
+async def discard_waiting(
+    channel: Any,
+    *,
+    ids: tuple[str, ...] | frozenset[str] = (),
+    queue: str | None = None,
+    park: bool = False,
+    dry_run: bool = False,
+    limit: int | None = None,
+    topology: DelayTopology = DEFAULT_TOPOLOGY,
+    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+) -> DiscardReport:
+    """Take the waiting messages with these ``ids`` (and/or due to ``queue``) out of the chain.
+
+    Use it to cancel a scheduled message or a pending retry before it
+    arrives. ``ids`` are whole ids (a ``message_id``, or the ``sha256:…`` id
+    of a message without one, as the dry run lists them); every waiting
+    message with such an id goes. ``queue`` restricts the selection to
+    messages due to that queue, or alone selects all of them. ``park`` moves
+    them to their queue's parking queue with reason ``discarded`` (a record
+    ``parking replay`` sends back) instead of deleting them; each leaves the
+    chain only once its copy is confirmed. ``dry_run`` takes nothing and
+    reports what would go. ``limit`` stops after that many (the count an
+    operator agreed to).
+
+    The others are never delivered early and are late by at most the scan's
+    length (:attr:`DiscardReport.seconds`). Raises
+    :class:`~delayed_retry.errors.NotFoundError` when a level queue of
+    ``topology`` is missing, and :class:`~delayed_retry.errors.ConfigurationError`
+    for an empty selection, and :class:`~delayed_retry.errors.ReadsCountedError`
+    when it meets a message returned so often that another return could move
+    it on early (RabbitMQ 4.x quorum levels, see
+    :data:`~delayed_retry.admin.waiting.READ_BUDGET`): the scan stops there,
+    having taken only what it selected before.
+    """
+    selection = WaitingSelection(ids=frozenset(ids), queue=queue)
+    if limit is not None and limit < 0:
+        raise ConfigurationError(f"limit={limit} must be zero or more")
+    report = DiscardReport(action="park" if park else "discard", dry_run=dry_run)
+    underlay = await underlay_channel(channel)
+    connection = underlay.connection
+    counted = reads_are_counted(
+        broker_major=broker_major_version(getattr(connection, "server_properties", None)),
+        queue_type=topology.queue_type,
+    )
+    async with scratch_channel(connection, confirms=park) as own:
+        for level in range(topology.levels):
+            await _check_level(own, topology, level)
+        reads = HeldReads(own)
+        too_often: WaitingMessage | None = None
+        start = time.monotonic()
+        try:
+            for level in reversed(range(topology.levels)):
+                async for got in reads.read(topology.level_name(level)):
+                    props = got.header.properties
+                    message = read_waiting(
+                        props.headers,
+                        message_id=props.message_id,
+                        body=got.body,
+                        routing_key=got.routing_key or "",
+                        level=level,
+                        levels=topology.levels,
+                    )
+                    report.scanned += 1
+                    if over_read_budget(message, counted=counted):
+                        too_often = message
+                        break
+                    if not selection.matches(message):
+                        continue
+                    if limit is not None and report.done >= limit:
+                        break
+                    report.selected.append(message)
+                    if dry_run:
+                        continue
+                    await _take_out(own, got, message, park, topology, publish_timeout, report)
+                    reads.settled(got.delivery_tag or 0)
+                    if limit is not None and report.done >= limit:
+                        break
+                if too_often is not None or (limit is not None and report.done >= limit):
+                    break
+        finally:
+            # A closed channel gave them back already (counted on 4.x: rare, see READ_BUDGET).
+            await reads.give_back()
+            report.seconds = time.monotonic() - start
+    if too_often is not None:
+        raise ReadsCountedError(
+            f"message {too_often.id} in level queue {topology.level_name(too_often.level)!r} "
+            f"was returned {too_often.returns} times already (x-delivery-count); RabbitMQ 4.x "
+            "counts returns toward a quorum queue's delivery limit (20 unless set; 4.0-4.2 "
+            "count every return, 4.3 only those of a closed channel), past which a level sends "
+            f"a message on early, so a discard stops reading at {READ_BUDGET}: "
+            f"{report.done} selected message(s) read before it were taken out, none after. Let "
+            "the messages come due, or move to RabbitMQ 4.3, where a discard's reads do not count"
+        )
+    if limit is None or report.done < limit:
+        # Stopped at the limit, the scan did not look at every waiting message.
+        report.unmatched = selection.unmatched(report.selected)
+    log.info(
+        "%s%s %d of %d waiting message(s) read in the delay chain %r in %.3f s",
+        "dry run: would " if dry_run else "",
+        report.action,
+        report.done,
+        report.scanned,
+        topology.prefix,
+        report.seconds,
+    )
+    return report
+
+
+async def _check_level(
+    own: aiormq.abc.AbstractChannel, topology: DelayTopology, level: int
+) -> None:
+    name = topology.level_name(level)
+    try:
+        await own.queue_declare(name, passive=True)
+    except aiormq.exceptions.ChannelNotFoundEntity as exc:
+        raise NotFoundError(
+            f"level queue {name!r} of the delay chain {topology.prefix!r} does not exist in "
+            "this vhost, so no message waits there; pass the --prefix and --levels your "
+            "consumers use, or check the vhost in the URL"
+        ) from exc
+
+
+async def _take_out(
+    own: aiormq.abc.AbstractChannel,
+    got: aiormq.abc.DeliveredMessage,
+    message: WaitingMessage,
+    park: bool,
+    topology: DelayTopology,
+    publish_timeout: float,
+    report: DiscardReport,
+) -> None:
+    """Ack ``got`` (discard), or copy it to its parking queue, confirmed, then ack (park)."""
+    if not park:
+        await own.basic_ack(got.delivery_tag or 0)
+        return
+    if message.destination is None:
+        raise ConfigurationError(
+            f"waiting message {message.id} has routing key {got.routing_key!r}, which names no "
+            "destination queue, so it has no parking queue to go to; discard it without --park"
+        )
+    parking = topology.default_parking_queue(message.destination)
+    # A queue scheduled to with publish_delayed may never have had a parking queue.
+    await declarer_for(own.connection).parking(own.connection, topology, message.destination)
+    await copy_then_ack(
+        own,
+        got,
+        exchange="",
+        routing_key=parking,
+        headers=discarded_headers(
+            got.header.properties.headers, destination=message.destination, now=utcnow()
+        ),
+        timeout=publish_timeout,
+    )
+    if parking not in report.parked_to:
+        report.parked_to.append(parking)

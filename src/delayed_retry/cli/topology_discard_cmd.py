@@ -1,0 +1,155 @@
+"""``delayed-retry topology discard``: take chosen waiting messages out of the delay chain.
+
+The library behind it is :func:`delayed_retry.admin.chain_discard.discard_waiting`; this
+module asks, lists and reports, the way ``parking purge`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from delayed_retry.admin.chain_discard import DiscardReport, discard_waiting
+from delayed_retry.admin.waiting import WaitingMessage
+from delayed_retry.cli.chain import checked_topology
+from delayed_retry.cli.common import add_topology_args
+from delayed_retry.cli.connection import connect
+from delayed_retry.cli.main import run
+from delayed_retry.cli.output import (
+    CommandError,
+    UsageError,
+    add_json_option,
+    confirm,
+    emit_json,
+    print_table,
+)
+
+__all__ = ["register_discard"]
+
+
+def register_discard(verbs: Any) -> None:
+    """Add ``topology discard`` to the ``topology`` group (called by :mod:`.topology_cmd`)."""
+    discard = verbs.add_parser(
+        "discard",
+        help="take chosen waiting messages out of the chain (delete, or --park them)",
+        description="Take the messages waiting in the delay chain that --id (and/or --queue) "
+        "select out of it: retry copies and messages scheduled with 'publish --delay'. They "
+        "are deleted, or with --park moved to their queue's parking queue with reason "
+        "'discarded', from where 'parking replay' sends them back. The chain is read from "
+        "its highest level down; the other messages are held meanwhile and given back at "
+        "the end, never early and late by at most the scan's length. Asks for confirmation "
+        "unless --yes. --dry-run lists the selected messages (id, destination, due time) and "
+        "takes nothing. Exit status: 0 done, 1 an --id selected nothing, the chain is not "
+        "there, or a waiting message was returned so often that RabbitMQ 4.x could move it "
+        "on early (the scan stops there), 2 usage error.",
+    )
+    discard.add_argument(
+        "--id",
+        dest="ids",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a waiting message's whole id: its message id, or sha256:... as --dry-run lists "
+        "it (repeatable; every waiting message with that id goes)",
+    )
+    discard.add_argument(
+        "--queue",
+        metavar="QUEUE",
+        help="only messages due to QUEUE; alone, every message waiting for QUEUE",
+    )
+    discard.add_argument(
+        "--park",
+        action="store_true",
+        help="move them to QUEUE.parking with reason 'discarded' instead of deleting them",
+    )
+    discard.add_argument("--dry-run", action="store_true", help="list what would go; take nothing")
+    discard.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    add_json_option(discard)
+    add_topology_args(discard)
+    discard.set_defaults(func=lambda args: run(_discard(args)))
+
+
+def _what(args: argparse.Namespace) -> str:
+    parts = []
+    if args.ids:
+        parts.append("with id " + ", ".join(repr(i) for i in args.ids))
+    if args.queue:
+        parts.append(f"due to {args.queue!r}")
+    return " ".join(parts)
+
+
+async def _discard(args: argparse.Namespace) -> int:
+    if not args.ids and not args.queue:
+        raise UsageError(
+            "topology discard needs a selection: --id (as 'topology discard --dry-run --queue "
+            "QUEUE' lists them), --queue, or both; 'teardown --discard-waiting' removes "
+            "everything waiting"
+        )
+    connection = await connect(args.url)
+    async with connection:
+        topology = await checked_topology(connection, args, queue=args.queue)
+        channel = await connection.channel()
+        common: dict[str, Any] = dict(
+            ids=tuple(args.ids), queue=args.queue, park=args.park, topology=topology
+        )
+        limit: int | None = None
+        if not args.dry_run and not args.yes:
+            preview = await discard_waiting(channel, dry_run=True, **common)
+            _refuse_unmatched(preview, args, prefix=topology.prefix)
+            if preview.done == 0:
+                print(f"no message {_what(args)} waits in the chain; nothing discarded")
+                return 0
+            verb = "park" if args.park else "delete"
+            where = " (to their parking queue)" if args.park else " for good"
+            question = f"{verb} {preview.done} waiting message(s) {_what(args)}{where}?"
+            if not confirm(question, assume_yes=False):
+                print("nothing discarded", file=sys.stderr)
+                return 1
+            # The count the operator agreed to, never more.
+            limit = preview.done
+        report = await discard_waiting(channel, dry_run=args.dry_run, limit=limit, **common)
+    return _report(report, args, prefix=topology.prefix)
+
+
+def _refuse_unmatched(report: DiscardReport, args: argparse.Namespace, *, prefix: str) -> None:
+    if not report.unmatched:
+        return
+    missing = ", ".join(repr(i) for i in report.unmatched)
+    where = f" due to {args.queue!r}" if args.queue else ""
+    taken = "" if report.dry_run else f" ({report.done} other message(s) were taken out)"
+    raise CommandError(
+        f"no message{where} with id {missing} waits in the delay chain "
+        f"{prefix!r}{taken}: it may have arrived already or never "
+        "been scheduled; 'delayed-retry topology discard --dry-run --queue QUEUE' lists the "
+        "ids waiting for a queue"
+    )
+
+
+def _row(message: WaitingMessage) -> tuple[object, ...]:
+    due = "unknown" if message.due_at is None else f"{message.due_at:%Y-%m-%d %H:%M:%S} UTC"
+    return (message.id, message.destination or "?", due, message.level)
+
+
+def _report(report: DiscardReport, args: argparse.Namespace, *, prefix: str) -> int:
+    if args.json:
+        emit_json(report)
+    else:
+        if report.dry_run and report.selected:
+            print_table(
+                ("id", "destination", "due", "level"),
+                [_row(m) for m in report.selected],
+                right=(3,),
+            )
+        verb = "parked" if report.action == "park" else "discarded"
+        if report.dry_run:
+            line = (
+                f"dry run: would have {verb} {report.done} of {report.scanned} waiting message(s)"
+            )
+        else:
+            line = f"{verb} {report.done} of {report.scanned} waiting message(s)"
+            if report.parked_to:
+                line += " to " + ", ".join(repr(q) for q in report.parked_to)
+        print(f"{line}; the others were held {report.seconds:.3f} s and given back")
+    _refuse_unmatched(report, args, prefix=prefix)
+    return 0
