@@ -25,14 +25,18 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
+from pamqp import commands
 
 from delayed_retry import ConfigurationError, DelayTopology, publish_delayed
 from delayed_retry.admin.chain_migration import migrate_chain
 from delayed_retry.admin.other_chains import SourceChain
+from delayed_retry.amqp.channels import exchange_exists
 from delayed_retry.amqp.declare import declare_topology
+from delayed_retry.chain_digest import markable, markers
 from delayed_retry.headers import X_DUE_AT, read_epoch_ms
 from delayed_retry.topology import amqp_arguments
 from harness import RabbitMQNode
+from tests.support.amqp_proxy import FrameCountingProxy
 from tests.support.waiting import WAIT
 
 NSB = DelayTopology.nservicebus(prefix="p")
@@ -212,3 +216,30 @@ async def test_migrate_out_of_the_nservicebus_chain(
     assert due is not None
     assert started + timedelta(seconds=3600) <= due <= datetime.now(UTC) + timedelta(seconds=3601)
     assert (await sales.declare()).message_count == 0
+
+
+def test_an_nservicebus_chain_is_never_marked_complete() -> None:
+    # Its exchanges have no alternate exchange: a binding removed by hand would hold a message
+    # in its level, so every connection declares the chain, which puts the binding back.
+    assert not markable(NSB)
+    assert markable(DelayTopology(prefix="p"))
+
+
+@pytest.mark.broker
+async def test_each_connection_declares_an_nservicebus_chain_in_full(
+    private_broker: AbstractRobustConnection, nsb_node: RabbitMQNode
+) -> None:
+    channel = await private_broker.channel()
+    await declare_topology(channel, NSB)
+    for marker in markers(NSB):
+        assert not await exchange_exists(private_broker, marker), marker
+    proxy = FrameCountingProxy("127.0.0.1", nsb_node.amqp_port)
+    await proxy.start()
+    try:
+        async with await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{proxy.port}/") as other:
+            await declare_topology(await other.channel(), NSB)
+        sent = proxy.connections[0]
+        binds = sent.of(commands.Exchange.Bind) + sent.of(commands.Queue.Bind)
+        assert len(binds) >= NSB.levels, "a connection skipped declaring an unmarkable chain"
+    finally:
+        await proxy.close()

@@ -27,6 +27,7 @@ __all__ = [
     "MARKER_FORMAT",
     "declaration_digest",
     "digest_marker",
+    "markable",
     "markers",
     "settled_marker",
 ]
@@ -71,6 +72,24 @@ def digest_marker(topology: DelayTopology) -> str:
     every valid prefix gives a valid name.
     """
     return f"{topology.prefix}.chain-{declaration_digest(topology)}"
+
+
+def markable(topology: DelayTopology) -> bool:
+    """Whether a new connection may skip declaring ``topology`` when its markers say complete.
+
+    Only a chain whose exchanges send what they cannot route to the unroutable
+    queue: a binding removed by hand, which no check on a connection can see,
+    then parks what it would have carried, with an alert. Without that net
+    (NServiceBus naming) such a message would wait in its level for the binding,
+    holding up the ones behind it, so every connection declares the chain in
+    full, which puts the binding back.
+    """
+    unroutable = topology.unroutable_exchange
+    return all(
+        exchange.alternate_exchange == unroutable
+        for exchange in topology.exchanges()
+        if exchange.name != unroutable
+    )
 
 
 def markers(topology: DelayTopology) -> tuple[str, str]:

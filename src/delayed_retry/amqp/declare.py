@@ -33,6 +33,7 @@ from delayed_retry.broker_versions import (
     broker_major_version,
     broker_version,
 )
+from delayed_retry.chain_digest import markable
 from delayed_retry.delivery_limits import kept_classic_queue_risk, kept_queue_risk
 from delayed_retry.errors import (
     AccessRefusedError,
@@ -237,7 +238,12 @@ async def _declare_topology(channel: aiormq.abc.AbstractChannel, topology: Delay
                 tolerated[spec.name] = kept
         await _bind_chain(channel, topology, specs)
         used_as_they_are = {spec.name for spec in specs} & declarer_for(channel.connection).warned
-        if len(specs) == len(topology.queues()) and not tolerated and not used_as_they_are:
+        if (
+            markable(topology)
+            and len(specs) == len(topology.queues())
+            and not tolerated
+            and not used_as_they_are
+        ):
             await write_markers(channel, topology)
     if tolerated:
         log.warning("%s", _tolerated_message(topology, tolerated))
@@ -553,8 +559,10 @@ class TopologyDeclarer:
         async with self._lock:
             if key in self._done:
                 return
-            if topology not in self._repair and await chain_is_marked_complete(
-                connection, topology
+            if (
+                topology not in self._repair
+                and markable(topology)
+                and await chain_is_marked_complete(connection, topology)
             ):
                 log.debug("delay topology %r is complete: nothing to declare", topology.prefix)
                 _log_memory_hint(connection, topology, tolerated=False)
