@@ -145,6 +145,16 @@ async def test_killing_the_chain_leader_loses_no_message(
         if not reconnected.is_set():
             await asyncio.to_thread(cluster.start_node, leader)
         await asyncio.wait_for(reconnected.wait(), 60)
+        # The reconnect callback runs before the robust channel consumes again: wait for the
+        # broker to count all three consumers, so the second batch can reach the third.
+        probe = await publisher.channel()
+
+        async def three_consumers() -> bool:
+            declared = await probe.declare_queue(queue, passive=True)
+            return declared.declaration_result.consumer_count == 3
+
+        await wait_until(three_consumers, timeout=60, what="the reconnected consumer restored")
+        await probe.close()
         before = by_consumer[leader]
         more = set(range(MESSAGES, MESSAGES + 60))
         ledger.sent |= more

@@ -24,6 +24,8 @@ from collections.abc import AsyncGenerator
 import aiormq
 import aiormq.abc
 
+from delayed_retry.amqp.consumers import consume_to_scan
+
 __all__ = ["FEW", "WINDOW", "HeldReads"]
 
 WINDOW = 10_000
@@ -80,13 +82,12 @@ class HeldReads:
             self._held.add(message.delivery_tag or 0)
             arrived.put_nowait(message)
 
-        ok = await own.basic_consume(queue, on_message, no_ack=False)
+        tag = await consume_to_scan(own, queue, on_message)
         # Cancelled only in give_back, with every other one: on 3.10 a quorum queue may
         # still be sending to a consumer being cancelled, and the broker's channel drops
         # such a delivery (the message stays with the consumer until the channel closes).
         # Kept, the consumer receives it, and it is held and given back like the others.
-        assert ok.consumer_tag is not None
-        self._consumers.append(ok.consumer_tag)
+        self._consumers.append(tag)
         stalled = 0
         while stalled < _STALLED_POLLS:
             while not arrived.empty():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Container, Iterable
+from collections.abc import Awaitable, Callable, Container, Coroutine, Iterable
 from typing import Any
 
 import aiormq.abc
@@ -36,6 +36,7 @@ __all__ = [
     "check_restorable",
     "consume_marker",
     "consume_queue",
+    "consume_to_scan",
     "resume_on_broker",
     "start_consumer",
 ]
@@ -189,6 +190,24 @@ async def consume_marker(channel: aiormq.abc.AbstractChannel, queue: str) -> Non
     whoever reads its consumer count must take that as a lower bound.
     """
     await channel.basic_consume(queue, _ignore, no_ack=True)
+
+
+async def consume_to_scan(
+    channel: aiormq.abc.AbstractChannel,
+    queue: str,
+    callback: Callable[[aiormq.abc.DeliveredMessage], Coroutine[Any, Any, None]],
+) -> str:
+    """Consume ``queue`` on a scan's own channel, acks by hand; return the consumer tag.
+
+    For a read that ends with its channel (an operator's scan of the delay
+    levels): deliberately not restored after a reconnect, since what a lost
+    channel held goes back to the queue and the scan fails rather than go on
+    with half a view.
+    """
+    ok = await channel.basic_consume(queue, callback, no_ack=False)
+    if ok.consumer_tag is None:
+        raise RuntimeError(f"the broker gave no consumer tag for {queue!r}")
+    return ok.consumer_tag
 
 
 async def _ignore(_: Any) -> None:
