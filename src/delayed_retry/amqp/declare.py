@@ -535,12 +535,18 @@ class TopologyDeclarer:
         connection: aiormq.abc.AbstractConnection,
         action: Callable[[aiormq.abc.AbstractChannel], Awaitable[None]],
     ) -> None:
+        await self._once_doing(key, lambda: on_scratch_channel(connection, action))
+
+    async def _once_doing(
+        self, key: tuple[object, ...], work: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Run ``work`` for ``key`` once on this connection, however many ask at once."""
         if key in self._done:
             return
         async with self._lock:
             if key in self._done:
                 return
-            await on_scratch_channel(connection, action)
+            await work()
             self._done.add(key)
 
     async def topology(
@@ -553,12 +559,8 @@ class TopologyDeclarer:
         checks, :func:`~delayed_retry.amqp.chain_marker.chain_is_marked_complete`),
         is not declared again. After :meth:`forget` it is, in full.
         """
-        key: tuple[object, ...] = ("topology", topology)
-        if key in self._done:
-            return
-        async with self._lock:
-            if key in self._done:
-                return
+
+        async def declare_unless_complete() -> None:
             if (
                 topology not in self._repair
                 and markable(topology)
@@ -566,13 +568,12 @@ class TopologyDeclarer:
             ):
                 log.debug("delay topology %r is complete: nothing to declare", topology.prefix)
                 _log_memory_hint(connection, topology, tolerated=False)
-            else:
-                await on_scratch_channel(connection, lambda ch: _declare_topology(ch, topology))
-                log.debug(
-                    "declared delay topology %r (%d levels)", topology.prefix, topology.levels
-                )
-                self._repair.discard(topology)
-            self._done.add(key)
+                return
+            await on_scratch_channel(connection, lambda ch: _declare_topology(ch, topology))
+            log.debug("declared delay topology %r (%d levels)", topology.prefix, topology.levels)
+            self._repair.discard(topology)
+
+        await self._once_doing(("topology", topology), declare_unless_complete)
 
     async def destination(
         self,
