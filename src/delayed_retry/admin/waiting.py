@@ -10,7 +10,6 @@ or ``sha256:`` and the start of its body's digest when it has none.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,6 +28,7 @@ from delayed_retry.headers import (
     read_epoch_ms,
     sanitize_headers,
 )
+from delayed_retry.parking.records import record_id
 from delayed_retry.topology import QueueType
 
 __all__ = [
@@ -91,7 +91,7 @@ def read_waiting(
     count = h.get(X_DELIVERY_COUNT)
     returns = count if isinstance(count, int) and not isinstance(count, bool) else 0
     return WaitingMessage(
-        id=message_id or "sha256:" + hashlib.sha256(body).hexdigest()[:16],
+        id=record_id(message_id, body),
         message_id=message_id,
         destination=destination,
         level=level,

@@ -51,6 +51,7 @@ __all__ = [
     "ParkedRecord",
     "parse_parked",
     "read_record",
+    "record_id",
     "replay_copy",
     "replay_headers",
 ]
@@ -176,6 +177,12 @@ def parse_parked(
     )
 
 
+def record_id(message_id: str | None, body: bytes) -> str:
+    """The id a message goes by in the parking lot and in the chain: its ``message_id``, or
+    ``sha256:`` and the start of its body's digest when it has none."""
+    return message_id or "sha256:" + hashlib.sha256(body).hexdigest()[:16]
+
+
 def read_record(
     headers: Mapping[str, Any] | None,
     *,
@@ -193,10 +200,9 @@ def read_record(
     trace = h.get(X_EXCEPTION_TRACEBACK)
     replays = h.get(X_REPLAYED)
     group = fingerprint_headers(h)
-    ident = message_id or "sha256:" + hashlib.sha256(body).hexdigest()[:16]
     return ParkedRecord(
         **{f: getattr(base, f) for f in ParkedMessage.__dataclass_fields__},
-        id=ident,
+        id=record_id(message_id, body),
         headers=dict(h),
         body=body,
         content_type=content_type,
