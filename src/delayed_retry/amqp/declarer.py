@@ -37,7 +37,6 @@ from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, QueueSpec
 __all__ = [
     "EXISTS_CACHE_SECONDS",
     "TopologyDeclarer",
-    "declare_parking_queue",
     "declare_topology",
     "declarer_for",
 ]
@@ -340,15 +339,3 @@ async def declare_topology(
     await declarer.topology(underlay.connection, topology)
     for queue in queues:
         await declarer.destination(underlay.connection, topology, queue)
-
-
-async def declare_parking_queue(
-    connection: aiormq.abc.AbstractConnection,
-    topology: DelayTopology,
-    queue: str,
-    parking_queue: str | None = None,
-) -> None:
-    """Declare ``queue``'s parking queue and its binding (idempotent, not cached)."""
-    spec = topology.parking_queue_spec(queue, parking_queue)
-    warned = declarer_for(connection).warned
-    await on_scratch_channel(connection, lambda ch: declare_queue(ch, spec, warned=warned))
