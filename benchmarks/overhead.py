@@ -23,7 +23,7 @@ from pamqp import commands as spec
 from pamqp.header import ContentHeader
 
 from delayed_retry import DelayTopology, with_delayed_retry
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 
 
 class _Connection:

@@ -33,7 +33,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
 from delayed_retry import DelayTopology, RetryAfter, with_delayed_retry
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 
 QUEUE = "work"
 BODY = b"x" * 200

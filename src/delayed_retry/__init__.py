@@ -12,7 +12,7 @@ from delayed_retry.alerts import (
     SinkRetry,
     WebhookSink,
 )
-from delayed_retry.amqp.declare import declare_topology
+from delayed_retry.amqp.declarer import declare_topology
 from delayed_retry.consumer.consume import consume
 from delayed_retry.consumer.decorator import with_delayed_retry
 from delayed_retry.consumer.handler import RetryingHandler

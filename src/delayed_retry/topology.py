@@ -1,6 +1,6 @@
 """The delay chain's names and arguments: which exchanges and queues exist, and how.
 
-Pure: nothing here talks to a broker. :mod:`delayed_retry.amqp.declare` turns a
+Pure: nothing here talks to a broker. :mod:`delayed_retry.amqp.chain_declaration` turns a
 :class:`DelayTopology` into declarations.
 
 Picture for ``prefix="delayed-retry"``::

@@ -13,7 +13,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from delayed_retry import DelayTopology, publish_delayed
-from delayed_retry.amqp.declare import declare_topology
+from delayed_retry.amqp.declarer import declare_topology
 from delayed_retry.cli import main
 from delayed_retry.headers import X_DUE_AT
 from tests.support.chain import Scenario

@@ -15,7 +15,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry import DelayTopology, publish_delayed
 from delayed_retry.admin.teardown import plan_teardown, tear_down
-from delayed_retry.amqp.declare import declare_topology
+from delayed_retry.amqp.declarer import declare_topology
 from delayed_retry.cli import main
 from delayed_retry.delivery.front_door import FrontDoor
 from tests.support.queues import cleaned, delete_all, depth, wait_for_depth

@@ -21,7 +21,7 @@ import pytest
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry.amqp import declare
+from delayed_retry.amqp import declarer
 from delayed_retry.amqp.publish import publish_confirmed
 from delayed_retry.consumer import handover
 from delayed_retry.consumer.consume import consume
@@ -383,7 +383,7 @@ async def test_parking_redeclare_failure_is_settled(monkeypatch: pytest.MonkeyPa
     handler_fn = decorate(_always_park)
     await handler_fn(fake_message(channel))  # declares the topology
     connection.fail_declare = TopologyMismatchError("parking queue mismatch")
-    monkeypatch.setattr(declare, "PARKING_REDECLARE_INTERVAL", 0.0, raising=False)
+    monkeypatch.setattr(declarer, "PARKING_REDECLARE_INTERVAL", 0.0, raising=False)
     message = fake_message(channel)
     await handler_fn(message)
     assert channel.settlement_of(message) == [("nack", True)]

@@ -215,7 +215,7 @@ async def test_an_inbox_declared_without_the_limit_is_kept_with_a_warning(
     await s.ch.declare_queue(
         f"{exchange}.delay", durable=True, arguments={"x-queue-type": "quorum"}
     )
-    caplog.set_level(logging.WARNING, logger="delayed_retry.amqp.declare")
+    caplog.set_level(logging.WARNING, logger="delayed_retry.amqp.chain_declaration")
     async with FrontDoor(s.connection, exchange=exchange, topology=s.topology) as door:
         q = await s.queue()
         await q.bind(exchange, routing_key="#")

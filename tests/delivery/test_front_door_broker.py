@@ -20,7 +20,7 @@ import aiormq
 import pika
 import pytest
 
-from delayed_retry.amqp.declare import TopologyDeclarer
+from delayed_retry.amqp.declarer import TopologyDeclarer
 from delayed_retry.delivery.front_door import (
     BadDelay,
     FrontDoor,

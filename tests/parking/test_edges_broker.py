@@ -16,7 +16,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from tenacity.stop import stop_base
 
 from delayed_retry import ConfigurationError, ParkMessage, consume, with_delayed_retry
-from delayed_retry.amqp import declare as declare_module
+from delayed_retry.amqp import declarer as declarer_module
 from delayed_retry.broker_versions import broker_major_version
 from delayed_retry.parking.shortcuts import peek_parked
 from delayed_retry.topology import DELIVERY_LIMIT
@@ -90,13 +90,15 @@ async def test_parking_queue_from_before_the_limit_is_kept_and_guarded(
     quorum: Scenario, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A parking queue without x-delivery-limit is used with a warning; on 4.x never peeked."""
-    caplog.set_level(logging.WARNING, logger="delayed_retry.amqp.declare")
+    caplog.set_level(logging.WARNING, logger="delayed_retry.amqp.chain_declaration")
     queue = quorum.name("old")
     parking = quorum.topology.default_parking_queue(queue)
     quorum.track_queue(queue, parking)
     await quorum.ch.declare_queue(parking, durable=True, arguments={"x-queue-type": "quorum"})
     handled = await _park_messages(quorum, queue, 1)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "delayed_retry.amqp.declare"]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.name == "delayed_retry.amqp.chain_declaration"
+    ]
     assert any(parking in w and str(DELIVERY_LIMIT) in w for w in warnings), warnings
     await _publish_many(quorum, queue, 1)
     await asyncio.wait_for(handled.get(), 30)
@@ -132,7 +134,7 @@ async def test_parking_storm_keeps_the_connection_and_survives_a_deleted_parking
 
         # Deleted by hand: the next parks declare it again.
         await quorum.ch.queue_delete(parking)
-        monkeypatch.setattr(declare_module, "PARKING_REDECLARE_INTERVAL", 0.0)
+        monkeypatch.setattr(declarer_module, "PARKING_REDECLARE_INTERVAL", 0.0)
         await _publish_many(quorum, queue, 10, prefix="after")  # the storm's consumer parks them
         await quorum.wait_for_depth(parking, 10, timeout=60)
         assert not connection.is_closed

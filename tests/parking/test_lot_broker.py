@@ -17,7 +17,7 @@ from delayed_retry import (
     ParkMessage,
     with_delayed_retry,
 )
-from delayed_retry.amqp.declare import declare_topology
+from delayed_retry.amqp.declarer import declare_topology
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, NotFoundError
 from delayed_retry.headers import (

@@ -33,7 +33,7 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.amqp.channels import declared_queue, underlay_connection
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.consumer.router import RetryRouter
 from delayed_retry.delivery.front_door import FrontDoor
 from harness import free_port

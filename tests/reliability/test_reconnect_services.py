@@ -39,7 +39,7 @@ from delayed_retry import (
 )
 from delayed_retry.amqp.channels import declared_queue, underlay_connection
 from delayed_retry.amqp.consumers import consume_queue, start_consumer
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.faststream import DelayedRetry
 from harness import RabbitMQNode, free_port
 from tests.support.services import (

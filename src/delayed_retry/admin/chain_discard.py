@@ -43,7 +43,7 @@ from delayed_retry.admin.waiting import (
     reads_are_counted,
 )
 from delayed_retry.amqp.channels import scratch_channel, underlay_channel
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.broker_versions import broker_major_version
 from delayed_retry.durations import utcnow

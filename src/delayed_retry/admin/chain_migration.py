@@ -24,7 +24,7 @@ from delayed_retry.admin.chain_probe import queue_depth
 from delayed_retry.admin.other_chains import SourceChain, plan_move
 from delayed_retry.amqp import publish as publishing
 from delayed_retry.amqp.channels import close_quietly, underlay_channel
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError, PublishError
 from delayed_retry.headers.names import X_DUE_AT, X_MIGRATED_FROM

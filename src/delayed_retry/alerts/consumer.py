@@ -32,7 +32,7 @@ from delayed_retry.alerts.sinks import (
     deliver,
 )
 from delayed_retry.amqp.consumers import Consumer, start_consumer
-from delayed_retry.amqp.declare import declare_topology
+from delayed_retry.amqp.declarer import declare_topology
 from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.errors import ConfigurationError, NotFoundError
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology

@@ -17,7 +17,7 @@ from typing import Any
 import aiormq
 import aiormq.abc
 
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.amqp.publish import (
     DEFAULT_PUBLISH_TIMEOUT,
     Copyable,

@@ -10,7 +10,7 @@ import aio_pika
 
 from delayed_retry.admin.chain_probe import declared_with, queue_depth
 from delayed_retry.amqp.channels import underlay_channel
-from delayed_retry.amqp.declare import declare_topology, declarer_for
+from delayed_retry.amqp.declarer import declare_topology, declarer_for
 from delayed_retry.cli.common import add_management_option, add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import count_type

@@ -17,7 +17,7 @@ from datetime import timedelta
 import aio_pika
 from tenacity import retry_if_exception_type, wait_exponential
 
-from delayed_retry.amqp.declare import declare_topology
+from delayed_retry.amqp.declarer import declare_topology
 from delayed_retry.consumer.consume import consume
 from delayed_retry.consumer.decorator import with_delayed_retry
 from delayed_retry.consumer.retry_state import current_retry_state

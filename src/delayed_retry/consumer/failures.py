@@ -20,7 +20,7 @@ from typing import Any, Literal, cast
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry.amqp.chain import publish_into_chain
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.amqp.publish import Publisher, copy_properties, publish_confirmed
 from delayed_retry.consumer.handover import (
     DEFAULT_TIMING,
@@ -299,7 +299,7 @@ class FailureHandling:
         extra: Mapping[str, Any] | None = None,
     ) -> None:
         # Re-declared so that one deleted by hand comes back; one declaration (one channel)
-        # at a time per connection serves a whole storm of parks (amqp/declare.py).
+        # at a time per connection serves a whole storm of parks (amqp/declarer.py).
         connection = message.channel.connection
         await declarer_for(connection).parking(
             connection, self.topology, self.queue, self.parking_queue

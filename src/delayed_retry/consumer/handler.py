@@ -27,7 +27,7 @@ import aiormq.abc
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry.amqp.channels import underlay_channel
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.consumer.crash_guard import guard_redelivery
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import ack

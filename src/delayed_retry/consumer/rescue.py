@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import channel_open
 from delayed_retry.headers.retry_state import RetryState, parse_retry_state

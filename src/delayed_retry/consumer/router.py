@@ -28,7 +28,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.consumers import Consumer, consume_queue
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import RequeueBackoff, hand_over, requeue_after_backoff

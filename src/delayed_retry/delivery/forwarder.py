@@ -35,7 +35,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.channels import close_quietly, exchange_exists, underlay_connection
 from delayed_retry.amqp.consumers import Consumer, all_in_place, consume_queue
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, publish_copy
 from delayed_retry.consumer.handover import RequeueBackoff, hand_over, requeue_after_backoff
 from delayed_retry.consumer.in_flight import InFlight

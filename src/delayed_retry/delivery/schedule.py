@@ -10,7 +10,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel
 
 from delayed_retry.amqp.chain import publish_into_chain
-from delayed_retry.amqp.declare import EXISTS_CACHE_SECONDS, declarer_for
+from delayed_retry.amqp.declarer import EXISTS_CACHE_SECONDS, declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration, resolve_due_at, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError

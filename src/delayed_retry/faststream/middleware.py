@@ -35,7 +35,7 @@ from faststream.exceptions import (
 
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.channels import close_quietly
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.consumer.handover import requeue
 from delayed_retry.consumer.options import SubscriberOptions

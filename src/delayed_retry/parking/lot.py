@@ -32,7 +32,7 @@ from typing import Any
 import aiormq
 
 from delayed_retry.amqp.channels import underlay_channel
-from delayed_retry.amqp.declare import declarer_for
+from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, NotFoundError, queue_not_found

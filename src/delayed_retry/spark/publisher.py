@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from delayed_retry.amqp.declare import declare_topology
+from delayed_retry.amqp.declarer import declare_topology
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.spark.partition_publish import (
     LEDGER_FAILED,

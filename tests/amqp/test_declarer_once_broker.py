@@ -331,7 +331,7 @@ async def test_a_chain_used_as_it_is_is_not_marked_so_each_connection_warns(
     await s.ch.declare_queue(name, durable=True, arguments=arguments)
     for _ in range(2):
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="delayed_retry.amqp.declare"):
+        with caplog.at_level(logging.WARNING, logger="delayed_retry.amqp.chain_declaration"):
             async with await aio_pika.connect(rabbitmq_url) as connection:
                 await declare_topology(await connection.channel(), topology)
         assert any(name in r.getMessage() for r in caplog.records), "no warning"

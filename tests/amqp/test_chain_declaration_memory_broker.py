@@ -1,7 +1,8 @@
-"""Where waiting bodies live: the chain's memory policy, the 3.10–3.11 hint, in-memory arguments.
+"""Where waiting bodies live: the chain's memory policy and the 3.10–3.11 hint.
 
-Pure tests of the version logic and of reading the broker's refusal, then the
-policy on a real broker: it must reach the level queues and nothing else.
+Pure tests of the version logic, then the policy on a real broker: it must
+reach the level queues and nothing else. Level queues that have an in-memory
+argument are used as they are (test_chain_declaration_broker.py).
 """
 
 from __future__ import annotations
@@ -13,39 +14,12 @@ import aio_pika
 import pytest
 
 from delayed_retry import DelayTopology, declare_topology
-from delayed_retry.amqp.declare import existing_in_memory_argument
 from delayed_retry.broker_versions import (
     bodies_in_memory_hint,
     broker_version,
     keeps_bodies_in_memory,
 )
 from harness import BrokerHarnessError, RabbitMQNode
-
-# What RabbitMQ 3.10.8 and 4.0.5 say, word for word, when a declaration differs.
-LACKS = (
-    "PRECONDITION_FAILED - inequivalent arg 'x-max-in-memory-length' for queue "
-    "'delayed-retry.level.07' in vhost '/': received none but current is the value '0' of "
-    "type 'byte'"
-)
-ADDS = (
-    "PRECONDITION_FAILED - inequivalent arg 'x-max-in-memory-bytes' for queue 'q' in vhost "
-    "'/': received the value '0' of type 'byte' but current is none"
-)
-OTHER = (
-    "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/': "
-    "received the value '128' of type 'signedint' but current is the value '5' of type 'byte'"
-)
-
-
-def test_the_existing_in_memory_argument_is_read_from_the_refusal() -> None:
-    assert existing_in_memory_argument(LACKS) == ("x-max-in-memory-length", 0)
-    assert existing_in_memory_argument(LACKS.replace("'0'", "'1000'")) == (
-        "x-max-in-memory-length",
-        1000,
-    )
-    # The queue lacking what a declaration sends, or another argument: not tolerated.
-    assert existing_in_memory_argument(ADDS) is None
-    assert existing_in_memory_argument(OTHER) is None
 
 
 @pytest.mark.parametrize(

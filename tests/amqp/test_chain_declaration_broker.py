@@ -1,8 +1,8 @@
-"""Declaring the topology on a real broker: idempotent, once under concurrency, clear mismatches."""
+"""What a declaration sends, on a real broker: clear mismatches, the longest chain, level queues
+with in-memory arguments used as they are."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import timedelta
 from typing import Any
@@ -19,118 +19,12 @@ from delayed_retry import (
     publish_delayed,
     with_delayed_retry,
 )
-from delayed_retry.amqp import declare as declare_module
 from delayed_retry.headers import X_DUE_AT
 from delayed_retry.topology import amqp_arguments
 from tests.support.chain import Inbox, Scenario, publish
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
-
-
-def count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[object]:
-    """Wrap ``delayed_retry.amqp.declare.<name>`` to record its calls; the broker does the work."""
-    calls: list[object] = []
-    real = getattr(declare_module, name)
-
-    async def counting(*args: Any, **kwargs: Any) -> None:
-        calls.append(args)
-        await real(*args, **kwargs)
-
-    monkeypatch.setattr(declare_module, name, counting)
-    return calls
-
-
-async def test_declaring_twice_and_from_another_connection_is_harmless(
-    scenario: Scenario, rabbitmq_url: str
-) -> None:
-    queue = await scenario.queue()
-    await declare_topology(scenario.ch, scenario.topology, queues=[queue.name])
-    await declare_topology(scenario.ch, scenario.topology, queues=[queue.name])
-    other = await aio_pika.connect(rabbitmq_url)
-    try:
-        await declare_topology(await other.channel(), scenario.topology, queues=[queue.name])
-    finally:
-        await other.close()
-    inbox = Inbox()
-    await queue.consume(inbox)
-    await publish_delayed(
-        scenario.ch,
-        aio_pika.Message(b"once"),
-        queue=queue.name,
-        delay=0.05,
-        topology=scenario.topology,
-    )
-    assert (await inbox.get()).message.body == b"once"
-    # Bindings are a set: declaring three times delivers one copy, not three.
-    await publish(scenario.ch, queue.name, b"marker")
-    assert (await inbox.get()).message.body == b"marker"
-
-
-async def test_a_new_connection_declares_again(quorum: Scenario, rabbitmq_url: str) -> None:
-    await declare_topology(quorum.ch, quorum.topology)
-    level = quorum.topology.level_name(2)
-    await quorum.ch.queue_delete(level)
-    other = await aio_pika.connect(rabbitmq_url)  # as after a reconnect: a new cache
-    try:
-        await declare_topology(await other.channel(), quorum.topology)
-    finally:
-        await other.close()
-    assert await quorum.depth(level) == 0  # passive declare finds it again
-
-
-async def test_concurrent_first_use_declares_once(
-    quorum: Scenario, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    topology_calls = count_calls(monkeypatch, "_declare_topology")
-    queue = await quorum.queue()
-    inbox = Inbox()
-    await queue.consume(inbox)
-    fresh = await aio_pika.connect(rabbitmq_url)
-    try:
-        channel = await fresh.channel()
-        await asyncio.gather(
-            *(
-                publish_delayed(
-                    channel,
-                    aio_pika.Message(str(i).encode()),
-                    queue=queue.name,
-                    delay=0.05,
-                    topology=quorum.topology,
-                )
-                for i in range(8)
-            ),
-            declare_topology(channel, quorum.topology, queues=[queue.name]),
-            declare_topology(channel, quorum.topology),
-        )
-    finally:
-        await fresh.close()
-    assert len(topology_calls) == 1
-    assert sorted(int(a.message.body) for a in await inbox.take(8)) == list(range(8))
-
-
-async def test_concurrent_first_messages_declare_the_destination_once(
-    quorum: Scenario, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    queue_calls = count_calls(monkeypatch, "_declare_queue")
-    topology_calls = count_calls(monkeypatch, "_declare_topology")
-    done: asyncio.Queue[bytes] = asyncio.Queue()
-
-    @with_delayed_retry(topology=quorum.topology)
-    async def handler(message: AbstractIncomingMessage) -> None:
-        done.put_nowait(message.body)
-
-    queue = await quorum.queue()
-    for i in range(6):
-        await publish(quorum.ch, queue.name, str(i).encode())
-    await queue.consume(handler.for_queue(queue.name))  # no declare before the first message
-    got = [await asyncio.wait_for(done.get(), 15) for _ in range(6)]
-    assert sorted(got) == [str(i).encode() for i in range(6)]
-    assert len(topology_calls) == 1
-    parking = quorum.topology.default_parking_queue(queue.name)
-    assert [args[1].name for args in queue_calls].count(parking) == 1  # type: ignore[index]
-    await consume(queue, handler)  # later declarations on this connection are cached
-    assert len(topology_calls) == 1
 
 
 async def test_existing_queue_with_other_arguments_is_a_clear_mismatch(quorum: Scenario) -> None:
@@ -217,24 +111,6 @@ async def test_the_longest_chain_allowed_is_accepted_by_the_broker(
         await longest.close(rabbitmq_url)
 
 
-async def test_scheduling_first_does_not_stop_consume_declaring_parking(quorum: Scenario) -> None:
-    queue = await quorum.queue()
-    # Scheduling binds the queue to the chain but, rightly, declares no parking queue…
-    await publish_delayed(
-        quorum.ch, aio_pika.Message(b"x"), queue=queue.name, delay=0, topology=quorum.topology
-    )
-    handled: asyncio.Queue[bytes] = asyncio.Queue()
-
-    @with_delayed_retry(topology=quorum.topology)
-    async def handler(message: AbstractIncomingMessage) -> None:
-        handled.put_nowait(message.body)
-
-    # …and a consumer of the same queue on the same connection must still get its parking.
-    await consume(queue, handler)
-    assert await quorum.depth(quorum.topology.default_parking_queue(queue.name)) == 0
-    assert await asyncio.wait_for(handled.get(), 15) == b"x"
-
-
 def _level_arguments(scenario: Scenario, level: int, **extra: int) -> dict[str, Any]:
     name = scenario.topology.level_name(level)
     (spec,) = [s for s in scenario.topology.queues() if s.name == name]
@@ -256,7 +132,7 @@ async def test_level_queues_with_in_memory_limits_are_used_as_they_are(
             name, durable=True, arguments=_level_arguments(quorum, level, **extra)
         )
     queue = await quorum.queue()
-    with caplog.at_level(logging.WARNING, logger="delayed_retry.amqp.declare"):
+    with caplog.at_level(logging.WARNING, logger="delayed_retry.amqp.chain_declaration"):
         await declare_topology(quorum.ch, quorum.topology, queues=[queue.name])
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert f"'{quorum.topology.level_name(4)}', '{quorum.topology.level_name(5)}'" in warning
