@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from delayed_retry.cli.main import build_parser
-from delayed_retry.cli.service import LIVENESS_PATH, READINESS_PATH
+from delayed_retry.cli.service_state import LIVENESS_PATH, READINESS_PATH
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SERVICES = {"front-door", "forwarder", "router", "alerts", "web"}

@@ -11,7 +11,8 @@ from delayed_retry.alerts import AlertSink, LoggingSink, ParkingAlerts, WebhookS
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import duration_type
-from delayed_retry.cli.service import Running, add_service_args, run_service
+from delayed_retry.cli.service import add_service_args, run_service
+from delayed_retry.cli.service_state import Running
 from delayed_retry.cli.startup import Startup
 from delayed_retry.errors import ConfigurationError
 

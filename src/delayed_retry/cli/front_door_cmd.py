@@ -13,7 +13,8 @@ from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
-from delayed_retry.cli.service import Running, add_service_args, exchanges_exist, run_service
+from delayed_retry.cli.service import add_service_args, run_service
+from delayed_retry.cli.service_state import Running, exchanges_exist
 from delayed_retry.cli.startup import Startup
 from delayed_retry.delivery.front_door import FrontDoor
 

@@ -13,7 +13,8 @@ from delayed_retry.admin.chain_probe import queue_depth
 from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
-from delayed_retry.cli.service import Running, add_service_args, run_service
+from delayed_retry.cli.service import add_service_args, run_service
+from delayed_retry.cli.service_state import Running
 from delayed_retry.cli.startup import Startup
 from delayed_retry.consumer.options import RouterOptions, option_specs
 from delayed_retry.consumer.router import RetryRouter

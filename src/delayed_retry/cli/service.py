@@ -14,10 +14,12 @@ does the rest, the same way for all of them:
 5. while it runs, readiness says whether the broker has this process's
    consumers: each consumer's ``basic.consume`` must stand on the channel the
    broker talks to now (restored after the last reconnect), and every
-   :data:`WATCH_EVERY` seconds the broker is asked (a passive declare of each
-   consumed queue: at least one consumer; and the service's own checks, such
-   as the forwarder's target exchanges); reconnects and restored consumers
-   are counted for ``/metrics``;
+   :data:`~delayed_retry.cli.service_state.WATCH_EVERY` seconds the broker
+   is asked (a passive declare of each consumed queue: at least one
+   consumer; and the service's own checks, such as the forwarder's target
+   exchanges); reconnects and restored consumers are counted for
+   ``/metrics`` (the probes and their state are in
+   :mod:`delayed_retry.cli.service_state`);
 6. on SIGTERM or SIGINT: readiness turns 503, the service stops consuming,
    lets hand-overs in flight finish for up to ``--stop-timeout`` (their
    confirms arrive and they are acked), gives back what it holds, closes;
@@ -31,52 +33,51 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractRobustConnection
 
-from delayed_retry.amqp.channels import declared_queue
-from delayed_retry.amqp.consumers import Consumer
 from delayed_retry.cli.json_logs import JsonFormatter
 from delayed_retry.cli.output import duration_type
-from delayed_retry.cli.service_http import Reply, Route, serve_routes
+from delayed_retry.cli.service_http import Route, serve_routes
 from delayed_retry.cli.service_metrics import ServiceMetrics
-from delayed_retry.cli.startup import Startup, announce
-from delayed_retry.delivery.forwarder import Forwarder
+from delayed_retry.cli.service_state import (
+    LIVENESS_PATH,
+    READINESS_PATH,
+    Running,
+    ServiceState,
+    count_reconnect,
+    probe_routes,
+    watch,
+    watch_once,
+)
+from delayed_retry.cli.startup import announce
 
 __all__ = [
-    "LIVENESS_PATH",
     "METRICS_PATH",
-    "READINESS_PATH",
     "STOP_TIMEOUT",
-    "WATCH_EVERY",
-    "Running",
+    "Start",
     "add_service_args",
-    "exchanges_exist",
     "run_service",
 ]
 
-LIVENESS_PATH = "/livez"
-READINESS_PATH = "/readyz"
 METRICS_PATH = "/metrics"
 STOP_TIMEOUT = 10.0
 """Default ``--stop-timeout``: seconds a stopping service lets hand-overs in flight finish."""
 CLOSE_ALLOWANCE = 5.0
 """Seconds beyond ``--stop-timeout`` for closing channels and the connection; then it exits."""
-WATCH_EVERY = 2.0
-"""Seconds between two rounds of the readiness checks that ask the broker."""
-WATCH_TIMEOUT = 5.0
-"""Seconds a round of broker checks may take; a broker that does not answer is not ready."""
 
 log = logging.getLogger("delayed_retry.service")
+
+
+Start = Callable[[AbstractRobustConnection | None], Awaitable[Running]]
+"""A service command's start: given the connection (``None`` for ``web``), the started service."""
 
 
 def _port(text: str) -> int:
@@ -127,113 +128,6 @@ def add_service_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass(frozen=True, kw_only=True)
-class Running:
-    """A started service, as the runner needs it: what to print, probe, count and stop."""
-
-    startup: Startup
-    stop: Callable[[float], Awaitable[None]]
-    """Stop consuming, let what is in flight finish for up to the seconds given, close."""
-    checks: Callable[[], Mapping[str, bool]] = dict
-    """Readiness checks of its own, read at each probe."""
-    consumers: Callable[[], Sequence[Consumer]] = tuple
-    """The consumers it runs: readiness needs every one in place, seen by the broker."""
-    watch: Callable[[], Awaitable[Mapping[str, bool]]] | None = None
-    """Readiness checks that ask the broker, run every :data:`WATCH_EVERY` seconds."""
-    counts: Callable[[], Mapping[str, int]] = dict
-    held: Callable[[], int] = lambda: 0
-    extra: Sequence[str] = ()
-    """Clauses added to the start-up line."""
-    finished: Awaitable[Any] | None = None
-    """Ends the service without a signal (``alerts --once``)."""
-
-
-Start = Callable[[AbstractRobustConnection | None], Awaitable[Running]]
-
-
-@dataclass
-class _State:
-    """What the probes read: the connection and the service, as they are now."""
-
-    service: str
-    connection: AbstractRobustConnection | None = None
-    connects: bool = True
-    running: Running | None = None
-    stopping: bool = False
-    reconnects: int = 0
-    watched: dict[str, bool] = field(default_factory=dict)
-    """The last round of broker checks (see :func:`_watch`)."""
-    broker_consumers: dict[str, int] = field(default_factory=dict)
-    """Consumers the broker reported on each consumed queue, at the last round."""
-
-    def connected(self) -> bool:
-        c = self.connection
-        return c is not None and c.connected.is_set() and not c.is_closed
-
-    def consumers(self) -> Sequence[Consumer]:
-        return self.running.consumers() if self.running is not None else ()
-
-    def checks(self) -> dict[str, bool]:
-        found = {"started": self.running is not None, "stopping": self.stopping}
-        if self.connects:
-            found["connected"] = self.connected()
-        if self.running is not None:
-            consumers = self.consumers()
-            if consumers:
-                found["consuming"] = all(c.in_place for c in consumers)
-            found.update(self.running.checks())
-            found.update(self.watched)
-        return found
-
-    def consumer_detail(self) -> dict[str, dict[str, Any]]:
-        """Per consumed queue: in place on the live channel, the broker's count, restorations."""
-        return {
-            c.queue.name: {
-                "in_place": c.in_place,
-                "broker_consumers": self.broker_consumers.get(c.queue.name),
-                "restored": c.restored,
-            }
-            for c in self.consumers()
-        }
-
-    def restored(self) -> int:
-        return sum(c.restored for c in self.consumers())
-
-    def ready(self) -> bool:
-        checks = self.checks()
-        return not checks.pop("stopping") and all(checks.values())
-
-    def counts(self) -> Mapping[str, int]:
-        return self.running.counts() if self.running is not None else {}
-
-    def held(self) -> int:
-        return self.running.held() if self.running is not None else 0
-
-
-def _json(status: int, body: Mapping[str, Any]) -> Reply:
-    return Reply(status=status, body=(json.dumps(body) + "\n").encode())
-
-
-def _routes(state: _State) -> dict[str, Route]:
-    def live() -> Reply:
-        return _json(200, {"status": "alive", "service": state.service})
-
-    def ready() -> Reply:
-        ok = state.ready()
-        body: dict[str, Any] = {
-            "status": "ready" if ok else "not ready",
-            "service": state.service,
-            "checks": state.checks(),
-        }
-        if state.consumers():
-            body["consumers"] = state.consumer_detail()
-        if state.connects:
-            body["reconnects"] = state.reconnects
-        return _json(200 if ok else 503, body)
-
-    return {LIVENESS_PATH: live, READINESS_PATH: ready}
-
-
 def _configure_logs(log_format: str) -> Callable[[str], None]:
     """Set up JSON logs when asked; return how the runner writes its own lines."""
     if log_format != "json":
@@ -249,12 +143,12 @@ def _configure_logs(log_format: str) -> Callable[[str], None]:
 
 
 async def _listen(
-    args: argparse.Namespace, state: _State, metrics: ServiceMetrics | None
+    args: argparse.Namespace, state: ServiceState, metrics: ServiceMetrics | None
 ) -> list[asyncio.Server]:
     by_port: dict[int, dict[str, Route]] = {}
     options: dict[int, str] = {}
     if args.health_port:
-        by_port.setdefault(args.health_port, {}).update(_routes(state))
+        by_port.setdefault(args.health_port, {}).update(probe_routes(state))
         options[args.health_port] = "--health-port"
     if metrics is not None:
         by_port.setdefault(args.metrics_port, {})[METRICS_PATH] = metrics.page
@@ -287,7 +181,7 @@ async def run_service(
     ``web``, which connects per request) and returns the started service.
     """
     say = _configure_logs(args.log_format)
-    state = _State(service=command, connects=connect)
+    state = ServiceState(service=command, connects=connect)
     metrics = None
     if args.metrics_port:
         metrics = ServiceMetrics(
@@ -308,15 +202,15 @@ async def run_service(
         servers = await _listen(args, state, metrics)
         state.connection = await aio_pika.connect_robust(args.url) if connect else None
         if state.connection is not None:
-            state.connection.reconnect_callbacks.add(lambda *_: _count_reconnect(state))
+            state.connection.reconnect_callbacks.add(lambda *_: count_reconnect(state))
         watcher: asyncio.Task[None] | None = None
         try:
             running = await start(state.connection)
             if state.connection is not None:
-                await _watch_once(state, running)  # ready only once the broker was asked
+                await watch_once(state, running)  # ready only once the broker was asked
             state.running = running
             if state.connection is not None:
-                watcher = asyncio.create_task(_watch(state, running), name="readiness-watch")
+                watcher = asyncio.create_task(watch(state, running), name="readiness-watch")
             json_say = say if args.log_format == "json" else None
             await announce(
                 args, state.connection, running.startup, extra=running.extra, say=json_say
@@ -353,54 +247,6 @@ async def run_service(
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
     return 0
-
-
-async def exchanges_exist(forwarder: Forwarder) -> dict[str, bool]:
-    """The forwarder's readiness check: every exchange it delivers to exists now.
-
-    While one is missing, each message that comes due for it is parked (the
-    start-up line names the missing ones).
-    """
-    return {"exchanges_exist": not await forwarder.missing_exchanges()}
-
-
-def _count_reconnect(state: _State) -> None:
-    state.reconnects += 1
-    log.warning("reconnected to the broker (reconnect %d); restoring consumers", state.reconnects)
-
-
-async def _broker_checks(state: _State, running: Running) -> dict[str, bool]:
-    """One round: each consumed queue has a consumer for the broker; the service's own."""
-    assert state.connection is not None
-    found: dict[str, bool] = {}
-    names = list(dict.fromkeys(c.queue.name for c in running.consumers()))
-    if names:
-        counts = {}
-        for name in names:
-            declared = await declared_queue(state.connection, name)
-            counts[name] = 0 if declared is None else int(declared.consumer_count or 0)
-        state.broker_consumers = counts
-        found["broker_sees_consumers"] = all(counts.values())
-    if running.watch is not None:
-        found.update(await running.watch())
-    return found
-
-
-async def _watch_once(state: _State, running: Running) -> None:
-    try:
-        state.watched = await asyncio.wait_for(_broker_checks(state, running), WATCH_TIMEOUT)
-    except Exception as exc:  # not reachable now: not ready until it answers again
-        log.debug("readiness checks could not ask the broker: %r", exc)
-        state.watched = {**dict.fromkeys(state.watched, False), "broker_answers": False}
-    else:
-        state.watched["broker_answers"] = True
-
-
-async def _watch(state: _State, running: Running) -> None:
-    """Ask the broker every :data:`WATCH_EVERY` seconds until cancelled."""
-    while True:
-        await asyncio.sleep(WATCH_EVERY)
-        await _watch_once(state, running)
 
 
 async def _until(stop: asyncio.Event, finished: Awaitable[Any] | None) -> None:

@@ -18,7 +18,8 @@ from delayed_retry.cli.common import (
 )
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import CommandError, require_extra
-from delayed_retry.cli.service import Running, add_service_args, run_service
+from delayed_retry.cli.service import add_service_args, run_service
+from delayed_retry.cli.service_state import Running
 from delayed_retry.cli.startup import Startup
 from delayed_retry.errors import ConfigurationError
 
