@@ -459,3 +459,18 @@ def test_the_header_names_on_the_wire_do_not_change() -> None:
     }
     assert written == WIRE_NAMES
     assert all(getattr(h, name) == value for name, value in WIRE_NAMES.items())
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(3, 3), (0, 0), (-2, -2), (True, None), (False, None), ("3", None), (3.0, None), (None, None)],
+)
+def test_header_int_reads_integers_and_nothing_else(value: object, expected: int | None) -> None:
+    result = header_values.header_int(value)
+    assert result == expected
+    assert type(result) is type(expected)
+
+
+def test_a_boolean_parked_at_or_replay_count_is_not_read_as_a_number() -> None:
+    assert h.read_epoch_ms(True) is None
+    assert h.read_epoch_ms(1_700_000_000_000) == datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)

@@ -25,6 +25,7 @@ from delayed_retry.headers import (
     X_PARKED_NOTE,
     X_PARKED_REASON,
     X_QUEUE,
+    header_int,
     read_epoch_ms,
     sanitize_headers,
 )
@@ -89,7 +90,7 @@ def read_waiting(
     except ValueError:
         destination = None
     count = h.get(X_DELIVERY_COUNT)
-    returns = count if isinstance(count, int) and not isinstance(count, bool) else 0
+    returns = header_int(count) or 0
     return WaitingMessage(
         id=record_id(message_id, body),
         message_id=message_id,

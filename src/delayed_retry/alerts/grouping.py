@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from delayed_retry.durations import from_epoch_ms
 from delayed_retry.fingerprint import Fingerprint, fingerprint, raising_frame
 from delayed_retry.headers.names import (
     X_EXCEPTION_MESSAGE,
@@ -30,6 +29,7 @@ from delayed_retry.headers.names import (
     X_THROTTLE_EVENT,
     X_THROTTLE_TRIGGER,
 )
+from delayed_retry.headers.retry_state import read_epoch_ms
 from delayed_retry.routing_keys import decode_routing_key
 
 __all__ = ["Alert", "AlertGroup", "AlertWindow", "ParkedArrival", "arrival_from", "group_arrivals"]
@@ -91,11 +91,7 @@ def arrival_from(
     reason = _text(headers.get(X_PARKED_REASON))
     queue = _text(headers.get(X_QUEUE))
     parked_ms = headers.get(X_PARKED_AT)
-    parked_at = (
-        from_epoch_ms(parked_ms)
-        if isinstance(parked_ms, int) and not isinstance(parked_ms, bool) and parked_ms >= 0
-        else None
-    )
+    parked_at = read_epoch_ms(parked_ms)
     if reason is None:
         # Came through the unroutable exchange: the chain's routing key ends in the queue name.
         if queue is None and levels is not None:

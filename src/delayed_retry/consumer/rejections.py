@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from delayed_retry.headers.names import X_DEATH
 from delayed_retry.headers.retry_state import MAX_RETRY_COUNT, RetryState, parse_retry_state
+from delayed_retry.headers.values import header_int
 
 __all__ = ["RETRIED_REASONS", "DeathRecord", "Rejection", "read_rejection", "newest_death"]
 
@@ -67,12 +68,6 @@ class Rejection:
     state: RetryState | None
 
 
-def _int(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    return None
-
-
 def _str(value: object) -> str | None:
     if isinstance(value, str):
         return value
@@ -96,7 +91,7 @@ def newest_death(headers: Mapping[str, Any] | None) -> DeathRecord | None:
         return None
     keys = entry.get("routing-keys")
     first_key = _str(keys[0]) if isinstance(keys, list | tuple) and keys else None
-    count = _int(entry.get("count"))
+    count = header_int(entry.get("count"))
     when = entry.get("time")
     return DeathRecord(
         queue=queue,

@@ -32,7 +32,7 @@ from delayed_retry.headers.names import (
     X_RETRY,
 )
 from delayed_retry.headers.text import describe_exception, utf8
-from delayed_retry.headers.values import MAX_HEADER_STRING_CHARS, sanitize_headers
+from delayed_retry.headers.values import MAX_HEADER_STRING_CHARS, header_int, sanitize_headers
 
 __all__ = [
     "MAX_IMMEDIATE_HISTORY",
@@ -89,8 +89,9 @@ def _epoch_ms(value: object, name: str, problems: list[str]) -> datetime | None:
         return None
     if isinstance(value, datetime):
         return value if value.tzinfo else None
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 47:
-        return from_epoch_ms(value)
+    ms = header_int(value)
+    if ms is not None and 0 <= ms < 1 << 47:
+        return from_epoch_ms(ms)
     problems.append(f"{name}={value!r:.60} is not milliseconds since the epoch; ignored")
     return None
 
@@ -121,8 +122,8 @@ def _broker_deaths(x_death: object, queue: str | None) -> int:
             continue
         if queue is not None and entry.get("queue") != queue:
             continue
-        count = entry.get("count")
-        if isinstance(count, int) and not isinstance(count, bool) and 0 < count <= MAX_RETRY_COUNT:
+        count = header_int(entry.get("count"))
+        if count is not None and 0 < count <= MAX_RETRY_COUNT:
             total += count
     return min(total, MAX_RETRY_COUNT)
 
@@ -160,8 +161,9 @@ def parse_retry_state(
     raw = h.get(X_RETRY)
     retries = 0
     if raw is not None:
-        if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= MAX_RETRY_COUNT:
-            retries = raw
+        count = header_int(raw)
+        if count is not None and 0 <= count <= MAX_RETRY_COUNT:
+            retries = count
         else:
             problems.append(
                 f"{X_RETRY}={raw!r:.60} is not a count in 0..{MAX_RETRY_COUNT}; counting from 0"
@@ -225,7 +227,7 @@ def failure_headers(
     if runs is not None:
         history = out.get(X_IMMEDIATE_RUNS)
         old = history if isinstance(history, list) else []
-        kept = [n for n in old if isinstance(n, int) and not isinstance(n, bool)]
+        kept = [n for n in old if header_int(n) is not None]
         out[X_IMMEDIATE_RUNS] = [*kept, runs][-MAX_IMMEDIATE_HISTORY:]
     out[X_RETRY] = retries
     out[X_FIRST_FAILURE_AT] = to_epoch_ms(state.first_failure_at or now)

@@ -20,12 +20,23 @@ from typing import Any
 from delayed_retry.headers.names import is_broker_header
 from delayed_retry.headers.text import TRUNCATED, utf8
 
-__all__ = ["MAX_HEADER_DEPTH", "MAX_HEADER_STRING_CHARS", "sanitize_headers"]
+__all__ = ["MAX_HEADER_DEPTH", "MAX_HEADER_STRING_CHARS", "header_int", "sanitize_headers"]
 
 MAX_HEADER_STRING_CHARS = 32_000
 """Longest string header value kept whole; a longer one keeps this many characters."""
 MAX_HEADER_DEPTH = 8
 """Nesting of tables and arrays kept; deeper values become their ``repr`` text."""
+
+
+def header_int(value: object) -> int | None:
+    """A header's integer, or ``None`` for anything else: ``True`` is not a count.
+
+    Use it for every count or epoch read from headers: Python's ``bool`` is an
+    ``int``, and a producer's ``true`` must not read as 1.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
 
 
 def _float32_exact(value: float) -> bool:

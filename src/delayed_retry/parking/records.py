@@ -42,6 +42,7 @@ from delayed_retry.headers.names import (
 )
 from delayed_retry.headers.retry_state import parse_retry_state, read_epoch_ms, scheduled_headers
 from delayed_retry.headers.text import encode_body_preview
+from delayed_retry.headers.values import header_int
 from delayed_retry.topology import DelayTopology, Route
 
 __all__ = [
@@ -207,7 +208,7 @@ def read_record(
         body=body,
         content_type=content_type,
         traceback=trace if isinstance(trace, str) else None,
-        replays=replays if isinstance(replays, int) and not isinstance(replays, bool) else 0,
+        replays=header_int(replays) or 0,
         replayed_at=read_epoch_ms(h.get(X_REPLAYED_AT)),
         refreshed_at=read_epoch_ms(h.get(X_PARKED_REFRESHED_AT)),
         fingerprint=group.key,
@@ -314,7 +315,7 @@ def replay_headers(
     """
     out = scheduled_headers(headers, due_at=due_at)
     previous = out.get(X_REPLAYED)
-    count = previous if isinstance(previous, int) and not isinstance(previous, bool) else 0
+    count = header_int(previous) or 0
     for name in (*_RECORD_HEADERS, *_BUDGET_HEADERS, X_REPLAYED_BY, X_REPLAY_CANARY):
         out.pop(name, None)
     out[X_RETRY] = 0

@@ -23,7 +23,7 @@ import aiormq
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
 from delayed_retry.amqp.consumers import start_consumer
-from delayed_retry.durations import from_epoch_ms, utcnow
+from delayed_retry.durations import utcnow
 from delayed_retry.errors import (
     ConfigurationError,
     DelayedRetryError,
@@ -41,7 +41,7 @@ from delayed_retry.headers.names import (
     X_QUEUE,
     X_RETRY,
 )
-from delayed_retry.headers.retry_state import parse_retry_state
+from delayed_retry.headers.retry_state import parse_retry_state, read_epoch_ms
 from delayed_retry.spark.codec import headers_to_json, message_key
 from delayed_retry.spark.schema import archive_arrow_schema, escape_partition_value
 from delayed_retry.spark.sinks import ArchiveSink, sink_for
@@ -79,14 +79,6 @@ def _text(value: object) -> str | None:
         return value
     if isinstance(value, bytes | bytearray):
         return bytes(value).decode("utf-8", "replace")
-    return None
-
-
-def _epoch(value: object) -> datetime | None:
-    if isinstance(value, datetime):
-        return value if value.tzinfo else None
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 47:
-        return from_epoch_ms(value)
     return None
 
 
@@ -138,7 +130,7 @@ def archive_row(
         "last_error": state.last_error,
         "first_failure_at": state.first_failure_at,
         "last_failure_at": state.last_failure_at,
-        "parked_at": _epoch(h.get(X_PARKED_AT)),
+        "parked_at": read_epoch_ms(h.get(X_PARKED_AT)),
         "archived_at": archived_at,
         "redelivered": redelivered,
     }

@@ -14,6 +14,7 @@ from typing import Any
 
 from delayed_retry.durations import format_duration
 from delayed_retry.headers.retry_state import read_epoch_ms
+from delayed_retry.headers.values import header_int
 
 __all__ = [
     "BodyView",
@@ -91,7 +92,7 @@ def header_rows(headers: Mapping[str, Any]) -> list[tuple[str, str]]:
             text = "bytes:" + bytes(value[:256]).hex()
         elif isinstance(value, datetime):
             text = value.isoformat()
-        elif str(name).endswith("-at") and isinstance(value, int) and not isinstance(value, bool):
+        elif str(name).endswith("-at") and header_int(value) is not None:
             moment = read_epoch_ms(value)
             text = (
                 f"{value} ({moment.isoformat(timespec='milliseconds')})" if moment else str(value)
