@@ -59,7 +59,7 @@ async def _run(url: str, subject: str, n: int) -> float:
         "success": throughput.decorated(topology, fail_once_with=None),
         "retry-0hop": throughput.decorated(topology, fail_once_with=0),
         "retry-1hop": throughput.decorated(topology, fail_once_with=0.001),
-        "hand-0hop": throughput.hand_rolled(via=None),
+        "hand-0hop": throughput.hand_rolled(),
     }
     connection = await aio_pika.connect(url)
     async with connection:

@@ -23,6 +23,7 @@ from typing import Any
 
 import aio_pika
 import capacity
+import hop_anatomy
 import hops
 import overhead
 import peer_workers
@@ -34,10 +35,11 @@ from delayed_retry import DelayTopology
 from harness import RabbitMQNode
 
 PEER_SUBJECTS = peer_workers.SUBJECTS
-OPT_IN = ("peer-success", "capacity", "broker-cost")
+OPT_IN = ("peer-success", "capacity", "broker-cost", "hop-anatomy")
 """Workloads run only when named with --only (peer-success: eight worker starts, noisy;
 capacity: a million messages take many minutes; broker-cost: a node of its own with the
-management plugin, two minutes)."""
+management plugin, two minutes; hop-anatomy: five subjects taking the one-hop retry
+apart, an analysis rather than a target)."""
 
 WORKLOADS = (
     "overhead",
@@ -52,6 +54,7 @@ WORKLOADS = (
     "peer-precision",
     "capacity",
     "broker-cost",
+    "hop-anatomy",
 )
 
 
@@ -91,6 +94,11 @@ async def _run(
     if "throughput" in args.only:
         print(f"throughput: {args.messages} messages x {args.rounds} rounds per subject ...")
         rows += await throughput.run(
+            url, messages=args.messages, rounds=args.rounds, broker_pid=broker_pid
+        )
+    if "hop-anatomy" in args.only:
+        print(f"hop-anatomy: {args.messages} messages x {args.rounds} rounds per variant ...")
+        rows += await hop_anatomy.run(
             url, messages=args.messages, rounds=args.rounds, broker_pid=broker_pid
         )
     if "precision" in args.only:
@@ -361,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table(rows))
     print(precision.details(rows))
     print(hops.details(rows))
+    print(hop_anatomy.details(rows))
     report.plot(stem.with_suffix(".png"), meta, rows)
     print(f"wrote {stem}.json and {stem}.png")
     return 0

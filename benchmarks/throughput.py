@@ -27,7 +27,7 @@ import random
 import statistics
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,11 +116,44 @@ def decorated(
     return start
 
 
-def hand_rolled(*, via: str | None) -> Consumer:
-    """Fail once, then publish a confirmed copy (to the queue or into ``via``) and ack."""
+Destination = Callable[[str], tuple[str, str]]
+"""Where a hand-rolled copy for the queue named ``name`` goes: (exchange, routing key);
+the exchange ``""`` is the default exchange."""
+
+CopyHeaders = Callable[[AbstractIncomingMessage], Mapping[str, Any]]
+"""The headers a hand-rolled copy of ``message`` carries, besides the marker :data:`RETRIED`."""
+
+
+def to_queue(name: str) -> tuple[str, str]:
+    """Straight back to the queue through the default exchange."""
+    return "", name
+
+
+def to_hop(name: str) -> tuple[str, str]:
+    """Into the queue's hop queue (``measure(hop_queue=True)``), which dead-letters back."""
+    return "", f"{name}.hop"
+
+
+def own_headers(message: AbstractIncomingMessage) -> Mapping[str, Any]:
+    """The delivered message's own headers, as a hand-rolled retry would copy them."""
+    return message.headers
+
+
+def hand_rolled(*, to: Destination = to_queue, headers: CopyHeaders = own_headers) -> Consumer:
+    """Fail once, then publish a confirmed copy (``to`` its destination) and ack.
+
+    Use ``to`` and ``headers`` to take a retry apart: the same handler sending
+    the copy along another route, or carrying another copy's headers.
+    """
 
     async def start(queue: AbstractQueue, finished: Callable[[], None]) -> str:
-        exchange = queue.channel.default_exchange  # type: ignore[attr-defined]
+        channel = queue.channel
+        name, key = to(queue.name)
+        exchange = (
+            channel.default_exchange
+            if name == ""
+            else await channel.get_exchange(name, ensure=False)
+        )
 
         async def handler(message: AbstractIncomingMessage) -> None:
             if message.headers.get(RETRIED):
@@ -129,11 +162,11 @@ def hand_rolled(*, via: str | None) -> Consumer:
                 return
             copy = aio_pika.Message(
                 message.body,
-                headers={**message.headers, RETRIED: 1},
+                headers={**headers(message), RETRIED: 1},
                 message_id=message.message_id,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             )
-            await exchange.publish(copy, routing_key=via or queue.name)
+            await exchange.publish(copy, routing_key=key)
             await message.ack()
 
         return await queue.consume(handler)
@@ -249,9 +282,9 @@ async def run(
             decorated(topology, fail_once_with=None, telemetry=False),
             False,
         ),
-        ("retry-0hop", "hand-rolled publish+ack, classic"): (hand_rolled(via=None), False),
+        ("retry-0hop", "hand-rolled publish+ack, classic"): (hand_rolled(), False),
         ("retry-0hop", "delayed-retry"): (decorated(topology, fail_once_with=0), False),
-        ("retry-1hop", "hand-rolled 1 quorum TTL hop"): (_via_hop(), True),
+        ("retry-1hop", "hand-rolled 1 quorum TTL hop"): (hand_rolled(to=to_hop), True),
         ("retry-1hop", "delayed-retry"): (decorated(topology, fail_once_with=0.001), False),
     }
     samples: dict[tuple[str, str], list[Sample]] = {key: [] for key in subjects}
@@ -305,16 +338,6 @@ async def run(
             }
         )
     return rows
-
-
-def _via_hop() -> Consumer:
-    """The hand-rolled one-hop consumer: its copy goes to ``<queue>.hop``."""
-
-    async def start(queue: AbstractQueue, finished: Callable[[], None]) -> str:
-        inner = hand_rolled(via=f"{queue.name}.hop")
-        return await inner(queue, finished)
-
-    return start
 
 
 async def delete_topology(channel: AbstractChannel, topology: DelayTopology) -> None:
