@@ -89,8 +89,10 @@ async def _run(
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     if "overhead" in args.only:
-        print("overhead: the success path's own CPU cost, no broker ...")
-        rows += await asyncio.to_thread(overhead.run, repeats=5 if args.quick else 15)
+        print("overhead: the success and retry paths' own CPU cost, no broker ...")
+        repeats = 5 if args.quick else 15
+        rows += await asyncio.to_thread(overhead.run, repeats=repeats)
+        rows += await asyncio.to_thread(overhead.run_retry, repeats=repeats)
     if "throughput" in args.only:
         print(f"throughput: {args.messages} messages x {args.rounds} rounds per subject ...")
         rows += await throughput.run(

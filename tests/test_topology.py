@@ -189,6 +189,28 @@ def test_destination_checks_raise_configuration_errors() -> None:
         t.delivery_binding("amq.gen-x")
 
 
+@pytest.mark.parametrize(
+    "topology", [DelayTopology(prefix="p", levels=12), DelayTopology.nservicebus()]
+)
+def test_a_route_enters_at_its_highest_levels_exchange_and_leaves_the_topology_as_it_was(
+    topology: DelayTopology,
+) -> None:
+    before = (repr(topology), hash(topology))
+    for level in range(topology.levels):
+        assert topology.route(1 << level, "q").exchange == topology.level_name(level)
+        assert topology.route((2 << level) - 1, "q").exchange == topology.level_name(level)
+    with pytest.raises(ValueError, match="do not fit"):
+        topology.route(1 << topology.levels, "q")
+    assert (repr(topology), hash(topology)) == before
+    assert topology == DelayTopology(
+        prefix=topology.prefix,
+        levels=topology.levels,
+        unit=topology.unit,
+        queue_type=topology.queue_type,
+        naming=topology.naming,
+    )
+
+
 @given(
     st.integers(min_value=1, max_value=12).flatmap(
         lambda n: st.tuples(st.just(n), st.integers(min_value=0, max_value=(1 << n) - 1))

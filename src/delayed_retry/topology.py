@@ -30,6 +30,7 @@ both kinds routes every message once.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -69,6 +70,9 @@ MAX_NAME_BYTES = 255
 """AMQP 0-9-1 exchange and queue names are short strings."""
 
 _LONGEST_SUFFIX = ".parking.alerts"
+
+_NO_DELAY = timedelta(0)
+_MICROSECOND = timedelta(microseconds=1)
 
 DELIVERY_LIMIT = 1_000_000_000
 """``x-delivery-limit`` of every quorum queue delayed-retry consumes or keeps messages in.
@@ -250,6 +254,14 @@ class DelayTopology:
         """Name of level ``level``'s exchange and of its queue (they share it)."""
         return f"{self._level_prefix}{level:02d}"
 
+    @functools.cached_property
+    def _level_names(self) -> tuple[str, ...]:
+        """:meth:`level_name` of each level, spelled once: every retry into the chain needs one.
+
+        Not a field: it is derived, and stays out of comparisons, hashes and repr.
+        """
+        return tuple(self.level_name(level) for level in range(self.levels))
+
     @property
     def delivery_exchange(self) -> str:
         """The exchange the chain ends in; each destination queue binds to it.
@@ -382,8 +394,8 @@ class DelayTopology:
         """Units from ``now`` to ``due_at``, rounded up; raises when past the maximum."""
         # Round the exact gap up to units: rounding each end to milliseconds first
         # can lose most of a millisecond and deliver early.
-        delay = max(due_at - now, timedelta(0))
-        units = -(-(delay // timedelta(microseconds=1)) // (self.unit_ms * 1000))
+        delay = max(due_at - now, _NO_DELAY)
+        units = -(-(delay // _MICROSECOND) // (self.unit_ms * 1000))
         if units > self.max_units:
             raise DelayOutOfRangeError(
                 f"a delay of {delay} is longer than the maximum {self.max_delay} of the delay "
@@ -402,7 +414,8 @@ class DelayTopology:
         key = routing_keys.routing_key(units, self.levels, destination)
         if units == 0:
             return Route(self.delivery_exchange, key, 0)
-        return Route(self.level_name(routing_keys.entry_level(units)), key, units)
+        # routing_key accepted the units, so their entry level is one of the chain's.
+        return Route(self._level_names[routing_keys.entry_level(units)], key, units)
 
     def check_destination(self, destination: str) -> None:
         """Raise :class:`ConfigurationError` when ``destination`` cannot be a chain target."""

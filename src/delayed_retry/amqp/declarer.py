@@ -236,6 +236,8 @@ class TopologyDeclarer:
         checks, :func:`~delayed_retry.amqp.chain_marker.chain_is_marked_complete`),
         is not declared again. After :meth:`forget` it is, in full.
         """
+        if ("topology", topology) in self._done:  # every publish into the chain asks: stay cheap
+            return
 
         async def declare_unless_complete() -> None:
             if (

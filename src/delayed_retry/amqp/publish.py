@@ -9,10 +9,9 @@ returns: at-least-once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import struct
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import aiormq
@@ -112,32 +111,49 @@ _in_flight: weakref.WeakKeyDictionary[Any, dict[str, asyncio.Future[None]]] = (
 )
 
 
-@contextlib.asynccontextmanager
-async def _one_per_message_id(channel: Any, message_id: str | None) -> AsyncIterator[None]:
+class _OnePerMessageId:
     """Hold back a publish while another with the same ``message_id`` awaits its confirm.
 
     aiormq matches a ``basic.return`` to its publish by ``message_id``: with
     two in flight on one channel, a return of the first would fail the second
     and the first would read its ack as a confirm. Copies keep the original's
     id, so two hand-overs of one message (a duplicate delivery) could do that.
+    A class rather than a generator-based context manager: every hand-over
+    enters one, and a generator costs an async generator and its finalizer each time.
     """
-    if not message_id:
-        yield
-        return
-    try:
-        ids = _in_flight.setdefault(channel, {})
-    except TypeError:  # a channel that cannot be weakly referenced: nothing to share
-        yield
-        return
-    while (busy := ids.get(message_id)) is not None:
-        await asyncio.shield(busy)
-    mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    ids[message_id] = mine
-    try:
-        yield
-    finally:
-        del ids[message_id]
-        mine.set_result(None)
+
+    __slots__ = ("_channel", "_ids", "_message_id", "_mine")
+
+    def __init__(self, channel: Any, message_id: str | None) -> None:
+        self._channel = channel
+        self._message_id = message_id
+        self._ids: dict[str, asyncio.Future[None]] | None = None
+        self._mine: asyncio.Future[None] | None = None
+
+    async def __aenter__(self) -> None:
+        message_id = self._message_id
+        if not message_id:
+            return
+        try:
+            # get first: setdefault would build a dict and a weak reference with a callback
+            # on every publish, and the channel's dict exists after its first one.
+            ids = _in_flight.get(self._channel)
+            if ids is None:
+                ids = _in_flight.setdefault(self._channel, {})
+        except TypeError:  # a channel that cannot be weakly referenced: nothing to share
+            return
+        while (busy := ids.get(message_id)) is not None:
+            await asyncio.shield(busy)
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ids[message_id] = mine
+        self._ids, self._mine = ids, mine
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        mine = self._mine
+        if mine is not None:
+            assert self._ids is not None and self._message_id is not None
+            del self._ids[self._message_id]
+            mine.set_result(None)
 
 
 async def publish_confirmed(
@@ -169,7 +185,7 @@ async def publish_confirmed(
         )
     try:
         check_header_size(channel, body, properties)
-        async with _one_per_message_id(channel, properties.message_id):
+        async with _OnePerMessageId(channel, properties.message_id):
             result = await channel.basic_publish(
                 body,
                 exchange=exchange,

@@ -230,8 +230,10 @@ def failure_headers(
         kept = [n for n in old if header_int(n) is not None]
         out[X_IMMEDIATE_RUNS] = [*kept, runs][-MAX_IMMEDIATE_HISTORY:]
     out[X_RETRY] = retries
-    out[X_FIRST_FAILURE_AT] = to_epoch_ms(state.first_failure_at or now)
-    out[X_LAST_FAILURE_AT] = to_epoch_ms(now)
+    now_ms = to_epoch_ms(now)
+    first = state.first_failure_at
+    out[X_FIRST_FAILURE_AT] = now_ms if first is None else to_epoch_ms(first)
+    out[X_LAST_FAILURE_AT] = now_ms
     out[X_LAST_ERROR] = describe_exception(exc)
     out[X_ORIGINAL_EXCHANGE] = state.original_exchange
     out[X_ORIGINAL_ROUTING_KEY] = state.original_routing_key

@@ -75,6 +75,10 @@ class Instrumentation(Protocol):
         ...
 
 
+_NOTHING: AbstractContextManager[None] = nullcontext()
+"""A context that does nothing: it keeps no state, so every quiet publish shares one."""
+
+
 class QuietScope:
     """An attempt scope that records nothing, and its own context manager: free to enter.
 
@@ -91,7 +95,7 @@ class QuietScope:
     def publishing(
         self, headers: dict[str, Any], *, kind: PublishKind, exchange: str, routing_key: str
     ) -> AbstractContextManager[None]:
-        return nullcontext()
+        return _NOTHING
 
     def finish(
         self,
