@@ -93,6 +93,10 @@ async def _run(
         repeats = 5 if args.quick else 15
         rows += await asyncio.to_thread(overhead.run, repeats=repeats)
         rows += await asyncio.to_thread(overhead.run_retry, repeats=repeats)
+        # Both deliveries, frames encoded: about 2.5 s at this size, so fewer than the rows above.
+        rows += await asyncio.to_thread(
+            overhead.run_redelivery, messages=1_000, repeats=3 if args.quick else 5
+        )
     if "throughput" in args.only:
         print(f"throughput: {args.messages} messages x {args.rounds} rounds per subject ...")
         rows += await throughput.run(
