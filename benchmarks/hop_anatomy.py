@@ -15,6 +15,8 @@ each round, medians kept):
   library's 1 ms retry takes (``DelayTopology.route``), back through the delivery exchange;
 * ``CH``: the same into the chain, with the library's headers: a library adding no
   Python of its own would cost this;
+* ``SR``: delayed-retry's retry, its copy acked by hand when it comes back (the
+  library's first delivery without its second);
 * ``S``: delayed-retry, the ``retry-1hop`` subject.
 
 The library's headers are those of a real 1 ms retry made at the start of the run (less
@@ -22,7 +24,8 @@ the broker's dead-letter headers), and that retry's entry into the chain is chec
 the route ``C1`` and ``CH`` take. Every hand-written copy also carries the one marker
 header that tells the handler it is a copy. The shares: the headers (``BH − B`` beside a
 hop, ``CH − C1`` in the chain), the chain's routing (``C1 − B`` with one header,
-``CH − BH`` with the library's), the library's own work (``S − CH``); differences of
+``CH − BH`` with the library's), the library's own work (``S − CH``), split into its retry
+(``SR − CH``) and its handling of the copy (``S − SR``); differences of
 medians, so they move with the rows they come from.
 
 On a shared machine a whole round can run slower than the next, every variant alike, and
@@ -82,6 +85,7 @@ VARIANTS = (
     Variant("BH", "hand-rolled hop, library's headers", hop_queue=True),
     Variant("C1", "hand-written into the chain, 1 header", hop_queue=False),
     Variant("CH", "hand-written into the chain, library's headers", hop_queue=False),
+    Variant("SR", "delayed-retry's retry, the copy acked by hand", hop_queue=False),
     Variant("S", "delayed-retry", hop_queue=False),
 )
 BASELINE = VARIANTS[0]
@@ -92,6 +96,8 @@ DIFFERENCES = (
     ("chain routing, 1 header", "C1", "B"),
     ("chain routing, library's headers", "CH", "BH"),
     ("library's own work", "S", "CH"),
+    ("library's retry", "SR", "CH"),
+    ("library's handling of the copy", "S", "SR"),
 )
 """Each share: its name, and the two variants whose difference it is."""
 
@@ -148,6 +154,32 @@ def chain_entry(topology: DelayTopology) -> throughput.Destination:
     return to
 
 
+def retry_only(topology: DelayTopology) -> Consumer:
+    """delayed-retry's 1 ms retry of each message; the copy, when it comes back, acked by hand.
+
+    ``S`` without the library's handling of the copy: what is left of ``S − CH`` here is
+    the retry's share.
+    """
+
+    async def start(queue: AbstractQueue, finished: Callable[[], None]) -> str:
+        async def fail(message: AbstractIncomingMessage) -> None:
+            raise RetryAfter(DELAY)
+
+        retrying = with_delayed_retry(topology=topology, hold=None)(fail).for_queue(queue.name)
+        await retrying.declare(queue.channel)
+
+        async def handler(message: AbstractIncomingMessage) -> None:
+            if X_RETRY in message.headers:
+                await message.ack()
+                finished()
+                return
+            await retrying(message)
+
+        return await queue.consume(handler)
+
+    return start
+
+
 def consumers(topology: DelayTopology, copy_headers: Mapping[str, Any]) -> dict[str, Consumer]:
     """Every variant's consumer, by key."""
 
@@ -160,6 +192,7 @@ def consumers(topology: DelayTopology, copy_headers: Mapping[str, Any]) -> dict[
         "BH": throughput.hand_rolled(to=throughput.to_hop, headers=library_headers),
         "C1": throughput.hand_rolled(to=into_chain),
         "CH": throughput.hand_rolled(to=into_chain, headers=library_headers),
+        "SR": retry_only(topology),
         "S": throughput.decorated(topology, fail_once_with=DELAY),
     }
 

@@ -38,7 +38,7 @@ PEER_SUBJECTS = peer_workers.SUBJECTS
 OPT_IN = ("peer-success", "capacity", "broker-cost", "hop-anatomy")
 """Workloads run only when named with --only (peer-success: eight worker starts, noisy;
 capacity: a million messages take many minutes; broker-cost: a node of its own with the
-management plugin, two minutes; hop-anatomy: five subjects taking the one-hop retry
+management plugin, two minutes; hop-anatomy: six subjects taking the one-hop retry
 apart, an analysis rather than a target)."""
 
 WORKLOADS = (
