@@ -57,6 +57,7 @@ from pamqp.header import ContentHeader
 
 from delayed_retry import DelayTopology, RetryAfter, with_delayed_retry
 from delayed_retry.amqp.declarer import declarer_for
+from delayed_retry.headers import X_RETRY
 
 QUEUE = "work"
 BODY = b"x" * 200
@@ -239,8 +240,8 @@ async def _failing(message: AbstractIncomingMessage) -> None:
 
 
 async def _failing_once(message: AbstractIncomingMessage) -> None:
-    """Fails a first delivery; succeeds on a retry copy (which carries ``x-retry``)."""
-    if "x-retry" not in message.headers:
+    """Fails a first delivery; succeeds on a retry copy (which carries :data:`X_RETRY`)."""
+    if X_RETRY not in message.headers:
         raise RetryAfter(RETRY_DELAY)
 
 
