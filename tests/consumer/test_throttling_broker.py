@@ -151,9 +151,17 @@ async def test_throttle_stops_the_consumer_probes_and_resumes(
     marker = marker_queue_name(scenario.topology.prefix, queue.name)
     scenario.track_queue(marker)
     await wait_until(lambda: _count(marker, scenario, 1), what="the process counted as throttled")
-    status = await asyncio.to_thread(_status, scenario, queue.name, rabbitmq_url)
-    assert status["queues"][0]["throttled_consumers"] == 1
-    assert status["queues"][0]["consumers"] == 0
+    # A quorum queue counts a probe's basic.get as a consumer until its message is
+    # settled, so `status` may catch a probe in flight: it must show none between probes.
+    shown: list[dict[str, Any]] = []
+
+    async def status_shows_throttled() -> bool:
+        status = await asyncio.to_thread(_status, scenario, queue.name, rabbitmq_url)
+        shown.append(status["queues"][0])
+        return bool(shown[-1]["throttled_consumers"] == 1 and shown[-1]["consumers"] == 0)
+
+    await wait_until(status_shows_throttled, what="status to show 1 throttled, 0 consuming")
+    assert all(s["throttled_consumers"] == 1 for s in shown), shown
     # While throttled the handler takes one message at a time: let several probes run.
     failed_at_trip = sum(dependency.failed.values())
     await wait_until(
