@@ -26,12 +26,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         fixtures = getattr(item, "fixturenames", ())
         if "cluster" in fixtures:
             item.add_marker(pytest.mark.cluster)
+        # A fixture that starts a RabbitMQ node of its own is named `node` or `*_node`
+        # (tests/project/test_tests_tree.py holds every such fixture to it).
+        own_node = any(name == "node" or name.endswith("_node") for name in fixtures)
+        if own_node:
+            item.add_marker(pytest.mark.private_node)
         # Anything that reaches or starts a RabbitMQ node is a broker test, so that
         # `-m "not broker"` runs without one.
-        if {"rabbitmq_url", "node", "running_node", "cluster"} & set(fixtures) or (
-            # The soak and the container tests bring brokers of their own.
-            item.get_closest_marker("soak") is not None
-            or item.get_closest_marker("container") is not None
+        if (
+            own_node
+            or {"rabbitmq_url", "cluster"} & set(fixtures)
+            or (
+                # The soak and the container tests bring brokers of their own.
+                item.get_closest_marker("soak") is not None
+                or item.get_closest_marker("container") is not None
+            )
         ):
             item.add_marker(pytest.mark.broker)
 

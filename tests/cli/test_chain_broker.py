@@ -22,7 +22,7 @@ pytestmark = pytest.mark.broker
 
 
 @pytest.fixture(scope="module")
-def managed() -> Iterator[tuple[str, str]]:
+def management_node() -> Iterator[tuple[str, str]]:
     """(AMQP URL, management URL) of a private node with the management plugin."""
     port = free_port()
     node = RabbitMQNode(
@@ -41,12 +41,12 @@ async def _declare(url: str, queue: str) -> None:
 
 
 def test_a_queue_bound_to_another_chain_is_refused_and_a_missing_prefix_found(
-    managed: tuple[str, str],
+    management_node: tuple[str, str],
     unique: str,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    url, management = managed
+    url, management = management_node
     monkeypatch.setenv("RABBITMQ_MANAGEMENT_URL", management)
     monkeypatch.delenv("DELAYED_RETRY_PREFIX", raising=False)
     asyncio.run(_declare(url, unique))
@@ -87,12 +87,12 @@ async def _front_door(url: str, topology: DelayTopology, exchange: str) -> None:
 
 
 def test_teardown_lists_the_forwarding_it_finds_and_removes_it_when_asked(
-    managed: tuple[str, str],
+    management_node: tuple[str, str],
     unique: str,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    url, management = managed
+    url, management = management_node
     monkeypatch.setenv("RABBITMQ_MANAGEMENT_URL", management)
     topology = DelayTopology(prefix=unique, levels=4, queue_type="classic")
     topo = ["--prefix", unique, "--levels", "4", "--queue-type", "classic"]

@@ -30,7 +30,7 @@ CHAIN = ["--levels", "6"]
 
 
 @pytest.fixture(scope="module")
-def managed() -> Iterator[tuple[RabbitMQNode, str]]:
+def management_node() -> Iterator[tuple[RabbitMQNode, str]]:
     """A private node with the management plugin, and the API's URL."""
     port = free_port()
     node = RabbitMQNode(
@@ -43,9 +43,9 @@ def managed() -> Iterator[tuple[RabbitMQNode, str]]:
 
 @pytest.fixture
 def api(
-    managed: tuple[RabbitMQNode, str], monkeypatch: pytest.MonkeyPatch
+    management_node: tuple[RabbitMQNode, str], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[RabbitMQNode, ManagementClient]:
-    node, url = managed
+    node, url = management_node
     monkeypatch.setenv("RABBITMQ_MANAGEMENT_URL", url)
     monkeypatch.delenv("DELAYED_RETRY_PREFIX", raising=False)
     return node, ManagementClient.for_broker(node.url, management_url=url)

@@ -138,6 +138,7 @@ async def test_graceful_stop_then_start_keeps_messages(node: RabbitMQNode, uniqu
         assert await get_one(connection, unique) == b"kept"
 
 
+@pytest.mark.private_node
 def test_failed_start_reports_log_and_cleans_up() -> None:
     broken = RabbitMQNode(config={"listeners.tcp.default": "not-a-port"})
     with pytest.raises(BrokerHarnessError, match="exited with code") as failure, broken:
@@ -147,6 +148,7 @@ def test_failed_start_reports_log_and_cleans_up() -> None:
     assert not broken.base_dir.exists()
 
 
+@pytest.mark.private_node
 def test_missing_server_names_the_package(tmp_path: Path) -> None:
     with pytest.raises(BrokerHarnessError, match="apt-get install rabbitmq-server"):
         RabbitMQNode(base_dir=tmp_path, bin_dir=tmp_path / "nowhere").start()

@@ -124,7 +124,7 @@ def test_build_writes_the_extra_files_before_marking_the_chroot_ready(
 
 
 @pytest.fixture(scope="module")
-def node_4_3() -> Iterator[RabbitMQNode]:
+def chroot_node() -> Iterator[RabbitMQNode]:
     node = RabbitMQNode(version="4.3")
     try:
         node.start()
@@ -139,9 +139,9 @@ def node_4_3() -> Iterator[RabbitMQNode]:
 
 @pytest.mark.broker
 @pytest.mark.private_node
-async def test_a_4_3_node_boots_in_its_chroot_and_serves(node_4_3: RabbitMQNode) -> None:
-    assert node_4_3.root == RELEASES["4.3"].root
-    connection = await aio_pika.connect(node_4_3.url)
+async def test_a_4_3_node_boots_in_its_chroot_and_serves(chroot_node: RabbitMQNode) -> None:
+    assert chroot_node.root == RELEASES["4.3"].root
+    connection = await aio_pika.connect(chroot_node.url)
     async with connection:
         assert connection.transport is not None
         version = connection.transport.connection.server_properties["version"]
@@ -154,4 +154,4 @@ async def test_a_4_3_node_boots_in_its_chroot_and_serves(node_4_3: RabbitMQNode)
         message = await queue.get(no_ack=True, timeout=10)
         assert message.body == b"x"
         await queue.delete(if_unused=False, if_empty=False)
-    assert "t-chroot-4-3" not in node_4_3.rabbitmqctl("list_queues", "name")
+    assert "t-chroot-4-3" not in chroot_node.rabbitmqctl("list_queues", "name")

@@ -6,6 +6,7 @@ own collects the whole tree, whatever this run selected).
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -76,6 +77,96 @@ def test_every_file_with_a_broker_test_ends_in_broker() -> None:
     assert misnamed_tiers(found) == [], (
         "a file holds tests that need a RabbitMQ node but its name does not end in _broker.py; "
         "rename it (tests/README.md)"
+    )
+
+
+NODE_STARTERS = {"RabbitMQNode", "RabbitMQCluster", "private_node"}
+"""What starts a RabbitMQ node of a test's own."""
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {
+        n.id if isinstance(n, ast.Name) else n.attr
+        for n in ast.walk(node)
+        if isinstance(n, ast.Name | ast.Attribute)
+    }
+
+
+def unmarked_node_starters(source: str, path: str) -> list[str]:
+    """Each fixture or test in ``source`` that starts a node of its own and that
+    ``scripts/test`` would still run: a fixture must be named ``node`` or ``*_node`` (the
+    tests using it are marked ``private_node`` by tests/conftest.py), a test must carry the
+    ``private_node`` mark itself or through its module's ``pytestmark``."""
+    tree = ast.parse(source)
+    module_marked = any(
+        isinstance(statement, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in statement.targets)
+        and "private_node" in _names(statement.value)
+        for statement in tree.body
+    )
+    found = []
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        called = {
+            call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "")
+            for call in ast.walk(function)
+            if isinstance(call, ast.Call)
+        }
+        if not called & NODE_STARTERS:
+            continue
+        decorators = set().union(*(_names(d) for d in function.decorator_list))
+        if "fixture" in decorators:
+            if function.name != "node" and not function.name.endswith("_node"):
+                found.append(f"{path}::{function.name} (a fixture: name it *_node)")
+        elif function.name.startswith("test_") and not (
+            module_marked or "private_node" in decorators
+        ):
+            found.append(f"{path}::{function.name} (a test: mark it private_node)")
+    return found
+
+
+def test_every_test_that_starts_a_node_of_its_own_is_marked() -> None:
+    found = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        found += unmarked_node_starters(path.read_text(encoding="utf-8"), relative)
+    assert found == [], (
+        "tests that start RabbitMQ nodes of their own run in scripts/test-nodes, not in "
+        "scripts/test; these would run in the wrong one"
+    )
+
+
+def test_the_node_check_catches_an_unmarked_fixture_and_test() -> None:
+    source = """
+import pytest
+@pytest.fixture(scope="module")
+def managed():
+    with RabbitMQNode() as started:
+        yield started
+@pytest.fixture
+def tls_node():
+    yield from private_node(tls=True)
+def test_inline():
+    with RabbitMQNode() as node:
+        pass
+@pytest.mark.private_node
+def test_marked():
+    RabbitMQNode().start()
+def test_uses(tls_node):
+    pass
+"""
+    assert unmarked_node_starters(source, "t.py") == [
+        "t.py::managed (a fixture: name it *_node)",
+        "t.py::test_inline (a test: mark it private_node)",
+    ]
+    assert (
+        unmarked_node_starters(
+            "pytestmark = pytest.mark.private_node\n"
+            + source.replace("def managed", "def managed_node"),
+            "t.py",
+        )
+        == []
     )
 
 

@@ -118,6 +118,7 @@ async def test_schedule_dataframe_delivers_every_row_never_early_and_once(
         await channel.close()
 
 
+@pytest.mark.private_node
 def test_broker_gone_mid_redrive_records_only_confirmed_sends(
     spark: Any, tmp_path: Path, unique: str
 ) -> None:

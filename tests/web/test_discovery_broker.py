@@ -17,7 +17,7 @@ pytestmark = pytest.mark.broker
 
 
 @pytest.fixture(scope="module")
-def managed() -> Iterator[tuple[RabbitMQNode, str]]:
+def management_node() -> Iterator[tuple[RabbitMQNode, str]]:
     """A private node with rabbitmq_management on a free loopback port."""
     port = free_port()
     node = RabbitMQNode(
@@ -36,9 +36,9 @@ def managed() -> Iterator[tuple[RabbitMQNode, str]]:
 
 
 async def test_discovery_lists_work_queues_that_have_a_parking_queue(
-    managed: tuple[RabbitMQNode, str],
+    management_node: tuple[RabbitMQNode, str],
 ) -> None:
-    node, management = managed
+    node, management = management_node
     connection = await aio_pika.connect(node.url)
     async with connection:
         channel = await connection.channel()
