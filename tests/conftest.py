@@ -17,7 +17,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from harness import BrokerHarnessError, RabbitMQCluster, broker_url
 from tests.support.chain import Scenario, open_scenario
-from tests.support.nodes import CONFIRM_TIMEOUT_MS
+from tests.support.nodes import CONFIRM_TIMEOUT_MS, starts_own_node
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -26,9 +26,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         fixtures = getattr(item, "fixturenames", ())
         if "cluster" in fixtures:
             item.add_marker(pytest.mark.cluster)
-        # A fixture that starts a RabbitMQ node of its own is named `node` or `*_node`
-        # (tests/project/test_tests_tree.py holds every such fixture to it).
-        own_node = any(name == "node" or name.endswith("_node") for name in fixtures)
+        own_node = any(starts_own_node(name) for name in fixtures)
         if own_node:
             item.add_marker(pytest.mark.private_node)
         # Anything that reaches or starts a RabbitMQ node is a broker test, so that

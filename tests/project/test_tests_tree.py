@@ -12,6 +12,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from tests.support.nodes import starts_own_node
+
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 PACKAGE = ROOT / "src" / "delayed_retry"
@@ -117,7 +119,7 @@ def unmarked_node_starters(source: str, path: str) -> list[str]:
             continue
         decorators = set().union(*(_names(d) for d in function.decorator_list))
         if "fixture" in decorators:
-            if function.name != "node" and not function.name.endswith("_node"):
+            if not starts_own_node(function.name):
                 found.append(f"{path}::{function.name} (a fixture: name it *_node)")
         elif function.name.startswith("test_") and not (
             module_marked or "private_node" in decorators

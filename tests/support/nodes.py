@@ -1,6 +1,17 @@
-"""Broker settings the tests' private nodes and cluster run with, and check against."""
+"""Broker settings the tests' private nodes and cluster run with, and check against; the
+naming rule by which a fixture says it starts a node of its own."""
 
 from __future__ import annotations
+
+
+def starts_own_node(fixture: str) -> bool:
+    """Whether a fixture of this name starts a RabbitMQ node of its own: ``node`` or ``*_node``.
+
+    ``tests/conftest.py`` marks the tests using one ``private_node`` (``scripts/test-nodes``
+    runs them); ``tests/project/test_tests_tree.py`` holds every node-starting fixture to it.
+    """
+    return fixture == "node" or fixture.endswith("_node")
+
 
 CONFIRM_TIMEOUT_MS = 10_000
 """``dead_letter_worker_publisher_confirm_timeout`` of the test cluster and the broker-kill node.
