@@ -29,18 +29,17 @@ from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.consumers import Consumer, consume_queue
 from delayed_retry.amqp.declarer import declarer_for
-from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import RequeueBackoff, hand_over, requeue_after_backoff
 from delayed_retry.consumer.in_flight import InFlight
-from delayed_retry.consumer.options import RouterOptions, with_defaults
+from delayed_retry.consumer.options import RouterOptions
 from delayed_retry.consumer.rejections import RETRIED_REASONS, Rejection, read_rejection
-from delayed_retry.durations import to_epoch_ms, to_seconds, utcnow
+from delayed_retry.consumer.settings import router_settings
+from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.headers.names import X_CLAIMED_QUEUE, X_PARKED_AT, X_PARKED_REASON
 from delayed_retry.headers.values import sanitize_headers
 from delayed_retry.observability.instrumentation import Instrumentation
-from delayed_retry.observability.otel import default_instrumentation
 from delayed_retry.policy import Decision, RetryPolicy
 from delayed_retry.topology import DelayTopology
 
@@ -83,33 +82,14 @@ class RetryRouter:
     """
 
     def __init__(self, *, queues: Iterable[str], **options: Unpack[RouterOptions]) -> None:
-        o = with_defaults(RouterOptions, options, caller="RetryRouter()")
-        topology, prefetch = o["topology"], o["prefetch"]
-        if isinstance(queues, str):
-            raise ConfigurationError(
-                f"queues={queues!r} must be a list of queue names, not one string"
-            )
-        names = tuple(dict.fromkeys(queues))
-        if not names:
-            raise ConfigurationError(
-                "RetryRouter needs at least one queue (queues=[...] or --queue Q): it only "
-                "ever sends messages to the queues it was started with"
-            )
-        if not isinstance(topology, DelayTopology):
-            raise ConfigurationError(f"topology={topology!r} must be a DelayTopology")
-        for name in names:
-            topology.check_destination(name)
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise ConfigurationError(f"prefetch={prefetch!r} must be a positive int")
-        self.queues = names
-        self.topology: DelayTopology = topology
-        self.policy = RetryPolicy(max_retries=o["max_retries"], wait=o["wait"], stop=o["stop"])
-        self.publish_timeout = (
-            to_seconds(o["publish_timeout"], name="publish_timeout") or DEFAULT_PUBLISH_TIMEOUT
-        )
-        self.prefetch: int = prefetch
-        self.instrumentation: Instrumentation = o["instrumentation"] or default_instrumentation()
-        self._known = frozenset(names)
+        settings = router_settings(queues, options, caller="RetryRouter()")
+        self.queues: tuple[str, ...] = settings.queues
+        self.topology: DelayTopology = settings.topology
+        self.policy: RetryPolicy = settings.policy
+        self.publish_timeout: float = settings.publish_timeout
+        self.prefetch: int = settings.prefetch
+        self.instrumentation: Instrumentation = settings.instrumentation
+        self._known = frozenset(settings.queues)
         self._requeue_backoff = RequeueBackoff()
         self.in_flight = InFlight()
         """Rejected messages being handed over now (a stopping service waits for them)."""

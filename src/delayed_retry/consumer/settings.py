@@ -1,23 +1,24 @@
-"""A retrying handler's settings: :class:`RetryOptions`, and :func:`retry_options`, which checks
-the options a front end was given and builds them.
+"""Options into settings, once for every front end: the decorator (and ``consume``), FastStream's
+``DelayedRetry`` and :class:`~delayed_retry.RetryRouter`.
 
-The options themselves (names, types, defaults, help) are defined once in
-:mod:`delayed_retry.consumer.options`; this module turns them into the settings a
-:class:`~delayed_retry.consumer.handler.RetryingHandler` runs with, refusing a bad
-one when the front end is configured, not at the first failure.
+The options themselves (names, types, defaults, help) are defined in
+:mod:`delayed_retry.consumer.options`. Each front end calls one function here
+when it is configured: :func:`retry_options` (a consumer's retries) or
+:func:`router_settings`; both check and build what every front end shares in
+:func:`chain_settings`, so a bad option fails alike everywhere, before the first message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.consumer.handover import DEFAULT_TIMING, HandOverTiming, RequeueBackoff
 from delayed_retry.consumer.hooks import FailureHooks
 from delayed_retry.consumer.immediate import Pauses
-from delayed_retry.consumer.options import ReturnTo, SubscriberOptions, with_defaults
+from delayed_retry.consumer.options import ReturnTo, RouterOptions, SubscriberOptions, with_defaults
 from delayed_retry.consumer.until_due import HeldUntilDue
 from delayed_retry.crashes import CrashGuard
 from delayed_retry.durations import to_seconds
@@ -30,11 +31,28 @@ from delayed_retry.policy import RetryPolicy
 from delayed_retry.throttle import Throttle
 from delayed_retry.topology import DelayTopology
 
-__all__ = ["RetryOptions", "retry_options"]
+__all__ = [
+    "ChainSettings",
+    "RetryOptions",
+    "RouterSettings",
+    "chain_settings",
+    "retry_options",
+    "router_settings",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
-class RetryOptions:
+class ChainSettings:
+    """What every front end that sends failures through the delay chain runs with."""
+
+    policy: RetryPolicy
+    topology: DelayTopology
+    publish_timeout: float
+    instrumentation: Instrumentation
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryOptions(ChainSettings):
     """Everything a :class:`~delayed_retry.consumer.handler.RetryingHandler` is configured with.
 
     Built by :func:`retry_options` from a front end's checked options; a front end
@@ -42,11 +60,7 @@ class RetryOptions:
     """
 
     queue: str | None
-    policy: RetryPolicy
-    topology: DelayTopology
     parking_queue: str | None
-    publish_timeout: float
-    instrumentation: Instrumentation
     requeue_backoff: RequeueBackoff = field(
         default_factory=RequeueBackoff, compare=False, repr=False
     )
@@ -77,74 +91,114 @@ class RetryOptions:
     is requeued: the defaults, unless a consumer must give up sooner."""
 
 
-def retry_options(
-    given: Mapping[str, object], *, accepted: type[SubscriberOptions], caller: str
-) -> RetryOptions:
-    """Check the options a front end was ``given`` and build its :class:`RetryOptions`.
+@dataclass(frozen=True, kw_only=True)
+class RouterSettings(ChainSettings):
+    """What a :class:`~delayed_retry.RetryRouter` runs with: its queues and its prefetch."""
 
-    Every front end that retries a consumer's failures (the decorator with
-    :class:`~delayed_retry.consumer.options.HandlerOptions`, the FastStream
-    middleware with :class:`~delayed_retry.consumer.options.SubscriberOptions`)
-    checks its options here, once when it is configured, so a bad option fails
-    the same way, with the same message;
-    ``caller`` names the front end in the error for an unknown option.
+    queues: tuple[str, ...]
+    prefetch: int
+
+
+S = TypeVar("S", bound=ChainSettings)
+
+
+def chain_settings(settings: type[S], o: Mapping[str, Any], **own: Any) -> S:
+    """Check the options every front end shares and build ``settings`` with them and ``own``.
+
+    ``o`` are a front end's options with their defaults (:func:`with_defaults`).
     """
-    o = with_defaults(accepted, given, caller=caller)
-    queue: str | None = o.get("queue")
-    topology = o["topology"]
-    return_to = o["return_to"]
-    parking_queue = o["parking_queue"]
-    instrumentation = o["instrumentation"]
-    hold = o["hold"]
-    throttle, crash_guard = o["throttle"], o["crash_guard"]
-    if return_to not in ("queue", "exchange"):
-        raise ConfigurationError(
-            f"return_to={return_to!r} must be 'queue' (the failing queue) or 'exchange' "
-            "(the exchange and routing key the message was delivered with)"
-        )
+    topology, instrumentation = o["topology"], o["instrumentation"]
     if not isinstance(topology, DelayTopology):
         raise ConfigurationError(f"topology={topology!r} must be a DelayTopology")
-    if queue is not None:
-        topology.check_destination(queue)
-    if parking_queue is not None and (not parking_queue or parking_queue.startswith("amq.")):
-        raise ConfigurationError(f"parking_queue={parking_queue!r} is not a usable queue name")
     if instrumentation is not None and not callable(getattr(instrumentation, "attempt", None)):
         raise ConfigurationError(
             f"instrumentation={instrumentation!r} is not an Instrumentation; pass "
             "delayed_retry.NoInstrumentation() or an object with attempt() and scheduling()"
         )
-    check_hold(hold, topology)
-    if throttle is not None and not isinstance(throttle, Throttle):
+    retry = o.get("retry")
+    policy = RetryPolicy(
+        max_retries=o["max_retries"],
+        wait=o["wait"],
+        stop=o["stop"],
+        **({} if retry is None else {"retry": retry}),
+    )
+    timeout = to_seconds(o["publish_timeout"], name="publish_timeout")
+    return settings(
+        policy=policy,
+        topology=topology,
+        publish_timeout=timeout or DEFAULT_PUBLISH_TIMEOUT,
+        instrumentation=instrumentation or default_instrumentation(),
+        **own,
+    )
+
+
+def retry_options(
+    given: Mapping[str, object], *, accepted: type[SubscriberOptions], caller: str
+) -> RetryOptions:
+    """Check the options a consumer's front end was ``given`` and build its :class:`RetryOptions`.
+
+    For the decorator (:class:`~delayed_retry.consumer.options.HandlerOptions`)
+    and the FastStream middleware (:class:`~delayed_retry.consumer.options.SubscriberOptions`),
+    once when configured; ``caller`` names the front end in the error for an unknown option.
+    """
+    o = with_defaults(accepted, given, caller=caller)
+    queue: str | None = o.get("queue")
+    return_to, parking_queue = o["return_to"], o["parking_queue"]
+    if return_to not in ("queue", "exchange"):
         raise ConfigurationError(
-            f"throttle={throttle!r} must be a delayed_retry.Throttle, e.g. "
-            "Throttle(consecutive=5, probe_every=1.0), or None"
+            f"return_to={return_to!r} must be 'queue' (the failing queue) or 'exchange' "
+            "(the exchange and routing key the message was delivered with)"
         )
-    if crash_guard is not None and not isinstance(crash_guard, CrashGuard):
-        raise ConfigurationError(
-            f"crash_guard={crash_guard!r} must be a delayed_retry.CrashGuard, e.g. "
-            "CrashGuard(max_crashes=3), or None"
-        )
+    if parking_queue is not None and (not parking_queue or parking_queue.startswith("amq.")):
+        raise ConfigurationError(f"parking_queue={parking_queue!r} is not a usable queue name")
+    _check_instance("throttle", o["throttle"], Throttle, "Throttle(consecutive=5, probe_every=1.0)")
+    _check_instance("crash_guard", o["crash_guard"], CrashGuard, "CrashGuard(max_crashes=3)")
     immediate = ImmediateRetries(times=o["immediate_retries"], wait=o["immediate_wait"])
     hooks = FailureHooks(on_retry=o["on_retry"], on_park=o["on_park"])
-    policy_kwargs: dict[str, Any] = {
-        "max_retries": o["max_retries"],
-        "wait": o["wait"],
-        "stop": o["stop"],
-    }
-    if o["retry"] is not None:
-        policy_kwargs["retry"] = o["retry"]
-    return RetryOptions(
+    settings = chain_settings(
+        RetryOptions,
+        o,
         queue=queue,
-        policy=RetryPolicy(**policy_kwargs),
-        topology=topology,
         parking_queue=parking_queue,
-        publish_timeout=to_seconds(o["publish_timeout"], name="publish_timeout")
-        or DEFAULT_PUBLISH_TIMEOUT,
-        instrumentation=instrumentation or default_instrumentation(),
         return_to=return_to,
-        hold=hold,
+        hold=o["hold"],
         immediate=immediate if immediate.times else None,
         hooks=hooks if hooks.any else None,
-        throttle=throttle,
-        crash_guard=crash_guard,
+        throttle=o["throttle"],
+        crash_guard=o["crash_guard"],
     )
+    if queue is not None:
+        settings.topology.check_destination(queue)
+    check_hold(settings.hold, settings.topology)
+    return settings
+
+
+def router_settings(
+    queues: Iterable[str], given: Mapping[str, object], *, caller: str
+) -> RouterSettings:
+    """Check the ``queues`` and options a :class:`~delayed_retry.RetryRouter` was given and
+    build its :class:`RouterSettings`; ``caller`` names it in the error for an unknown option."""
+    o = with_defaults(RouterOptions, given, caller=caller)
+    if isinstance(queues, str):
+        raise ConfigurationError(f"queues={queues!r} must be a list of queue names, not one string")
+    names = tuple(dict.fromkeys(queues))
+    if not names:
+        raise ConfigurationError(
+            "RetryRouter needs at least one queue (queues=[...] or --queue Q): it only "
+            "ever sends messages to the queues it was started with"
+        )
+    prefetch = o["prefetch"]
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+        raise ConfigurationError(f"prefetch={prefetch!r} must be a positive int")
+    settings = chain_settings(RouterSettings, o, queues=names, prefetch=prefetch)
+    for name in names:
+        settings.topology.check_destination(name)
+    return settings
+
+
+def _check_instance(name: str, value: object, kind: type, example: str) -> None:
+    """Refuse an option that must be ``kind`` or ``None``, showing ``example``."""
+    if value is not None and not isinstance(value, kind):
+        raise ConfigurationError(
+            f"{name}={value!r} must be a delayed_retry.{kind.__name__}, e.g. {example}, or None"
+        )
