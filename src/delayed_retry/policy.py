@@ -22,7 +22,7 @@ from tenacity.wait import wait_base
 from delayed_retry.durations import to_seconds
 from delayed_retry.errors import ConfigurationError, ParkMessage, RetryAfter
 from delayed_retry.headers.retry_state import RetryState
-from delayed_retry.strategies import refuse_result_predicates
+from delayed_retry.strategies import refuse_exception_classes, refuse_result_predicates
 
 __all__ = [
     "DEFAULT_MAX_RETRIES",
@@ -119,6 +119,7 @@ class RetryPolicy:
             )
         if not 0 <= self.max_retries <= 10_000:
             raise ConfigurationError(f"max_retries={self.max_retries} must be in 0..10000")
+        refuse_exception_classes(self.retry)
         for name, value, base in (
             ("wait", self.wait, wait_base),
             ("retry", self.retry, retry_base),

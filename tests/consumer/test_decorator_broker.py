@@ -157,6 +157,26 @@ async def test_exception_outside_retry_parks_at_once(quorum: Scenario) -> None:
     assert calls.queue.qsize() == 1
 
 
+async def test_an_exception_class_as_retry_parks_the_other_exceptions_at_once(
+    quorum: Scenario,
+) -> None:
+    calls = Calls()
+
+    @with_delayed_retry(max_retries=5, wait=FAST, retry=ValueError, topology=quorum.topology)
+    async def handler(message: AbstractIncomingMessage) -> None:
+        calls.record(message)
+        raise RuntimeError("not a ValueError")
+
+    queue, parked = await start(quorum, handler)
+    await publish(quorum.ch, queue.name, b"x")
+    record = (await parked.get()).headers
+    assert (record[h.X_PARKED_REASON], record[h.X_EXCEPTION_TYPE]) == (
+        "not-retryable",
+        "RuntimeError",
+    )
+    assert calls.queue.qsize() == 1
+
+
 async def test_parking_record_after_max_retries_is_complete(quorum: Scenario) -> None:
     calls = Calls()
 

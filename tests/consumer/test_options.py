@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import typing
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -165,6 +166,23 @@ def test_wrong_types_fail_the_type_check_and_the_configuration_check() -> None:
         DelayedRetry(return_to="nowhere")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="prefetch=0 must be a positive int"):
         RetryRouter(queues=["orders"], prefetch=0)
+
+
+@pytest.mark.parametrize("retry", [ValueError, (KeyError, ValueError)], ids=["class", "tuple"])
+def test_exception_classes_as_retry_mean_retry_if_exception_type_in_every_front_end(
+    retry: Any,
+) -> None:
+    state = delayed_retry.RetryState(
+        attempt=1, retries=0, queue="orders", original_exchange="", original_routing_key="orders"
+    )
+    now = datetime.now(UTC)
+    for options in (
+        with_delayed_retry(retry=retry)(handler).options,
+        DelayedRetry(retry=retry).options,
+    ):
+        assert options.policy.decide(state, ValueError("bad"), now=now).action == "retry"
+        parked = options.policy.decide(state, RuntimeError("other"), now=now)
+        assert (parked.action, parked.reason) == ("park", "not-retryable")
 
 
 def test_with_defaults_fills_in_and_refuses() -> None:

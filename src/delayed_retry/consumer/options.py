@@ -121,11 +121,12 @@ class SubscriberOptions(ChainOptions, total=False):
     """The options of a consumer's retries: FastStream's ``DelayedRetry`` takes these."""
 
     retry: Annotated[
-        retry_base | None,
+        retry_base | type[BaseException] | tuple[type[BaseException], ...] | None,
         Option(
             None,
             "a tenacity retry_if_* choosing which exceptions are retried; the others park at "
-            "once (None: every Exception)",
+            "once. An exception class or a tuple of them means retry_if_exception_type(...) "
+            "(None: every Exception)",
         ),
     ]
     parking_queue: Annotated[

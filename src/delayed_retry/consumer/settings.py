@@ -27,7 +27,8 @@ from delayed_retry.hold import Hold, check_hold
 from delayed_retry.immediate import ImmediateRetries
 from delayed_retry.observability.instrumentation import Instrumentation
 from delayed_retry.observability.otel import default_instrumentation
-from delayed_retry.policy import RetryPolicy
+from delayed_retry.policy import DEFAULT_RETRY, RetryPolicy
+from delayed_retry.strategies import retry_strategy
 from delayed_retry.throttle import Throttle
 from delayed_retry.topology import DelayTopology
 
@@ -105,7 +106,9 @@ S = TypeVar("S", bound=ChainSettings)
 def chain_settings(settings: type[S], o: Mapping[str, Any], **own: Any) -> S:
     """Check the options every front end shares and build ``settings`` with them and ``own``.
 
-    ``o`` are a front end's options with their defaults (:func:`with_defaults`).
+    ``o`` are a front end's options with their defaults (:func:`with_defaults`); an
+    exception class given as ``retry`` means ``retry_if_exception_type`` of it
+    (:func:`~delayed_retry.strategies.retry_strategy`).
     """
     topology, instrumentation = o["topology"], o["instrumentation"]
     if not isinstance(topology, DelayTopology):
@@ -115,13 +118,8 @@ def chain_settings(settings: type[S], o: Mapping[str, Any], **own: Any) -> S:
             f"instrumentation={instrumentation!r} is not an Instrumentation; pass "
             "delayed_retry.NoInstrumentation() or an object with attempt() and scheduling()"
         )
-    retry = o.get("retry")
-    policy = RetryPolicy(
-        max_retries=o["max_retries"],
-        wait=o["wait"],
-        stop=o["stop"],
-        **({} if retry is None else {"retry": retry}),
-    )
+    retry: Any = DEFAULT_RETRY if o.get("retry") is None else retry_strategy(o["retry"])
+    policy = RetryPolicy(max_retries=o["max_retries"], wait=o["wait"], retry=retry, stop=o["stop"])
     timeout = to_seconds(o["publish_timeout"], name="publish_timeout")
     return settings(
         policy=policy,
