@@ -28,6 +28,7 @@ PACKAGE = "delayed_retry"
 
 PURE_IN_SUBPACKAGES = (
     "consumer.rejections",
+    "consumer.startup",
     "parking.records",
     "parking.moving.report",
     "parking.moving.canary_rules",

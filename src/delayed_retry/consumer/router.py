@@ -1,20 +1,9 @@
 """Delayed retries for consumers in any language: the router of rejected messages.
 
-A team whose consumer (Go, Java, Node …) simply rejects a failing message
-adds one argument to its queue, ``x-dead-letter-exchange`` =
-``<prefix>.rejected``. The broker dead-letters each rejection there; a
-:class:`RetryRouter` consumes ``<prefix>.rejected``, reads ``x-death`` (and our
-``x-retry``) to learn the queue and how often it failed, applies the same
-backoff policy as :func:`~delayed_retry.with_delayed_retry`, and hands the
-message over exactly as the decorator does (:mod:`delayed_retry.consumer.handover`):
-into the delay chain back to the queue, or to ``<queue>.parking`` past the
-limit, confirmed before the rejected copy is acked (at-least-once).
-
-Only queues the router was started with are destinations. A message naming
-another queue, or with no ``x-death`` (published straight to the rejected
-exchange), is kept in ``<prefix>.unroutable`` with a record
-(``x-parked-reason`` = ``unknown-queue`` or ``no-death-record``) and an
-alert copy: never routed by what a header says, never lost.
+:class:`RetryRouter` consumes ``<prefix>.rejected``, where the broker dead-letters
+what consumers reject, and retries or parks each message as the decorator does,
+only to the queues it was started with; anything else is kept in
+``<prefix>.unroutable``. How it reads ``x-death`` and what it keeps: ``docs/any-language.md``.
 """
 
 from __future__ import annotations
@@ -35,8 +24,9 @@ from delayed_retry.consumer.in_flight import InFlight
 from delayed_retry.consumer.options import RouterOptions
 from delayed_retry.consumer.rejections import RETRIED_REASONS, Rejection, read_rejection
 from delayed_retry.consumer.settings import router_settings
+from delayed_retry.consumer.startup import ConsumerStart, check_start
 from delayed_retry.durations import to_epoch_ms, utcnow
-from delayed_retry.errors import ConfigurationError, DelayedRetryError
+from delayed_retry.errors import DelayedRetryError
 from delayed_retry.headers.names import X_CLAIMED_QUEUE, X_PARKED_AT, X_PARKED_REASON
 from delayed_retry.headers.values import sanitize_headers
 from delayed_retry.observability.instrumentation import Instrumentation
@@ -68,17 +58,10 @@ class RetryRouter:
     """Retries, then parks, what consumers of ``queues`` reject, whatever their language.
 
     Use it when a queue's consumers are not Python (or not wrapped with
-    :func:`~delayed_retry.with_delayed_retry`) but should get the same
-    delayed retries: set ``x-dead-letter-exchange`` to
-    ``topology.rejected_exchange`` on the queue, and run one router (the
-    ``delayed-retry router`` command, or this class) listing every such queue
-    of the prefix. Routers sharing a prefix must list the same queues: one that
-    does not know a queue keeps that queue's messages in ``<prefix>.unroutable``.
-    Several routers with the same list may run at once (competing consumers).
-
-    Its options besides ``queues`` are keyword-only, those of
-    :class:`~delayed_retry.consumer.options.RouterOptions`: the decorator's
-    that apply to a router, meaning what they mean there, and ``prefetch``.
+    :func:`~delayed_retry.with_delayed_retry`) but should get the same delayed
+    retries: set ``x-dead-letter-exchange`` to ``topology.rejected_exchange`` on
+    the queue and list it in ``queues`` of every router of the prefix. Its other
+    options are keyword-only: :class:`~delayed_retry.consumer.options.RouterOptions`.
     """
 
     def __init__(self, *, queues: Iterable[str], **options: Unpack[RouterOptions]) -> None:
@@ -114,12 +97,15 @@ class RetryRouter:
         rejected message is acked only after its next home confirmed it.
         """
         underlay = await underlay_channel(channel)
-        if not getattr(underlay, "publisher_confirms", False):
-            raise ConfigurationError(
-                f"{self!r} was started on a channel without publisher confirms, so it could "
-                "never know a message was handed over; open it with "
-                "connection.channel(publisher_confirms=True), aio-pika's default"
+        check_start(
+            ConsumerStart(
+                consumer=repr(self),
+                queue=self.topology.rejected_queue,
+                topology=self.topology,
+                returns_to=self.queues,
+                confirms=bool(getattr(underlay, "publisher_confirms", False)),
             )
+        )
         await self.declare(channel)
         await channel.set_qos(prefetch_count=self.prefetch)
         self.consumer = await consume_queue(channel, self.topology.rejected_queue, self.handle)

@@ -1,18 +1,8 @@
 """``DelayedRetry``: the delayed retries of ``@with_delayed_retry`` as a FastStream middleware.
 
 Each message of a subscriber goes through the decorator's own
-:class:`~delayed_retry.consumer.handler.RetryingHandler` (made once per
-subscriber, retrying to the subscriber's queue): the same retry state, hold
-until due, telemetry, policy, and the same failure handling and hand-over
-(:mod:`delayed_retry.consumer.failures`, :mod:`delayed_retry.consumer.handover`).
-Only the edges are FastStream's:
-
-- a handler that returns is acked by FastStream's ack policy, after FastStream
-  published its result (as without the middleware);
-- a failure retried or parked here was acked here once its copy was
-  confirmed; FastStream then skips the message (no result, no second ack);
-- ``AckMessage``, ``NackMessage`` and ``RejectMessage`` raised by the handler
-  settle the message as they ask, and are passed on to FastStream.
+:class:`~delayed_retry.consumer.handler.RetryingHandler`, made once per subscriber;
+only the acks are FastStream's (what settles a message when: ``docs/faststream.md``).
 """
 
 from __future__ import annotations
@@ -41,8 +31,8 @@ from delayed_retry.consumer.handover import requeue
 from delayed_retry.consumer.options import SubscriberOptions
 from delayed_retry.consumer.settings import RetryOptions, retry_options
 from delayed_retry.consumer.settlement import GuardedMessage
+from delayed_retry.consumer.startup import ConsumerStart, check_start
 from delayed_retry.consumer.throttling import ThrottleControl
-from delayed_retry.delivery_limits import warn_about_delivery_limit
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.faststream.in_memory import InMemoryDecision, is_in_memory, run_in_memory
@@ -55,7 +45,6 @@ from delayed_retry.faststream.subscribers import (
 )
 from delayed_retry.policy import Decision
 from delayed_retry.topology import DelayTopology
-from delayed_retry.work_queues import dead_letter_target
 
 if TYPE_CHECKING:
     from faststream import ContextRepo, StreamMessage
@@ -64,6 +53,9 @@ if TYPE_CHECKING:
 __all__ = ["DelayedRetry"]
 
 log = logging.getLogger(__name__)
+
+FASTSTREAM_CONFIRMS = "leave FastStream's Channel(publisher_confirms=True), its default"
+"""How to get a channel that confirms publishes, in FastStream."""
 
 IN_MEMORY_DECISIONS = 1000
 """How many decisions :attr:`DelayedRetry.decisions` keeps under the in-memory test client."""
@@ -175,21 +167,10 @@ class DelayedRetry:
 
     Use it where a FastStream subscriber's handler may fail for reasons that
     pass: ``RabbitBroker(url, middlewares=[DelayedRetry(...)])`` for every
-    subscriber, or ``RabbitRouter(middlewares=[DelayedRetry(...)])`` for those of
-    one router (a router's ``DelayedRetry`` overrides its broker's, so one broker
-    can hold several retry policies, one router each). A failure goes through
-    the delay chain back to the subscriber's queue after the backoff, or to the
-    parking queue once retries are spent, exactly as with ``@with_delayed_retry``.
-
-    The options are those of :func:`~delayed_retry.with_delayed_retry` except
-    ``queue`` (each subscriber's queue is known):
-    :class:`~delayed_retry.consumer.options.SubscriberOptions`, checked here
-    with the same errors. Put FastStream's ``RabbitTelemetryMiddleware`` before it in the
-    list, so each attempt has one consumer span.
-
-    Under FastStream's in-memory ``TestRabbitBroker`` there is no chain: a
-    failure is decided by the retry policy, recorded in :attr:`decisions`, and
-    not raised to the test (as a real failure is not raised to FastStream).
+    subscriber, or ``RabbitRouter(middlewares=[DelayedRetry(...)])`` for one
+    router's (it overrides the broker's). Its options are the decorator's but
+    ``queue``: :class:`~delayed_retry.consumer.options.SubscriberOptions`. Under
+    ``TestRabbitBroker`` the policy's decisions are recorded in :attr:`decisions`.
     """
 
     def __init__(self, **options: Unpack[SubscriberOptions]) -> None:
@@ -246,20 +227,10 @@ class DelayedRetry:
         handler: RetryingHandler[Any] | None = None
         if not retriers or retriers[-1] is self:
             check_ack_policy(subscriber, queue)
-            self.options.topology.check_destination(queue)
+            target = check_start(self._start(subscriber, raw, queue))
             warn_about_telemetry_order(stack, self, queue)
             if not is_in_memory(raw):
                 warn_about_unrestorable_queue(subscriber, queue)
-                self._check_channel(raw, queue)
-                warn_about_delivery_limit(
-                    queue=queue,
-                    arguments=getattr(subscriber.queue, "arguments", None),
-                    max_retries=self.options.policy.max_retries,
-                    server_properties=getattr(raw.channel.connection, "server_properties", None),
-                )
-            # A queue declared with work_queue_arguments: its dead-letter queue is declared
-            # with the binding, at the first message on each connection.
-            target = dead_letter_target(getattr(subscriber.queue, "arguments", None))
             handler = RetryingHandler(
                 _run_handler,
                 replace(self.options, queue=queue, ack_on_success=False, dead_letter_queue=target),
@@ -267,13 +238,25 @@ class DelayedRetry:
         served = self._served[id(subscriber)] = _Served(subscriber, queue, handler)
         return served
 
-    def _check_channel(self, raw: Any, queue: str) -> None:
-        if not getattr(raw.channel, "publisher_confirms", True):
-            raise ConfigurationError(
-                f"queue {queue!r} is consumed on a channel without publisher confirms, so "
-                "DelayedRetry could never know a retry was handed over; leave FastStream's "
-                "Channel(publisher_confirms=True), its default"
-            )
+    def _start(self, subscriber: Any, raw: Any, queue: str) -> ConsumerStart:
+        """What the start-up check sees of ``subscriber`` and the channel of its message."""
+        start = ConsumerStart(
+            consumer="DelayedRetry",
+            queue=queue,
+            topology=self.options.topology,
+            returns_to=(queue,),
+            confirms=None,
+        )
+        if is_in_memory(raw):  # the in-memory test broker: no channel, no broker
+            return start
+        return replace(
+            start,
+            confirms=bool(getattr(raw.channel, "publisher_confirms", True)),
+            confirms_fix=FASTSTREAM_CONFIRMS,
+            arguments=getattr(subscriber.queue, "arguments", None),
+            max_retries=self.options.policy.max_retries,
+            server_properties=getattr(raw.channel.connection, "server_properties", None),
+        )
 
 
 class _RetryMiddleware(BaseMiddleware):
