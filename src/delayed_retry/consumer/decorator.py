@@ -40,14 +40,11 @@ def with_delayed_retry(
     """Wrap an aio-pika consumer handler with delayed retries and parking.
 
     Use it on any handler that may fail for reasons that pass: it acks on
-    success, and on failure sends the message through the delay chain to
-    come back to ``queue`` after the backoff, or to the parking queue once
-    retries are spent. Works with and without parentheses.
-
-    The options are keyword-only and checked when decorating: those of
-    :class:`~delayed_retry.consumer.options.HandlerOptions`, each with its type,
-    default and meaning (the Retries guide shows them as a table). An unknown
-    name is a ``TypeError``, a bad value a :class:`~delayed_retry.ConfigurationError`.
+    success, and on failure sends the message through the delay chain back to
+    ``queue`` after the backoff, or parks it once retries are spent. Works with and
+    without parentheses. Its options (:class:`~delayed_retry.consumer.options.HandlerOptions`)
+    are keyword-only and checked when decorating: an unknown name is a ``TypeError``,
+    a bad value a :class:`~delayed_retry.ConfigurationError`.
     """
     settings = retry_options(options, accepted=HandlerOptions, caller="with_delayed_retry()")
 

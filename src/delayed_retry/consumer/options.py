@@ -1,19 +1,10 @@
-"""The retry options, each written once: its name, type, default and meaning.
+"""The retry options, each written once: its name, type (the annotation), default and help
+(the :class:`Option` in it).
 
-Every front end that retries failures takes its keywords from these
-``TypedDict`` classes: :func:`~delayed_retry.with_delayed_retry` takes
-:class:`HandlerOptions`, FastStream's ``DelayedRetry`` :class:`SubscriberOptions`
-(each subscriber's queue is known), :class:`~delayed_retry.RetryRouter` and
-the ``router`` command :class:`RouterOptions`. An option's type is its
-annotation, so editors and ``mypy`` check each keyword
-(``**options: Unpack[HandlerOptions]``); its default and help text are the
-:class:`Option` in that annotation, read once when a front end is built
-(:func:`with_defaults`), never per message.
-
-To add an option, add one annotated key to the class of the front ends that
-take it (:class:`ChainOptions` for all, :class:`SubscriberOptions` for the
-decorator and the middleware), then use it where the options are turned into
-settings (:func:`~delayed_retry.consumer.settings.retry_options`).
+:func:`~delayed_retry.with_delayed_retry` takes :class:`HandlerOptions`, FastStream's
+``DelayedRetry`` :class:`SubscriberOptions`, :class:`~delayed_retry.RetryRouter` and the
+``router`` command :class:`RouterOptions`; :mod:`delayed_retry.consumer.settings` turns
+them into settings. How to add one: ``docs/development.md``.
 """
 
 import difflib

@@ -25,16 +25,11 @@ def check_subscribers(broker: Any) -> int:
     """Check every subscriber of ``broker`` (and its routers) that a ``DelayedRetry`` serves.
 
     Call it in the application's start-up hook (``@app.on_startup``), after the
-    subscribers are registered: a forbidden ack policy then fails the start,
-    before any message is consumed. Without it the middleware refuses such a
-    subscriber at its first message: it handles nothing, and each message
-    ``ACK_FIRST`` takes from the queue is put back through the chain, due two
-    seconds later, round again until the application is fixed.
-    A queue declared with ``robust=False`` fails it too: after a reconnect
-    nothing would consume it again. Also warns when FastStream's telemetry
-    middleware runs inside the retrier (listed after it): each attempt would
-    then get two consumer spans.
-    Returns how many subscribers were checked.
+    subscribers are registered: an ``ACK_FIRST`` ack policy or a ``robust=False``
+    queue then fails the start, before any message is consumed, instead of at
+    the first message (``docs/faststream.md`` says what happens then). Also warns
+    about a telemetry middleware listed after the retrier. Returns how many
+    subscribers were checked.
     """
     checked = 0
     for subscriber in getattr(broker, "subscribers", ()):

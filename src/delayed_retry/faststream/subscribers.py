@@ -1,12 +1,8 @@
 """What the FastStream middleware reads of a subscriber: its queue, its ack policy, its retrier.
 
-FastStream 0.7 gives a middleware no start-up hook and a subscriber no
-middlewares of its own: a subscriber gets those of its broker and of every
-router it sits in, outermost first. So the retrier of a subscriber is the
-last :class:`~delayed_retry.faststream.DelayedRetry` in that list (a
-router's overrides its broker's), and the ack policy is checked when the
-middleware first sees a message of the subscriber, or earlier by
-:func:`check_subscribers` in the application's start-up hook.
+A subscriber runs the middlewares of its broker and of every router it sits in,
+outermost first (FastStream 0.7), so its retrier is the last
+:class:`~delayed_retry.faststream.DelayedRetry` in that list.
 """
 
 from __future__ import annotations
