@@ -1,12 +1,9 @@
 """Which of tenacity's strategies mean here what they mean in tenacity. Pure.
 
-tenacity retries a function call, delayed-retry a message: the handler's
-failures are retried, its return values never are. Strategies that only make
-sense for return values are refused when a handler is decorated, with a
-message saying what to do instead, rather than found out at the first failure
-(where they would park every message as ``not-retryable``). An exception class
-given as ``retry`` means ``retry_if_exception_type`` (:func:`retry_strategy`). The
-remaining differences are listed in ``docs/tenacity.md``.
+A handler's failures are retried, never its return values: result predicates
+are refused when a handler is decorated, with what to do instead. An exception
+class given as ``retry`` means ``retry_if_exception_type`` (:func:`retry_strategy`).
+The other differences are listed in ``docs/tenacity.md``.
 """
 
 from __future__ import annotations
