@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import broker_limit
+from workloads import Row, Suite
 
 import delayed_retry
 from delayed_retry import DelayTopology
@@ -325,6 +326,33 @@ def suite_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("broker-cost")
+    group.add_argument("--broker-cost-rates", type=float, nargs="+", default=[300, 1000])
+    group.add_argument("--broker-cost-seconds", type=float, help="s per stream (5; --quick: 3)")
+
+
+async def broker_cost(suite: Suite) -> list[Row]:
+    """The ``broker-cost`` workload (held/unheld chain cost), on a node of its own."""
+    args = suite.args
+    if args.url is not None:
+        print("broker-cost: skipped with --url (it reads a private node's CPU and counters)")
+        return []
+    seconds = args.broker_cost_seconds or (3.0 if suite.quick else 5.0)
+    print(
+        f"broker-cost: {seconds} s at each of {args.broker_cost_rates} msg/s, "
+        "a private node with the management plugin ..."
+    )
+    rows = await run(
+        rates=tuple(args.broker_cost_rates),
+        seconds=seconds,
+        min_delay=args.min_delay,
+        max_delay=args.max_delay,
+    )
+    print(table(rows))
+    return suite_rows(rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,6 +48,7 @@ import aio_pika
 import precision
 from aio_pika.abc import AbstractIncomingMessage
 from throughput import broker_cpu_seconds, delete_topology
+from workloads import Row, Suite
 
 import delayed_retry
 from delayed_retry import (
@@ -473,6 +474,50 @@ def _line(row: dict[str, Any]) -> str:
         f"earliest {late['min']:g}; hops/msg {row['hops_per_message']:g}; cores: broker "
         f"{cores['broker']:g}, consumer {cores['consumer']:g}, producer {cores['producer']:g}"
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("broker-limit")
+    group.add_argument("--limit-rate", type=float, default=1000.0, help="messages/s per stream")
+    group.add_argument("--limit-seconds", type=float, help="s per stream (5; --quick: 3)")
+    group.add_argument(
+        "--limit-subjects",
+        nargs="+",
+        choices=[k for k in SUBJECTS if k != "baseline"],
+        default=["held", "unheld", "classic"],
+    )
+    group.add_argument("--limit-eprof", type=float, default=0.0, help="profile the broker, s")
+
+
+async def broker_limit(suite: Suite) -> list[Row]:
+    """The ``broker-limit`` workload: each subject's p99 lateness and cores, a node of its own."""
+    args = suite.args
+    seconds = args.limit_seconds or (3.0 if suite.quick else 5.0)
+    print(f"broker-limit: {seconds} s at {args.limit_rate} msg/s per subject ...")
+    limits = argparse.Namespace(
+        rate=args.limit_rate,
+        seconds=seconds,
+        side_rate=args.side_rate,
+        subjects=args.limit_subjects,
+        eprof=args.limit_eprof,
+    )
+    rows = await run(limits)
+    base = rows[0]
+    return [
+        {
+            **row,
+            "workload": f"broker limit {args.limit_rate:g}/s",
+            "unit": "ms late (p99)",
+            "value": row["lateness_ms"]["p99"],
+            "baseline": base["subject"],
+            "baseline_value": base["lateness_ms"]["p99"],
+            "ratio": row["ratio_p99_to_baseline"],
+            "note": "cores: broker {broker:g}, consumer {consumer:g}, producer {producer:g}".format(
+                **row["cores"]
+            ),
+        }
+        for row in rows[1:]
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 import aio_pika
 from faststream.rabbit import QueueType, RabbitBroker, RabbitMessage, RabbitQueue
 from tenacity import wait_fixed
+from workloads import Row, Suite
 
 from delayed_retry import DelayTopology
 from delayed_retry.faststream import DelayedRetry
@@ -97,37 +98,58 @@ async def consume(url: str, queue: str, n: int, *, retrying: bool, fail_once: bo
         await broker.stop()
 
 
+async def measure(url: str, messages: int, rounds: int) -> list[Row]:
+    """Both pairs, interleaved over ``rounds``; one row per pair with the median times."""
+    pairs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+        "success": (
+            {"retrying": True, "fail_once": False},
+            {"retrying": False, "fail_once": False},
+        ),
+        "retry": (
+            {"retrying": True, "fail_once": True},
+            {"retrying": False, "fail_once": True},
+        ),
+    }
+    times: dict[tuple[str, str], list[float]] = {}
+    for _ in range(rounds):
+        order = [(w, side) for w in pairs for side in ("subject", "baseline")]
+        random.shuffle(order)
+        for workload, side in order:
+            queue = f"bench-fs-{uuid.uuid4().hex[:8]}"
+            await fill(url, queue, messages)
+            kwargs = pairs[workload][0 if side == "subject" else 1]
+            seconds = await consume(url, queue, messages, **kwargs)
+            times.setdefault((workload, side), []).append(seconds)
+            await drop(url, queue, TOPOLOGY.default_parking_queue(queue))
+    rows = []
+    for workload in pairs:
+        subject = statistics.median(times[(workload, "subject")])
+        baseline = statistics.median(times[(workload, "baseline")])
+        rows.append(
+            {
+                "workload": f"faststream {workload}",
+                "subject": "DelayedRetry",
+                "unit": "msg/s",
+                "value": round((messages - 1) / subject),
+                "baseline": "plain FastStream" if workload == "success" else "hand-rolled retry",
+                "baseline_value": round((messages - 1) / baseline),
+                "ratio": baseline / subject,
+            }
+        )
+    return rows
+
+
+async def faststream(suite: Suite) -> list[Row]:
+    """The ``faststream`` workload: wall-clock throughput ratios of the two pairs."""
+    args = suite.args
+    print(f"faststream: {args.messages} messages x {args.rounds} rounds per subject ...")
+    return await measure(suite.url, args.messages, args.rounds)
+
+
 async def main(messages: int, rounds: int) -> None:
     with broker_url() as url:
-        pairs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-            "success": (
-                {"retrying": True, "fail_once": False},
-                {"retrying": False, "fail_once": False},
-            ),
-            "retry": (
-                {"retrying": True, "fail_once": True},
-                {"retrying": False, "fail_once": True},
-            ),
-        }
-        times: dict[tuple[str, str], list[float]] = {}
-        for _ in range(rounds):
-            order = [(w, side) for w in pairs for side in ("subject", "baseline")]
-            random.shuffle(order)
-            for workload, side in order:
-                queue = f"bench-fs-{uuid.uuid4().hex[:8]}"
-                await fill(url, queue, messages)
-                kwargs = pairs[workload][0 if side == "subject" else 1]
-                seconds = await consume(url, queue, messages, **kwargs)
-                times.setdefault((workload, side), []).append(seconds)
-                await drop(url, queue, TOPOLOGY.default_parking_queue(queue))
-        for workload in pairs:
-            subject = statistics.median(times[(workload, "subject")])
-            baseline = statistics.median(times[(workload, "baseline")])
-            print(
-                f"{workload:8} throughput ratio {baseline / subject:.3f} "
-                f"(DelayedRetry {(messages - 1) / subject:,.0f}/s, "
-                f"baseline {(messages - 1) / baseline:,.0f}/s)"
-            )
+        for row in await measure(url, messages, rounds):
+            print(f"{row['workload']:20} throughput ratio {row['ratio']:.3f}")
 
 
 if __name__ == "__main__":

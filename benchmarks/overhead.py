@@ -54,6 +54,7 @@ from pamqp import commands as spec
 from pamqp import frame as amqp_frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
+from workloads import Row, Suite
 
 from delayed_retry import DelayTopology, RetryAfter, with_delayed_retry
 from delayed_retry.amqp.declarer import declarer_for
@@ -393,6 +394,17 @@ def run_redelivery(*, messages: int = 2_000, repeats: int = 5) -> list[dict[str,
             baseline_copy_bytes=wire["by hand"],
         )
     ]
+
+
+async def overhead(suite: Suite) -> list[Row]:
+    """The ``overhead`` workload: the success, retry and retry + redelivery rows."""
+    print("overhead: the success and retry paths' own CPU cost, no broker ...")
+    repeats = 5 if suite.quick else 15
+    rows = await asyncio.to_thread(run, repeats=repeats)
+    rows += await asyncio.to_thread(run_retry, repeats=repeats)
+    # Both deliveries, frames encoded: about 2.5 s at this size, so fewer than the rows above.
+    rows += await asyncio.to_thread(run_redelivery, messages=1_000, repeats=3 if suite.quick else 5)
+    return rows
 
 
 def main() -> None:

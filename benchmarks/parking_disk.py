@@ -50,6 +50,7 @@ import aiormq
 import aiormq.abc
 from capacity import _pipelined, body, disk_bytes
 from pamqp import commands as spec
+from workloads import Row, Suite
 
 from delayed_retry.amqp.batching import connect_batched
 from delayed_retry.amqp.publish import publish_confirmed
@@ -366,6 +367,41 @@ def print_summary(out: dict[str, Any]) -> None:
             f"{held['after_refresh']['queue_dir'] / 1e6:.1f} MB after refresh, "
             f"{held['after_refresh_and_a_round']['queue_dir'] / 1e6:.1f} MB after one more round"
         )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("parking-disk")
+    group.add_argument("--parking-version", choices=("3.10", "4.0", "4.3"), default="3.10")
+    group.add_argument("--parking-messages", type=int, help="parked and replayed (100,000)")
+    group.add_argument("--parking-rounds", type=int, default=10)
+
+
+async def parking_disk(suite: Suite) -> list[Row]:
+    """The ``parking-disk`` workload: disk growth with one message parked for good, or none."""
+    args = suite.args
+    parked = argparse.Namespace(
+        version=args.parking_version,
+        messages=args.parking_messages or (20_000 if suite.quick else 100_000),
+        rounds=args.parking_rounds,
+        wal_bytes=16_000_000,
+        settle=20.0,
+        no_refresh=False,
+    )
+    out = await run(parked)
+    print_summary(out)
+    return [
+        {
+            "workload": f"parking disk, RabbitMQ {out['rabbitmq']}",
+            "subject": f"{key}, one message parked throughout",
+            "unit": "MB per 100k parked",
+            "value": round(g["held_per_100k"] / 1e6, 1),
+            "baseline": "nothing parked throughout",
+            "baseline_value": round(g["baseline_per_100k"] / 1e6, 1),
+            "ratio": g["ratio"],
+            "growth": g,
+        }
+        for key, g in out["growth"].items()
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,6 +39,7 @@ from datetime import timedelta
 import aio_pika
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage
+from workloads import Row, Suite
 
 from delayed_retry import (
     DelayTopology,
@@ -227,6 +228,51 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--queue-type", choices=("quorum", "classic"), default="quorum")
     parser.add_argument("--max-wait", type=float, default=120.0)
     return parser.parse_args(argv)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("throttle")
+    group.add_argument("--throttle-rabbitmq", choices=("4.0", "4.3"), help="a node of this version")
+    group.add_argument("--throttle-messages", type=int, default=300)
+    group.add_argument(
+        "--throttle-outage", type=float, default=20.0, help="s the dependency is down"
+    )
+    group.add_argument("--throttle-queue-type", choices=("quorum", "classic"), default="quorum")
+
+
+async def throttle(suite: Suite) -> list[Row]:
+    """The ``throttle`` workload: one outage with the throttle, then the same without it."""
+    args = suite.args
+    runs = await main_async(
+        parse(
+            [
+                f"--url={suite.url}",
+                f"--messages={args.throttle_messages}",
+                f"--outage={args.throttle_outage}",
+                f"--queue-type={args.throttle_queue_type}",
+                *([f"--rabbitmq={args.throttle_rabbitmq}"] if args.throttle_rabbitmq else []),
+            ]
+        )
+    )
+    with_throttle, without = runs
+    return [
+        {
+            **asdict(with_throttle),
+            "workload": f"throttle, {args.throttle_outage:g} s outage",
+            "subject": "Throttle(consecutive=5, probe_every=1 s)",
+            "unit": "messages spent a retry",
+            "value": with_throttle.spent_a_retry,
+            "baseline": "no throttle",
+            "baseline_value": without.spent_a_retry,
+            "ratio": (
+                with_throttle.spent_a_retry / without.spent_a_retry
+                if without.spent_a_retry
+                else None
+            ),
+            "note": f"parked {with_throttle.parked} (without: {without.parked}), "
+            f"handled {with_throttle.handled}/{args.throttle_messages}",
+        }
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
