@@ -186,5 +186,6 @@ async def peer_precision(suite: Suite) -> list[Row]:
         max_delay=args.max_delay,
         subjects=peers_here,
     )
+    # Celery's delay ladder: the peers measured here declare no delayed-retry chain.
     await storm.delete_peer_topology(suite.url, storm.suite_prefix())
     return rows

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         url = node.url
     try:
         started = time.monotonic()
-        version = asyncio.run(_server_version(url)) if url is not None else "nodes of its own"
+        version = asyncio.run(_server_version(url)) if url is not None else "(none shared)"
         suite = Suite(args=args, url=url or "", node=node)
         rows = asyncio.run(_run(suite, chosen))
         elapsed = time.monotonic() - started
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, Any] = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "rabbitmq": version,
-        "broker": "private node" if node is not None else "given URL or nodes of its own",
+        "broker": "private node" if node is not None else ("given URL" if url else "none shared"),
         "machine": _machine(),
         "aio_pika": aio_pika.__version__,
         "parameters": {k: v for k, v in vars(args).items() if k != "out"},

@@ -1,13 +1,13 @@
 """The suite's named workloads: the registry ``benchmarks/run --only NAME`` chooses from.
 
-A workload is a function ``async def NAME(suite: Suite) -> list[Row]`` in a module of
-``benchmarks/`` (one module may hold several), plus one :class:`Workload` entry in
-:data:`WORKLOADS`. A module whose workloads take options of their own defines
-``add_arguments(parser)`` (options prefixed with the workload's name); one that explains
-its rows beyond the table defines ``details(rows) -> str``. Every row is measured beside
-a baseline of the same run and carries the ratio (see :mod:`report` for the columns).
-Modules are imported for ``--help``, so they import heavy packages (peers, Spark) inside
-functions.
+A workload is a function ``async def NAME(suite: Suite) -> list[Row]``, named after it
+(``-`` as ``_``), in a module of ``benchmarks/`` (one module may hold several), plus one
+:class:`Workload` entry in :data:`WORKLOADS`. A module whose workloads take options of
+their own defines ``add_arguments(parser)`` (options prefixed with the workload's name);
+one that explains its rows beyond the table defines ``details(rows) -> str``. Every row is
+measured beside a baseline of the same run and carries the ratio (see :mod:`report` for
+the columns). Modules are imported for ``--help``, so they import heavy packages (peers,
+Spark) inside functions.
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ class Workload:
 
     name: str
     module: str
-    """The module in ``benchmarks/`` that defines the workload's function."""
-    function: str
+    """The module in ``benchmarks/`` that defines the function named after the workload."""
     summary: str
+    """One line for ``benchmarks/run --list``."""
     default: bool = True
     """Run by a plain ``benchmarks/run``; False: only when named with ``--only`` (long,
     noisy, or needing nodes, versions or Spark of its own)."""
@@ -61,8 +61,9 @@ class Workload:
     starts the nodes it needs, so the suite starts no node for it."""
 
     def load(self) -> Callable[[Suite], Awaitable[list[Row]]]:
+        """The workload's function, its module imported."""
         found: Callable[[Suite], Awaitable[list[Row]]] = getattr(
-            importlib.import_module(self.module), self.function
+            importlib.import_module(self.module), self.name.replace("-", "_")
         )
         return found
 
@@ -71,84 +72,71 @@ WORKLOADS = (
     Workload(
         name="overhead",
         module="overhead",
-        function="overhead",
         summary="success and retry paths' own CPU, no broker (rows: success, retry)",
         suite_broker=False,
     ),
     Workload(
         name="throughput",
         module="throughput",
-        function="throughput",
         summary="CPU per message: success, retry-0hop, retry-1hop beside plain and hand-rolled",
     ),
     Workload(
         name="precision",
         module="precision",
-        function="precision",
         summary="lateness of held and unheld delays at --rates beside a plain consumer",
     ),
     Workload(
         name="hops",
         module="hops",
-        function="hops",
         summary="how late the chain lets a message out, by TTL hops (the hold's lead)",
     ),
     Workload(
         name="faststream",
         module="faststream_overhead",
-        function="faststream",
         summary="DelayedRetry in a FastStream app: success and retry beside plain FastStream",
         default=False,
     ),
     Workload(
         name="peers",
         module="peers",
-        function="peers",
         summary="Dramatiq's success and one-retry paths beside a plain consumer",
     ),
     Workload(
         name="peer-success",
         module="storm",
-        function="peer_success",
         summary="every peer's worker, no failure (eight worker starts: noisy)",
         default=False,
     ),
     Workload(
         name="storm",
         module="storm",
-        function="storm",
         summary="every peer under a retry storm: time to the last success beside the ideal",
     ),
     Workload(
         name="crash",
         module="storm",
-        function="crash",
         summary="every peer killed -9 in a storm and restarted: messages lost or doubled",
     ),
     Workload(
         name="long-delay",
         module="storm",
-        function="long_delay",
         summary="backoffs longer than consumer_timeout, on a private node of its own",
         suite_broker=False,
     ),
     Workload(
         name="peer-precision",
         module="peer_precision",
-        function="peer_precision",
         summary="lateness of Celery's and Dramatiq's delayed tasks beside delayed-retry",
     ),
     Workload(
         name="capacity",
         module="capacity",
-        function="capacity",
         summary="many delayed 1 KB messages waiting: broker memory, disk, the drain",
         default=False,
     ),
     Workload(
         name="broker-cost",
         module="broker_cost",
-        function="broker_cost",
         summary="held/unheld chain cost: broker CPU and routings per delayed message",
         default=False,
         suite_broker=False,
@@ -156,7 +144,6 @@ WORKLOADS = (
     Workload(
         name="broker-limit",
         module="broker_limit",
-        function="broker_limit",
         summary="CPU of broker, consumer and producer for delayed streams at one rate",
         default=False,
         suite_broker=False,
@@ -164,14 +151,12 @@ WORKLOADS = (
     Workload(
         name="throttle",
         module="throttle_outage",
-        function="throttle",
         summary="a dependency outage with and without the throttle: retries spent, parkings",
         default=False,
     ),
     Workload(
         name="parking-disk",
         module="parking_disk",
-        function="parking_disk",
         summary="a long-parked message and the quorum log's disk, per RabbitMQ version",
         default=False,
         suite_broker=False,
@@ -179,7 +164,6 @@ WORKLOADS = (
     Workload(
         name="spark-analyze",
         module="bench_spark_analyze",
-        function="spark_analyze",
         summary="spark analyze beside a single-process pyarrow computation",
         default=False,
         suite_broker=False,
@@ -187,19 +171,10 @@ WORKLOADS = (
     Workload(
         name="spark-schedule",
         module="bench_spark_schedule",
-        function="spark_schedule",
         summary="bulk scheduling and redrive with Spark beside one aio-pika publisher",
         default=False,
     ),
 )
-
-
-def named(name: str) -> Workload:
-    """The registry entry called ``name``."""
-    for workload in WORKLOADS:
-        if workload.name == name:
-            return workload
-    raise KeyError(f"no workload {name!r}; benchmarks/run --list shows them")
 
 
 def modules() -> list[ModuleType]:
