@@ -1,15 +1,12 @@
 """The analysis job against a single-process pyarrow computation of the same statistics.
 
-Usage::
-
-    .venv/bin/python benchmarks/bench_spark_analyze.py --rows 10 1000000 [--master local[2]]
-
-For each size a synthetic archive is generated (``delayed-retry spark
-generate``), then, in the same run: ``delayed-retry spark analyze`` end to
+The suite's ``spark-analyze`` workload: ``benchmarks/run --only spark-analyze
+--spark-analyze-rows 10 1000000``. For each size a synthetic archive is generated
+(``delayed-retry spark generate``), then, in the same run: ``delayed-retry spark analyze`` end to
 end as a user runs it (a fresh JVM), the pyarrow baseline (read,
 deduplicate, fingerprint every row with the same function, count by queue,
 reason, kind, group, first/last parked), and the Spark job alone on a warm
-session (warmed up once, on the first size; ``--no-warm`` skips it), which
+session (warmed up once, on the first size; ``--spark-analyze-no-warm`` skips it), which
 must agree with the baseline.
 Prints seconds and the ratio Spark / pyarrow; results are also appended as
 JSON lines to ``benchmarks/results/spark_analyze.jsonl``.
@@ -200,21 +197,3 @@ async def spark_analyze(suite: Suite) -> list[Row]:
         for subject, key in (("CLI, fresh JVM", "spark_cli_s"), ("job, warm", "spark_job_warm_s"))
         if key in line
     ]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[10, 1_000_000])
-    parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--workdir", default="/tmp/delayed-retry-bench-analyze")
-    parser.add_argument(
-        "--no-warm",
-        action="store_true",
-        help="skip the warm-session job (saves one analysis per size)",
-    )
-    args = parser.parse_args()
-    measure(args.rows, master=args.master, workdir=args.workdir, warm=not args.no_warm)
-
-
-if __name__ == "__main__":
-    main()

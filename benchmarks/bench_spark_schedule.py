@@ -1,7 +1,8 @@
 """Rows per second: bulk scheduling and redrive with Spark vs one aio-pika publisher.
 
-Run:  .venv/bin/python benchmarks/bench_spark_schedule.py --rows 100000
-      (default 1,000,000 rows; --master local[1] --master local[2] to see scaling)
+The suite's ``spark-schedule`` workload: ``benchmarks/run --only spark-schedule
+--spark-schedule-rows 100000`` (default 1,000,000 rows; ``--spark-master local[1]
+--spark-master local[2]`` to see scaling).
 
 Every path publishes the same kind of message (a small JSON body, the
 delayed-retry headers) with publisher confirms into the delay chain, due
@@ -9,8 +10,7 @@ now, so messages pass the chain's exchanges straight to the destination; the
 destination is a classic queue capped with ``drop-head`` so the broker's
 memory stays flat. The baseline is one process publishing with aio-pika and
 a window of unconfirmed publishes (the same window the executors use). The
-broker is a throwaway one from ``harness.broker_url()`` (set
-RABBITMQ_URL to use another). Results go to ``benchmarks/results/``.
+broker is the suite's. Results go to ``benchmarks/results/``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from delayed_retry.spark import redrive, schedule_dataframe
 from delayed_retry.spark.schema import archive_spark_schema
 from delayed_retry.spark.session import get_spark
 from delayed_retry.topology import DelayTopology
-from harness import broker_url
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -274,27 +273,3 @@ async def spark_schedule(suite: Suite) -> list[Row]:
         for run in report["runs"]
         for path in ("schedule", "redrive")
     ]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--window", type=int, default=256, help="publishes in flight per process")
-    parser.add_argument(
-        "--master", action="append", default=None, help="Spark master(s); default local[*]"
-    )
-    parser.add_argument("--partitions", type=int, default=None, help="default: 2 x cores")
-    args = parser.parse_args()
-    with broker_url() as url:
-        report = measure(
-            url,
-            rows=args.rows,
-            window=args.window,
-            masters=args.master or ["local[*]"],
-            partitions=args.partitions or 2 * (os.cpu_count() or 2),
-        )
-    _write(report)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,7 @@
 """DelayedRetry in a FastStream app beside a plain FastStream subscriber: throughput ratios.
 
-Run it with ``.venv/bin/python benchmarks/faststream_overhead.py [--messages N]
-[--rounds R]``; it starts a private RabbitMQ node (``harness.broker_url``,
-unless ``RABBITMQ_URL`` is set). Each round fills a fresh quorum queue with N persistent
+The suite's ``faststream`` workload: ``benchmarks/run --only faststream [--messages N]
+[--rounds R]``. Each round fills a fresh quorum queue with N persistent
 200-byte messages, then times a FastStream app consuming them all; subjects and their
 baselines alternate in a shuffled order and the median of each is kept, so drift on a
 shared machine hits both alike. Only ratios are reported as results:
@@ -15,7 +14,6 @@ shared machine hits both alike. Only ratios are reported as results:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import statistics
@@ -31,7 +29,6 @@ from workloads import Row, Suite
 
 from delayed_retry import DelayTopology
 from delayed_retry.faststream import DelayedRetry
-from harness import broker_url
 
 TOPOLOGY = DelayTopology(prefix="bench-fs", levels=12)
 Subject = Callable[[str, str, int], Awaitable[float]]
@@ -144,17 +141,3 @@ async def faststream(suite: Suite) -> list[Row]:
     args = suite.args
     print(f"faststream: {args.messages} messages x {args.rounds} rounds per subject ...")
     return await measure(suite.url, args.messages, args.rounds)
-
-
-async def main(messages: int, rounds: int) -> None:
-    with broker_url() as url:
-        for row in await measure(url, messages, rounds):
-            print(f"{row['workload']:20} throughput ratio {row['ratio']:.3f}")
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    asyncio.run(main(args.messages, args.rounds))
