@@ -26,6 +26,7 @@ import report
 import workloads
 from workloads import Row, Suite, Workload
 
+import delayed_retry
 from harness import RabbitMQNode
 
 
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "broker": "private node" if node is not None else ("given URL" if url else "none shared"),
         "machine": _machine(),
         "aio_pika": aio_pika.__version__,
+        "library": delayed_retry.__file__,
         "parameters": {k: v for k, v in vars(args).items() if k != "out"},
         "seconds": round(elapsed, 1),
     }
