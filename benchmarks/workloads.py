@@ -163,14 +163,14 @@ WORKLOADS = (
     ),
     Workload(
         name="spark-analyze",
-        module="bench_spark_analyze",
+        module="spark_analyze",
         summary="spark analyze beside a single-process pyarrow computation",
         default=False,
         suite_broker=False,
     ),
     Workload(
         name="spark-schedule",
-        module="bench_spark_schedule",
+        module="spark_schedule",
         summary="bulk scheduling and redrive with Spark beside one aio-pika publisher",
         default=False,
     ),
