@@ -16,7 +16,7 @@ Columns (per message sent):
 
 - ``broker µs``: CPU time of the broker's Erlang VM (``/proc``) from the first
   publish until every message arrived (+0.5 s), less the VM's idle draw
-  measured just before (``--idle`` s with nothing sent), over the messages.
+  measured just before (1.5 s with nothing sent), over the messages.
   ``×quorum`` and ``×classic`` divide it by the baselines' at the same rate.
 - ``hops``: level queues a message waited in, summed from the ``count`` of its
   ``x-death`` entries whose queue is a level queue of the chain.
@@ -42,29 +42,26 @@ Columns (per message sent):
   after resetting it), held streams only.
 
 A run that breaks a rule (earliest < 0, a message missing or twice) prints a
-``FAIL`` line and exits with 1; a baseline whose median lateness passes 50 ms
+``FAIL`` note; a baseline whose median lateness passes 50 ms
 fell behind its rate and gets a ``WARN`` line. Ratios measured in one run are the claim;
 absolute microseconds move with the machine's load.
 
-Run: ``.venv/bin/python benchmarks/broker_cost.py --json out.json`` (``--quick``:
-3 s per stream), or ``benchmarks/run --only broker-cost``.
+The suite's ``broker-cost`` workload: ``benchmarks/run --only broker-cost`` (``--quick``:
+3 s per stream).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import broker_limit
+from workloads import Row, Suite
 
-import delayed_retry
 from delayed_retry import DelayTopology
 from delayed_retry.admin.management import ManagementClient, ManagementError
 from harness import RabbitMQNode
@@ -327,44 +324,36 @@ def suite_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rates", type=float, nargs="+", default=[300.0, 1000.0])
-    parser.add_argument("--seconds", type=float, help="seconds of publishing per stream (5)")
-    parser.add_argument("--quick", action="store_true", help="3 s per stream")
-    parser.add_argument("--min-delay", type=float, default=broker_limit.MIN_DELAY)
-    parser.add_argument("--max-delay", type=float, default=broker_limit.MAX_DELAY)
-    parser.add_argument("--idle", type=float, default=1.5, help="s of idle broker CPU read first")
-    parser.add_argument("--grace", type=float, default=60.0, help="s to wait for missing ones")
-    parser.add_argument("--streams", nargs="+", choices=list(STREAMS), default=list(STREAMS))
-    parser.add_argument(
-        "--no-management", action="store_true", help="no management plugin (no entries column)"
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("broker-cost")
+    group.add_argument("--broker-cost-rates", type=float, nargs="+", default=[300, 1000])
+    group.add_argument("--broker-cost-seconds", type=float, help="s per stream (5; --quick: 3)")
+    group.add_argument("--broker-cost-streams", nargs="+", choices=list(STREAMS), default=None)
+    group.add_argument(
+        "--broker-cost-no-management",
+        action="store_true",
+        help="no management plugin (no entries column)",
     )
-    parser.add_argument("--json", type=Path, help="write the rows here too")
-    args = parser.parse_args(argv)
-    seconds = args.seconds or (3.0 if args.quick else 5.0)
-    print(f"delayed_retry from {delayed_retry.__file__}", flush=True)
-    rows = asyncio.run(
-        run(
-            rates=tuple(args.rates),
-            seconds=seconds,
-            min_delay=args.min_delay,
-            max_delay=args.max_delay,
-            idle=args.idle,
-            grace=args.grace,
-            streams=tuple(args.streams),
-            management=not args.no_management,
-        )
+
+
+async def broker_cost(suite: Suite) -> list[Row]:
+    """The ``broker-cost`` workload (held/unheld chain cost), on a node of its own."""
+    args = suite.args
+    if args.url is not None:
+        print("broker-cost: skipped with --url (it reads a private node's CPU and counters)")
+        return []
+    seconds = args.broker_cost_seconds or (3.0 if suite.quick else 5.0)
+    print(
+        f"broker-cost: {seconds} s at each of {args.broker_cost_rates} msg/s, "
+        "a private node with the management plugin ..."
     )
-    print()
+    rows = await run(
+        rates=tuple(args.broker_cost_rates),
+        seconds=seconds,
+        min_delay=args.min_delay,
+        max_delay=args.max_delay,
+        streams=tuple(args.broker_cost_streams or STREAMS),
+        management=not args.broker_cost_no_management,
+    )
     print(table(rows))
-    if args.json:
-        meta = {"library": delayed_retry.__file__, "parameters": vars(args) | {"seconds": seconds}}
-        args.json.write_text(
-            json.dumps({"meta": meta, "rows": rows}, indent=2, ensure_ascii=False, default=str)
-        )
-    return 1 if any(r["failures"] for r in rows) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return suite_rows(rows)

@@ -16,13 +16,14 @@ consumer held at once (sampled every 5 ms) and the consumer process's peak
 RSS. ``benchmarks/broker_cost.py`` turns these rows into the broker's cost per
 delayed message.
 
-``--eprof SECONDS`` profiles the broker (Erlang's ``eprof`` over every
+``--limit-eprof SECONDS`` profiles the broker (Erlang's ``eprof`` over every
 process) for that long in the middle of the first delayed subject and prints
 the functions that took the most time, and the share of the topic exchange's
 routing (``rabbit_exchange_type_topic`` and the mnesia reads its trie makes).
 eprof slows the broker down while it runs; read shares, not times.
 
-Run: ``.venv/bin/python benchmarks/broker_limit.py --rate 1000 --seconds 5``
+The suite's ``broker-limit`` workload: ``benchmarks/run --only broker-limit --limit-rate
+1000``; run as a script, the module is the producer process :func:`measure` starts.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import aio_pika
 import precision
 from aio_pika.abc import AbstractIncomingMessage
 from throughput import broker_cpu_seconds, delete_topology
+from workloads import Row, Suite
 
 import delayed_retry
 from delayed_retry import (
@@ -475,41 +477,70 @@ def _line(row: dict[str, Any]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rate", type=float, default=1000.0)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--side-rate", type=float, default=100.0)
-    parser.add_argument(
-        "--subjects",
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("broker-limit")
+    group.add_argument("--limit-rate", type=float, default=1000.0, help="messages/s per stream")
+    group.add_argument("--limit-seconds", type=float, help="s per stream (5; --quick: 3)")
+    group.add_argument(
+        "--limit-subjects",
         nargs="+",
         choices=[k for k in SUBJECTS if k != "baseline"],
         default=["held", "unheld", "classic"],
     )
-    parser.add_argument("--eprof", type=float, default=0.0, help="profile the broker this long")
-    parser.add_argument("--json", type=Path, help="write the rows here too")
-    parser.add_argument("--produce", help=argparse.SUPPRESS)
+    group.add_argument("--limit-eprof", type=float, default=0.0, help="profile the broker, s")
+
+
+async def broker_limit(suite: Suite) -> list[Row]:
+    """The ``broker-limit`` workload: each subject's p99 lateness and cores, a node of its own."""
+    args = suite.args
+    seconds = args.limit_seconds or (3.0 if suite.quick else 5.0)
+    print(f"broker-limit: {seconds} s at {args.limit_rate} msg/s per subject ...")
+    limits = argparse.Namespace(
+        rate=args.limit_rate,
+        seconds=seconds,
+        side_rate=args.side_rate,
+        subjects=args.limit_subjects,
+        eprof=args.limit_eprof,
+    )
+    rows = await run(limits)
+    base = rows[0]
+    return [
+        {
+            **row,
+            "workload": f"broker limit {args.limit_rate:g}/s",
+            "unit": "ms late (p99)",
+            "value": row["lateness_ms"]["p99"],
+            "baseline": base["subject"],
+            "baseline_value": base["lateness_ms"]["p99"],
+            "ratio": row["ratio_p99_to_baseline"],
+            "note": "cores: broker {broker:g}, consumer {consumer:g}, producer {producer:g}".format(
+                **row["cores"]
+            ),
+        }
+        for row in rows[1:]
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The producer process :func:`measure` starts (``--produce SPEC``, a JSON object)."""
+    parser = argparse.ArgumentParser(description="broker-limit's producer process")
+    parser.add_argument("--produce", required=True)
     args = parser.parse_args(argv)
-    if args.produce:
-        spec = json.loads(args.produce)
-        result = asyncio.run(
-            produce(
-                spec["url"],
-                SUBJECTS[spec["subject"]],
-                spec["prefix"],
-                spec["queue"],
-                spec["rate"],
-                spec["seconds"],
-                spec.get("min_delay", MIN_DELAY),
-                spec.get("max_delay", MAX_DELAY),
-                spec.get("linger", 0.0),
-            )
+    spec = json.loads(args.produce)
+    result = asyncio.run(
+        produce(
+            spec["url"],
+            SUBJECTS[spec["subject"]],
+            spec["prefix"],
+            spec["queue"],
+            spec["rate"],
+            spec["seconds"],
+            spec.get("min_delay", MIN_DELAY),
+            spec.get("max_delay", MAX_DELAY),
+            spec.get("linger", 0.0),
         )
-        print(json.dumps(result), flush=True)
-        return
-    rows = asyncio.run(run(args))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2, ensure_ascii=False))
+    )
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from typing import Any
 import aio_pika
 import throughput
 from pamqp import commands as spec
+from workloads import Row, Suite
 
 from delayed_retry import DelayTopology, consume, declare_topology, publish_delayed
 from delayed_retry.amqp.batching import connect_batched
@@ -542,6 +543,47 @@ async def _consume_main(args: argparse.Namespace) -> None:
         seconds = last - (first or last)
         rate = handled / seconds if seconds > 0 else float("nan")
         print(json.dumps({"done": True, "handled": handled, "seconds": seconds, "rate": rate}))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("capacity")
+    group.add_argument("--capacity-messages", type=int, default=100_000)
+    group.add_argument("--capacity-baseline", type=int, help="default: min(messages, 50,000)")
+    group.add_argument("--capacity-drain", type=int, help="default: min(messages, 50,000)")
+    group.add_argument("--capacity-window", type=int, default=1000, help="publishes in flight")
+    group.add_argument(
+        "--capacity-drain-level",
+        type=int,
+        default=18,
+        help="the drained messages wait 2^level units (18: 262 s); longer than the fill's tail",
+    )
+    group.add_argument(
+        "--capacity-publish-delayed",
+        action="store_true",
+        help="fill with publish_delayed on aio-pika (slower) instead of the batched bulk path",
+    )
+    group.add_argument(
+        "--capacity-memory-policy",
+        action="store_true",
+        help="set the chain's max-in-memory-length operator policy first (RabbitMQ 3.10-3.11)",
+    )
+
+
+async def capacity(suite: Suite) -> list[Row]:
+    """The ``capacity`` workload: fill, broker memory and disk, the drain, beside a queue."""
+    args = suite.args
+    print(f"capacity: {args.capacity_messages} delayed 1 KB messages waiting at once ...")
+    return await run(
+        suite.url,
+        node=suite.node,
+        messages=args.capacity_messages,
+        baseline_messages=args.capacity_baseline or min(args.capacity_messages, 50_000),
+        drain=args.capacity_drain or min(args.capacity_messages, 50_000),
+        window=args.capacity_window,
+        drain_level=args.capacity_drain_level,
+        memory_policy=args.capacity_memory_policy,
+        batched=not args.capacity_publish_delayed,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

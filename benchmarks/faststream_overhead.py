@@ -1,8 +1,7 @@
 """DelayedRetry in a FastStream app beside a plain FastStream subscriber: throughput ratios.
 
-Run it with ``.venv/bin/python benchmarks/faststream_overhead.py [--messages N]
-[--rounds R]``; it starts a private RabbitMQ node (``harness.broker_url``,
-unless ``RABBITMQ_URL`` is set). Each round fills a fresh quorum queue with N persistent
+The suite's ``faststream`` workload: ``benchmarks/run --only faststream [--messages N]
+[--rounds R]``. Each round fills a fresh quorum queue with N persistent
 200-byte messages, then times a FastStream app consuming them all; subjects and their
 baselines alternate in a shuffled order and the median of each is kept, so drift on a
 shared machine hits both alike. Only ratios are reported as results:
@@ -15,7 +14,6 @@ shared machine hits both alike. Only ratios are reported as results:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import statistics
@@ -27,10 +25,10 @@ from typing import Any
 import aio_pika
 from faststream.rabbit import QueueType, RabbitBroker, RabbitMessage, RabbitQueue
 from tenacity import wait_fixed
+from workloads import Row, Suite
 
 from delayed_retry import DelayTopology
 from delayed_retry.faststream import DelayedRetry
-from harness import broker_url
 
 TOPOLOGY = DelayTopology(prefix="bench-fs", levels=12)
 Subject = Callable[[str, str, int], Awaitable[float]]
@@ -97,42 +95,49 @@ async def consume(url: str, queue: str, n: int, *, retrying: bool, fail_once: bo
         await broker.stop()
 
 
-async def main(messages: int, rounds: int) -> None:
-    with broker_url() as url:
-        pairs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-            "success": (
-                {"retrying": True, "fail_once": False},
-                {"retrying": False, "fail_once": False},
-            ),
-            "retry": (
-                {"retrying": True, "fail_once": True},
-                {"retrying": False, "fail_once": True},
-            ),
-        }
-        times: dict[tuple[str, str], list[float]] = {}
-        for _ in range(rounds):
-            order = [(w, side) for w in pairs for side in ("subject", "baseline")]
-            random.shuffle(order)
-            for workload, side in order:
-                queue = f"bench-fs-{uuid.uuid4().hex[:8]}"
-                await fill(url, queue, messages)
-                kwargs = pairs[workload][0 if side == "subject" else 1]
-                seconds = await consume(url, queue, messages, **kwargs)
-                times.setdefault((workload, side), []).append(seconds)
-                await drop(url, queue, TOPOLOGY.default_parking_queue(queue))
-        for workload in pairs:
-            subject = statistics.median(times[(workload, "subject")])
-            baseline = statistics.median(times[(workload, "baseline")])
-            print(
-                f"{workload:8} throughput ratio {baseline / subject:.3f} "
-                f"(DelayedRetry {(messages - 1) / subject:,.0f}/s, "
-                f"baseline {(messages - 1) / baseline:,.0f}/s)"
-            )
+async def measure(url: str, messages: int, rounds: int) -> list[Row]:
+    """Both pairs, interleaved over ``rounds``; one row per pair with the median times."""
+    pairs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+        "success": (
+            {"retrying": True, "fail_once": False},
+            {"retrying": False, "fail_once": False},
+        ),
+        "retry": (
+            {"retrying": True, "fail_once": True},
+            {"retrying": False, "fail_once": True},
+        ),
+    }
+    times: dict[tuple[str, str], list[float]] = {}
+    for _ in range(rounds):
+        order = [(w, side) for w in pairs for side in ("subject", "baseline")]
+        random.shuffle(order)
+        for workload, side in order:
+            queue = f"bench-fs-{uuid.uuid4().hex[:8]}"
+            await fill(url, queue, messages)
+            kwargs = pairs[workload][0 if side == "subject" else 1]
+            seconds = await consume(url, queue, messages, **kwargs)
+            times.setdefault((workload, side), []).append(seconds)
+            await drop(url, queue, TOPOLOGY.default_parking_queue(queue))
+    rows = []
+    for workload in pairs:
+        subject = statistics.median(times[(workload, "subject")])
+        baseline = statistics.median(times[(workload, "baseline")])
+        rows.append(
+            {
+                "workload": f"faststream {workload}",
+                "subject": "DelayedRetry",
+                "unit": "msg/s",
+                "value": round((messages - 1) / subject),
+                "baseline": "plain FastStream" if workload == "success" else "hand-rolled retry",
+                "baseline_value": round((messages - 1) / baseline),
+                "ratio": baseline / subject,
+            }
+        )
+    return rows
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    asyncio.run(main(args.messages, args.rounds))
+async def faststream(suite: Suite) -> list[Row]:
+    """The ``faststream`` workload: wall-clock throughput ratios of the two pairs."""
+    args = suite.args
+    print(f"faststream: {args.messages} messages x {args.rounds} rounds per subject ...")
+    return await measure(suite.url, args.messages, args.rounds)

@@ -24,7 +24,9 @@ from typing import Any
 
 import aio_pika
 import precision
+import throughput
 from aio_pika.abc import AbstractIncomingMessage
+from workloads import Row, Suite
 
 from delayed_retry import DelayTopology, Hold, declare_topology, publish_delayed
 from delayed_retry.hold import chain_units
@@ -143,6 +145,23 @@ async def run(
                     }
                 )
         await channel.close()
+    return rows
+
+
+async def hops(suite: Suite) -> list[Row]:
+    """The ``hops`` workload: chain exit lateness by hops (the first rate with --quick)."""
+    args = suite.args
+    print(f"hops: chain exit lateness by hops, {args.precision_seconds} s at {args.rates} ...")
+    topology = precision.suite_topology(suite, "hops")
+    rows = await run(
+        suite.url,
+        rates=tuple(args.rates[:1]) if suite.quick else tuple(args.rates),
+        seconds=args.precision_seconds,
+        min_delay=args.min_delay,
+        max_delay=args.max_delay,
+        topology=topology,
+    )
+    await throughput.delete_topology_at(suite.url, topology)
     return rows
 
 

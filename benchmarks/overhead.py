@@ -32,17 +32,12 @@ absolute microseconds are the library's overhead on top of aio-pika's own.
   (the same copy, so they agree). A message costs about three times the retry
   row's, so the suite runs it on 1,000 messages and at most 5 repeats.
 
-One stand-in channel (:class:`_Channel`) serves every row.
-
-    .venv/bin/python benchmarks/overhead.py [--path success|retry|redelivery|both|all]
-
-``both`` (the default) is the success and retry rows, as the suite's default
-run; ``all`` adds the retry + redelivery row.
+One stand-in channel (:class:`_Channel`) serves every row. The suite's ``overhead``
+workload (``benchmarks/run --only overhead``) runs the three.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from typing import Any
@@ -54,6 +49,7 @@ from pamqp import commands as spec
 from pamqp import frame as amqp_frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
+from workloads import Row, Suite
 
 from delayed_retry import DelayTopology, RetryAfter, with_delayed_retry
 from delayed_retry.amqp.declarer import declarer_for
@@ -395,31 +391,12 @@ def run_redelivery(*, messages: int = 2_000, repeats: int = 5) -> list[dict[str,
     ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--path",
-        choices=("success", "retry", "redelivery", "both", "all"),
-        default="both",
-        help="both: success and retry (the default); all: the retry + redelivery row too",
-    )
-    parser.add_argument(
-        "--messages", type=int, help="per repeat (success 20,000, retry 5,000, redelivery 2,000)"
-    )
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
-    sizes = {} if args.messages is None else {"messages": args.messages}
-    runs = {
-        "success": (run,),
-        "retry": (run_retry,),
-        "redelivery": (run_redelivery,),
-        "both": (run, run_retry),
-        "all": (run, run_retry, run_redelivery),
-    }
-    for measure in runs[args.path]:
-        for row in measure(repeats=args.repeats, **sizes):
-            print(row)
-
-
-if __name__ == "__main__":
-    main()
+async def overhead(suite: Suite) -> list[Row]:
+    """The ``overhead`` workload: the success, retry and retry + redelivery rows."""
+    print("overhead: the success and retry paths' own CPU cost, no broker ...")
+    repeats = 5 if suite.quick else 15
+    rows = await asyncio.to_thread(run, repeats=repeats)
+    rows += await asyncio.to_thread(run_retry, repeats=repeats)
+    # Both deliveries, frames encoded: about 2.5 s at this size, so fewer than the rows above.
+    rows += await asyncio.to_thread(run_redelivery, messages=1_000, repeats=3 if suite.quick else 5)
+    return rows

@@ -4,11 +4,11 @@ A parking queue (``<queue>.parking``, a quorum queue) may hold a message for
 weeks while other messages are parked and replayed through it. RabbitMQ
 before 4.3 truncates a quorum queue's log only up to its oldest message, so
 that one message would keep on disk everything written since. This run
-measures it on a private node of one version (``--version``):
+measures it on a private node of one version (``--parking-version``):
 
 1. Baseline: a parking queue declared exactly as the library does
-   (``DelayTopology().parking_queue_spec``), then ``--rounds`` rounds, each
-   parking ``--messages / --rounds`` 1 KB messages (persistent, confirmed,
+   (``DelayTopology().parking_queue_spec``), then ``--parking-rounds`` rounds, each
+   parking ``messages / rounds`` 1 KB messages (persistent, confirmed,
    on a batched connection) and replaying them (consumed and acked). The
    queue is empty after each round.
 2. Held: the same on a second parking queue that first gets one message
@@ -16,15 +16,15 @@ measures it on a private node of one version (``--version``):
    replay does (unacked, not selected) and gives it back when its channel
    closes, so it is READY between rounds, at the head of the queue and of
    its log, for the whole phase.
-3. Refresh (unless ``--no-refresh``): :func:`refresh_parked` with
+3. Refresh: :func:`refresh_parked` with
    ``older_than`` 7 days moves the old message to the tail; then one more
    round of traffic, for the broker to take its next snapshot.
 
 After every round (and before the first) the run waits until the sizes stop
-changing (at most ``--settle`` seconds) and reads the queue's own Raft
+changing (at most 20 s) and reads the queue's own Raft
 folder (segments and snapshots), the quorum write-ahead log files, and the
 node's whole data folder (allocated blocks, as ``du``). The WAL is made
-small (``--wal-bytes``, 16 MB) so that it rolls over many times in a short
+small (16 MB) so that it rolls over many times in a short
 run, as a default node's 512 MB WAL does over weeks of traffic: entries
 leave the WAL for the queue's segment files only at a roll-over, and only
 segments are kept or truncated.
@@ -38,18 +38,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import aiormq
 import aiormq.abc
 from capacity import _pipelined, body, disk_bytes
 from pamqp import commands as spec
+from workloads import Row, Suite
 
 from delayed_retry.amqp.batching import connect_batched
 from delayed_retry.amqp.publish import publish_confirmed
@@ -59,7 +56,6 @@ from delayed_retry.parking.refresh import refresh_parked
 from delayed_retry.topology import DelayTopology, amqp_arguments
 from harness import RabbitMQNode
 
-RESULTS = Path(__file__).parent / "results"
 OLD_ID = "parked-long-ago"
 WINDOW = 1000
 PREFETCH = 1000
@@ -368,30 +364,36 @@ def print_summary(out: dict[str, Any]) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--version", choices=("3.10", "4.0", "4.3"), default="3.10")
-    parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument(
-        "--wal-bytes", type=int, default=16_000_000, help="quorum WAL limit (0: the broker's)"
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("parking-disk")
+    group.add_argument("--parking-version", choices=("3.10", "4.0", "4.3"), default="3.10")
+    group.add_argument("--parking-messages", type=int, help="parked and replayed (100,000)")
+    group.add_argument("--parking-rounds", type=int, default=10)
+
+
+async def parking_disk(suite: Suite) -> list[Row]:
+    """The ``parking-disk`` workload: disk growth with one message parked for good, or none."""
+    args = suite.args
+    parked = argparse.Namespace(
+        version=args.parking_version,
+        messages=args.parking_messages or (20_000 if suite.quick else 100_000),
+        rounds=args.parking_rounds,
+        wal_bytes=16_000_000,
+        settle=20.0,
+        no_refresh=False,
     )
-    parser.add_argument("--settle", type=float, default=20.0, help="longest wait for the sizes")
-    parser.add_argument("--no-refresh", action="store_true", help="skip the refresh phase")
-    parser.add_argument("--out", type=Path, help="JSON file (default: benchmarks/results/...)")
-    args = parser.parse_args(argv)
-    if args.messages < args.rounds or args.rounds < 1:
-        parser.error("--messages must be at least --rounds, and --rounds at least 1")
-    out = asyncio.run(run(args))
-    out["command"] = " ".join(["benchmarks/parking_disk.py", *(argv or sys.argv[1:])])
-    path = args.out or RESULTS / f"parking_disk-{args.version}-{int(time.time())}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    out = await run(parked)
     print_summary(out)
-    print(f"results: {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    os.environ.pop("RABBITMQ_URL", None)  # a private node only
-    sys.exit(main())
+    return [
+        {
+            "workload": f"parking disk, RabbitMQ {out['rabbitmq']}",
+            "subject": f"{key}, one message parked throughout",
+            "unit": "MB per 100k parked",
+            "value": round(g["held_per_100k"] / 1e6, 1),
+            "baseline": "nothing parked throughout",
+            "baseline_value": round(g["baseline_per_100k"] / 1e6, 1),
+            "ratio": g["ratio"],
+            "growth": g,
+        }
+        for key, g in out["growth"].items()
+    ]

@@ -34,6 +34,7 @@ import peer_workers
 import precision
 import storm
 from peer_workers import Job
+from workloads import Row, Suite
 
 SUBJECTS = ("celery-classic", "celery-quorum", "dramatiq")
 
@@ -167,4 +168,24 @@ def run(
                 }
             )
             print(f"  peer precision {subject}: {rows[-1]['note']}")
+    return rows
+
+
+async def peer_precision(suite: Suite) -> list[Row]:
+    """The ``peer-precision`` workload: 100 msg/s for the peers among ``--peer-subjects``."""
+    args = suite.args
+    seconds = args.peer_precision_seconds or (3.0 if suite.quick else 10.0)
+    peers_here = tuple(p for p in SUBJECTS if p in args.peer_subjects)
+    print(f"peer-precision: {seconds} s at 100 msg/s for {peers_here} ...")
+    rows = await asyncio.to_thread(
+        run,
+        suite.url,
+        rate=100,
+        seconds=seconds,
+        min_delay=args.min_delay,
+        max_delay=args.max_delay,
+        subjects=peers_here,
+    )
+    # Celery's delay ladder: the peers measured here declare no delayed-retry chain.
+    await storm.delete_peer_topology(suite.url, storm.suite_prefix())
     return rows

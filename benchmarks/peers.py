@@ -23,6 +23,7 @@ from typing import Any
 
 import aio_pika
 import throughput
+from workloads import Row, Suite
 
 
 def _dramatiq(url: str, n: int, *, fail_once: bool, broker_pid: int | None) -> throughput.Sample:
@@ -126,3 +127,12 @@ async def run(
             }
         )
     return rows
+
+
+async def peers(suite: Suite) -> list[Row]:
+    """The ``peers`` workload: Dramatiq's success and retry-once rows."""
+    print("peers ...")
+    args = suite.args
+    return await run(
+        suite.url, messages=args.messages, rounds=args.rounds, broker_pid=suite.broker_pid
+    )

@@ -18,6 +18,7 @@ published and consumed on a queue of their own at that rate.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import random
@@ -28,7 +29,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aio_pika
+import throughput
 from aio_pika.abc import AbstractIncomingMessage
+from workloads import Row, Suite
 
 from delayed_retry import (
     DEFAULT_HOLD,
@@ -257,6 +260,42 @@ async def run(
                     }
                 )
         await channel.close()
+    return rows
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--side-rate",
+        type=float,
+        default=100.0,
+        help="precision: plain messages/s published and consumed beside each stream (0: none)",
+    )
+
+
+def suite_topology(suite: Suite, workload: str) -> DelayTopology:
+    """The chain of a precision or hops run: ``--levels`` of ``--unit-ms``, a fresh prefix."""
+    return DelayTopology(
+        prefix=f"bench-{workload}-{int(time.time())}",
+        levels=suite.args.levels,
+        unit=timedelta(milliseconds=suite.args.unit_ms),
+    )
+
+
+async def precision(suite: Suite) -> list[Row]:
+    """The ``precision`` workload: held and unheld lateness at each of ``--rates``."""
+    args = suite.args
+    print(f"precision: {args.precision_seconds} s at each of {args.rates} msg/s ...")
+    topology = suite_topology(suite, "precision")
+    rows = await run(
+        suite.url,
+        rates=tuple(args.rates),
+        seconds=args.precision_seconds,
+        min_delay=args.min_delay,
+        max_delay=args.max_delay,
+        topology=topology,
+        side_rate=args.side_rate,
+    )
+    await throughput.delete_topology_at(suite.url, topology)
     return rows
 
 

@@ -24,6 +24,7 @@ often and when, even across ``kill -9``.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -42,6 +43,7 @@ import aio_pika
 import peer_workers
 import throughput
 from peer_workers import Job
+from workloads import Row, Suite
 
 WORKER = str(Path(peer_workers.__file__).resolve())
 
@@ -607,3 +609,102 @@ async def run_long_delay(
         )
         print(f"  long delay {outcome.subject}: {rows[-1]['note']}")
     return rows
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("peer-success, storm, crash, long-delay, peer-precision")
+    group.add_argument(
+        "--peer-subjects",
+        nargs="+",
+        choices=peer_workers.SUBJECTS,
+        default=list(peer_workers.SUBJECTS),
+    )
+    group.add_argument("--success-messages", type=int, help="messages per peer-success subject")
+    group.add_argument("--storm-messages", type=int, help="messages per storm subject")
+    group.add_argument("--storm-fail", type=int, default=2, help="failures before success")
+    group.add_argument(
+        "--storm-base", type=float, default=1.0, help="first backoff, s (Celery: whole s, >= 1)"
+    )
+    group.add_argument("--kill-after", type=float, default=1.5, help="crash: s after first call")
+    group.add_argument("--crash-messages", type=int, help="messages per crash subject")
+    group.add_argument("--crash-grace", type=float, help="crash: s to wait beyond the backoffs")
+    group.add_argument("--long-delay", type=float, help="long-delay: the backoff, s")
+    group.add_argument("--long-consumer-timeout", type=float, help="long-delay: s, < the delay")
+    group.add_argument("--long-messages", type=int, default=20)
+    group.add_argument("--long-grace", type=float, default=20.0)
+    group.add_argument("--long-url", help="long-delay: a broker already set that way")
+    group.add_argument("--peer-precision-seconds", type=float)
+
+
+def suite_prefix() -> str:
+    """A fresh delayed-retry prefix for one peer workload (removed with its Celery ladder)."""
+    return f"bench-storm-{int(time.time())}"
+
+
+async def peer_success(suite: Suite) -> list[Row]:
+    """The ``peer-success`` workload: every peer's worker with no failure."""
+    messages = suite.args.success_messages or (1000 if suite.quick else 5000)
+    print(f"peer-success: {messages} messages per subject, no failure ...")
+    prefix = suite_prefix()
+    subjects = tuple(suite.args.peer_subjects)
+    rows = await run_success(suite.url, subjects=subjects, messages=messages, prefix=prefix)
+    await delete_peer_topology(suite.url, prefix)
+    return rows
+
+
+async def storm(suite: Suite) -> list[Row]:
+    """The ``storm`` workload: every message fails ``--storm-fail`` times, then succeeds."""
+    args = suite.args
+    messages = args.storm_messages or (100 if suite.quick else 1000)
+    print(f"storm: {messages} messages, {args.storm_fail} failures, {args.storm_base} s ...")
+    prefix = suite_prefix()
+    rows = await run_storm(
+        suite.url,
+        subjects=tuple(args.peer_subjects),
+        messages=messages,
+        fail=args.storm_fail,
+        base=args.storm_base,
+        prefix=prefix,
+    )
+    await delete_peer_topology(suite.url, prefix)
+    return rows
+
+
+async def crash(suite: Suite) -> list[Row]:
+    """The ``crash`` workload: a storm, every worker killed with -9 and started again."""
+    args = suite.args
+    messages = args.crash_messages or (100 if suite.quick else 300)
+    print(
+        f"crash: a storm of {messages}, all subjects at once, kill -9 after "
+        f"{args.kill_after} s, restart ..."
+    )
+    prefix = suite_prefix()
+    rows = await run_crash(
+        suite.url,
+        subjects=tuple(args.peer_subjects),
+        prefix=prefix,
+        kill_after=args.kill_after,
+        grace=args.crash_grace or (30.0 if suite.quick else 60.0),
+        messages=messages,
+        fail=args.storm_fail,
+        base=args.storm_base,
+    )
+    await delete_peer_topology(suite.url, prefix)
+    return rows
+
+
+async def long_delay(suite: Suite) -> list[Row]:
+    """The ``long-delay`` workload: backoffs past ``consumer_timeout``, a node of its own."""
+    args = suite.args
+    delay = args.long_delay or (8.0 if suite.quick else 20.0)
+    timeout = args.long_consumer_timeout or (4.0 if suite.quick else 10.0)
+    print(f"long-delay: {delay} s backoffs, consumer_timeout {timeout} s (a second node) ...")
+    return await run_long_delay(
+        subjects=tuple(args.peer_subjects),
+        messages=args.long_messages,
+        delay=delay,
+        consumer_timeout=timeout,
+        grace=args.long_grace,
+        prefix=suite_prefix(),
+        url=args.long_url,
+    )

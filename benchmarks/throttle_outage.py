@@ -17,8 +17,8 @@ or parked, and the broker's delivery counts of the messages handled
 on 4.3), which show that the messages that waited
 were not returned to the queue in a way the broker counts.
 
-    .venv/bin/python benchmarks/throttle_outage.py                  # shared broker (3.10)
-    .venv/bin/python benchmarks/throttle_outage.py --rabbitmq 4.3   # a private 4.3 node
+The suite's ``throttle`` workload: ``benchmarks/run --only throttle`` (on the suite's
+broker), ``--throttle-rabbitmq 4.3`` (a private 4.3 node).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from datetime import timedelta
 import aio_pika
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage
+from workloads import Row, Suite
 
 from delayed_retry import (
     DelayTopology,
@@ -50,8 +51,6 @@ from delayed_retry import (
 from delayed_retry.chain_digest import markers
 from delayed_retry.headers import X_ACQUIRED_COUNT, X_DELIVERY_COUNT
 from harness import RabbitMQNode
-
-SHARED_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 
 @dataclass
@@ -197,10 +196,10 @@ def broker(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
         with RabbitMQNode(version=args.rabbitmq) as node:
             yield node.url, args.rabbitmq
         return
-    yield args.url, "shared"
+    yield args.url, "the suite's broker"
 
 
-async def main_async(args: argparse.Namespace) -> list[Run]:
+async def with_and_without(args: argparse.Namespace) -> list[Run]:
     runs = []
     with broker(args) as (url, where):
         connection = await aio_pika.connect(url)
@@ -214,35 +213,56 @@ async def main_async(args: argparse.Namespace) -> list[Run]:
     return runs
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--url", default=SHARED_URL)
-    parser.add_argument("--rabbitmq", choices=("4.0", "4.3"), help="start a private node")
-    parser.add_argument("--messages", type=int, default=300)
-    parser.add_argument("--outage", type=float, default=20.0)
-    parser.add_argument("--consecutive", type=int, default=5)
-    parser.add_argument("--probe", type=float, default=1.0)
-    parser.add_argument("--prefetch", type=int, default=10)
-    parser.add_argument("--max-retries", type=int, default=3)
-    parser.add_argument("--queue-type", choices=("quorum", "classic"), default="quorum")
-    parser.add_argument("--max-wait", type=float, default=120.0)
-    return parser.parse_args(argv)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("throttle")
+    group.add_argument("--throttle-rabbitmq", choices=("4.0", "4.3"), help="a node of this version")
+    group.add_argument("--throttle-messages", type=int, default=300)
+    group.add_argument(
+        "--throttle-outage", type=float, default=20.0, help="s the dependency is down"
+    )
+    group.add_argument("--throttle-queue-type", choices=("quorum", "classic"), default="quorum")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("delayed_retry.consumer.failures").setLevel(logging.ERROR)  # 300 parkings
-    runs = asyncio.run(main_async(args))
-    with_throttle = runs[0]
-    ok = (
+async def throttle(suite: Suite) -> list[Row]:
+    """The ``throttle`` workload: one outage with the throttle, then the same without it."""
+    args = suite.args
+    outage = argparse.Namespace(
+        url=suite.url,
+        rabbitmq=args.throttle_rabbitmq,
+        messages=args.throttle_messages,
+        outage=args.throttle_outage,
+        consecutive=5,
+        probe=1.0,
+        prefetch=10,
+        max_retries=3,
+        queue_type=args.throttle_queue_type,
+        max_wait=120.0,
+    )
+    # Without the throttle every message is parked: one warning each.
+    logging.getLogger("delayed_retry.consumer.failures").setLevel(logging.ERROR)
+    runs = await with_and_without(outage)
+    with_throttle, without = runs
+    met = (
         with_throttle.spent_a_retry < 40
         and with_throttle.parked == 0
-        and with_throttle.handled == args.messages
+        and with_throttle.handled == args.throttle_messages
     )
-    print(f"throttle target (<40 spent a retry, none parked, all handled): {ok}", file=sys.stderr)
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return [
+        {
+            **asdict(with_throttle),
+            "workload": f"throttle, {args.throttle_outage:g} s outage",
+            "subject": "Throttle(consecutive=5, probe_every=1 s)",
+            "unit": "messages spent a retry",
+            "value": with_throttle.spent_a_retry,
+            "baseline": "no throttle",
+            "baseline_value": without.spent_a_retry,
+            "ratio": (
+                with_throttle.spent_a_retry / without.spent_a_retry
+                if without.spent_a_retry
+                else None
+            ),
+            "note": f"parked {with_throttle.parked} (without: {without.parked}), "
+            f"handled {with_throttle.handled}/{args.throttle_messages}; target "
+            "(<40 spent a retry, none parked, all handled) " + ("met" if met else "MISSED"),
+        }
+    ]

@@ -34,6 +34,7 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from workloads import Row, Suite
 
 from delayed_retry import (
     DelayTopology,
@@ -346,3 +347,19 @@ async def delete_topology(channel: AbstractChannel, topology: DelayTopology) -> 
         await channel.queue_delete(spec.name)
     for name in [*markers(topology), *(ex.name for ex in reversed(topology.exchanges()))]:
         await channel.exchange_delete(name)
+
+
+async def delete_topology_at(url: str, topology: DelayTopology) -> None:
+    """Delete a benchmark's chain on the broker at ``url``."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        await delete_topology(await connection.channel(), topology)
+
+
+async def throughput(suite: Suite) -> list[Row]:
+    """The ``throughput`` workload: the rows ``success``, ``retry-0hop`` and ``retry-1hop``."""
+    args = suite.args
+    print(f"throughput: {args.messages} messages x {args.rounds} rounds per subject ...")
+    return await run(
+        suite.url, messages=args.messages, rounds=args.rounds, broker_pid=suite.broker_pid
+    )

@@ -1,15 +1,12 @@
 """The analysis job against a single-process pyarrow computation of the same statistics.
 
-Usage::
-
-    .venv/bin/python benchmarks/bench_spark_analyze.py --rows 10 1000000 [--master local[2]]
-
-For each size a synthetic archive is generated (``delayed-retry spark
-generate``), then, in the same run: ``delayed-retry spark analyze`` end to
+The suite's ``spark-analyze`` workload: ``benchmarks/run --only spark-analyze
+--spark-analyze-rows 10 1000000``. For each size a synthetic archive is generated
+(``delayed-retry spark generate``), then, in the same run: ``delayed-retry spark analyze`` end to
 end as a user runs it (a fresh JVM), the pyarrow baseline (read,
 deduplicate, fingerprint every row with the same function, count by queue,
 reason, kind, group, first/last parked), and the Spark job alone on a warm
-session (warmed up once, on the first size; ``--no-warm`` skips it), which
+session (warmed up once, on the first size; ``--spark-analyze-no-warm`` skips it), which
 must agree with the baseline.
 Prints seconds and the ratio Spark / pyarrow; results are also appended as
 JSON lines to ``benchmarks/results/spark_analyze.jsonl``.
@@ -18,6 +15,7 @@ JSON lines to ``benchmarks/results/spark_analyze.jsonl``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -26,6 +24,8 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from workloads import Row, Suite
 
 from delayed_retry.fingerprint import fingerprint_headers
 from delayed_retry.spark.analyze import PERMANENT_PATTERN, TRANSIENT_PATTERN
@@ -103,23 +103,15 @@ def pyarrow_statistics(path: str) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[10, 1_000_000])
-    parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--workdir", default="/tmp/delayed-retry-bench-analyze")
-    parser.add_argument(
-        "--no-warm",
-        action="store_true",
-        help="skip the warm-session job (saves one analysis per size)",
-    )
-    args = parser.parse_args()
+def measure(sizes: list[int], *, master: str, workdir: str, warm: bool) -> list[dict[str, Any]]:
+    """For each size: the CLI end to end, pyarrow, and (``warm``) the job on a warm session."""
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
     cli = str(Path(sys.executable).with_name("delayed-retry"))
     spark: Any = None
-    for rows in args.rows:
-        archive = Path(args.workdir) / f"archive-{rows}"
+    lines = []
+    for rows in sizes:
+        archive = Path(workdir) / f"archive-{rows}"
         if not archive.exists():
             started = time.perf_counter()
             generate_archive(archive, rows=rows)
@@ -130,7 +122,7 @@ def main() -> None:
 
         started = time.perf_counter()
         subprocess.run(
-            [cli, "spark", "analyze", str(archive), "--master", args.master, "--no-report"],
+            [cli, "spark", "analyze", str(archive), "--master", master, "--no-report"],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -143,18 +135,18 @@ def main() -> None:
 
         line: dict[str, Any] = {
             "rows": rows,
-            "master": args.master,
+            "master": master,
             "load_before": round(load, 1),
             "pyarrow_s": round(arrow_s, 2),
             "spark_cli_s": round(cli_s, 2),
             "cli_over_pyarrow": round(cli_s / arrow_s, 2),
         }
-        if not args.no_warm:
+        if warm:
             from delayed_retry.spark.analyze import analyze_archive
             from delayed_retry.spark.session import get_spark
 
             if spark is None:
-                spark = get_spark(master=args.master)
+                spark = get_spark(master=master)
                 analyze_archive(spark, str(archive))  # warm-up: JIT, Python workers
             started = time.perf_counter()
             analysis = analyze_archive(spark, str(archive))
@@ -168,7 +160,40 @@ def main() -> None:
         print(json.dumps(line), flush=True)
         with (results / "spark_analyze.jsonl").open("a") as handle:
             handle.write(json.dumps(line) + "\n")
+        lines.append(line)
+    return lines
 
 
-if __name__ == "__main__":
-    main()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("spark-analyze")
+    group.add_argument("--spark-analyze-rows", type=int, nargs="+", help="(10 1000000)")
+    group.add_argument(
+        "--spark-analyze-no-warm", action="store_true", help="skip the warm-session job"
+    )
+
+
+async def spark_analyze(suite: Suite) -> list[Row]:
+    """The ``spark-analyze`` workload: seconds of the analysis beside pyarrow's."""
+    sizes = suite.args.spark_analyze_rows or ([10, 100_000] if suite.quick else [10, 1_000_000])
+    print(f"spark-analyze: archives of {sizes} rows ...")
+    lines = await asyncio.to_thread(
+        measure,
+        sizes,
+        master="local[2]",
+        workdir="/tmp/delayed-retry-bench-analyze",
+        warm=not suite.args.spark_analyze_no_warm,
+    )
+    return [
+        {
+            "workload": f"spark analyze, {line['rows']} rows",
+            "subject": subject,
+            "unit": "s",
+            "value": line[key],
+            "baseline": "pyarrow, 1 process",
+            "baseline_value": line["pyarrow_s"],
+            "ratio": line[key] / line["pyarrow_s"] if line["pyarrow_s"] else None,
+        }
+        for line in lines
+        for subject, key in (("CLI, fresh JVM", "spark_cli_s"), ("job, warm", "spark_job_warm_s"))
+        if key in line
+    ]

@@ -1,7 +1,8 @@
 """Rows per second: bulk scheduling and redrive with Spark vs one aio-pika publisher.
 
-Run:  .venv/bin/python benchmarks/bench_spark_schedule.py --rows 100000
-      (default 1,000,000 rows; --master local[1] --master local[2] to see scaling)
+The suite's ``spark-schedule`` workload: ``benchmarks/run --only spark-schedule
+--spark-schedule-rows 100000`` (default 1,000,000 rows; ``--spark-master local[1]
+--spark-master local[2]`` to see scaling).
 
 Every path publishes the same kind of message (a small JSON body, the
 delayed-retry headers) with publisher confirms into the delay chain, due
@@ -9,8 +10,7 @@ now, so messages pass the chain's exchanges straight to the destination; the
 destination is a classic queue capped with ``drop-head`` so the broker's
 memory stays flat. The baseline is one process publishing with aio-pika and
 a window of unconfirmed publishes (the same window the executors use). The
-broker is a throwaway one from ``harness.broker_url()`` (set
-RABBITMQ_URL to use another). Results go to ``benchmarks/results/``.
+broker is the suite's. Results go to ``benchmarks/results/``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+from workloads import Row, Suite
 
 from delayed_retry import declare_topology
 from delayed_retry.chain_digest import markers
@@ -38,7 +39,6 @@ from delayed_retry.spark import redrive, schedule_dataframe
 from delayed_retry.spark.schema import archive_spark_schema
 from delayed_retry.spark.session import get_spark
 from delayed_retry.topology import DelayTopology
-from harness import broker_url
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -179,21 +179,14 @@ def _spark_runs(
         spark.stop()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--window", type=int, default=256, help="publishes in flight per process")
-    parser.add_argument(
-        "--master", action="append", default=None, help="Spark master(s); default local[*]"
-    )
-    parser.add_argument("--partitions", type=int, default=None, help="default: 2 x cores")
-    args = parser.parse_args()
-    masters = args.master or ["local[*]"]
-    partitions = args.partitions or 2 * (os.cpu_count() or 2)
+def measure(
+    url: str, *, rows: int, window: int, masters: list[str], partitions: int
+) -> dict[str, Any]:
+    """The baseline, then scheduling and redrive on each master: rows/s and ratios."""
     workdir = tempfile.mkdtemp(prefix="bench-spark-")
     report: dict[str, Any] = {
-        "rows": args.rows,
-        "window": args.window,
+        "rows": rows,
+        "window": window,
         "partitions": partitions,
         "cpus": os.cpu_count(),
         "machine": platform.platform(),
@@ -201,46 +194,82 @@ def main() -> None:
         "runs": [],
     }
     try:
-        with broker_url() as url:
-            topology = DelayTopology(
-                prefix=f"bench-{secrets.token_hex(3)}", levels=8, queue_type="classic"
+        topology = DelayTopology(
+            prefix=f"bench-{secrets.token_hex(3)}", levels=8, queue_type="classic"
+        )
+        queue = f"bench-{secrets.token_hex(3)}"
+        asyncio.run(_prepare(url, topology, queue))
+        base_s = asyncio.run(_baseline(url, topology, queue, rows, window))
+        asyncio.run(_cleanup(url, topology, queue))
+        base_rate = rows / base_s
+        report["baseline_rows_per_s"] = base_rate
+        print(f"baseline  aio-pika, 1 process: {base_rate:10.0f} rows/s ({base_s:.1f} s)")
+        for master in masters:
+            run = _spark_runs(url, master, rows, window, partitions, workdir)
+            schedule_rate = rows / run["schedule_s"]
+            redrive_rate = rows / run["redrive_s"]
+            entry = {
+                "master": master,
+                "schedule_rows_per_s": schedule_rate,
+                "redrive_rows_per_s": redrive_rate,
+                "schedule_ratio": schedule_rate / base_rate,
+                "redrive_ratio": redrive_rate / base_rate,
+                **run,
+            }
+            report["runs"].append(entry)
+            print(
+                f"{master:9} schedule_dataframe:   {schedule_rate:10.0f} rows/s "
+                f"({run['schedule_s']:.1f} s), ratio {entry['schedule_ratio']:.2f}"
             )
-            queue = f"bench-{secrets.token_hex(3)}"
-            asyncio.run(_prepare(url, topology, queue))
-            base_s = asyncio.run(_baseline(url, topology, queue, args.rows, args.window))
-            asyncio.run(_cleanup(url, topology, queue))
-            base_rate = args.rows / base_s
-            report["baseline_rows_per_s"] = base_rate
-            print(f"baseline  aio-pika, 1 process: {base_rate:10.0f} rows/s ({base_s:.1f} s)")
-            for master in masters:
-                run = _spark_runs(url, master, args.rows, args.window, partitions, workdir)
-                schedule_rate = args.rows / run["schedule_s"]
-                redrive_rate = args.rows / run["redrive_s"]
-                entry = {
-                    "master": master,
-                    "schedule_rows_per_s": schedule_rate,
-                    "redrive_rows_per_s": redrive_rate,
-                    "schedule_ratio": schedule_rate / base_rate,
-                    "redrive_ratio": redrive_rate / base_rate,
-                    **run,
-                }
-                report["runs"].append(entry)
-                print(
-                    f"{master:9} schedule_dataframe:   {schedule_rate:10.0f} rows/s "
-                    f"({run['schedule_s']:.1f} s), ratio {entry['schedule_ratio']:.2f}"
-                )
-                print(
-                    f"{master:9} redrive:              {redrive_rate:10.0f} rows/s "
-                    f"({run['redrive_s']:.1f} s), ratio {entry['redrive_ratio']:.2f}"
-                )
+            print(
+                f"{master:9} redrive:              {redrive_rate:10.0f} rows/s "
+                f"({run['redrive_s']:.1f} s), ratio {entry['redrive_ratio']:.2f}"
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    return report
+
+
+def _write(report: dict[str, Any]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = RESULTS / f"spark_schedule-{args.rows}-{stamp}.json"
+    out = RESULTS / f"spark_schedule-{report['rows']}-{stamp}.json"
     out.write_text(json.dumps(report, indent=2))
     print(f"results: {out}")
 
 
-if __name__ == "__main__":
-    main()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("spark-schedule")
+    group.add_argument("--spark-schedule-rows", type=int, help="rows (1,000,000; --quick 100,000)")
+    group.add_argument(
+        "--spark-master", action="append", default=None, help="Spark master(s); default local[*]"
+    )
+
+
+async def spark_schedule(suite: Suite) -> list[Row]:
+    """The ``spark-schedule`` workload: rows/s of Spark beside one aio-pika publisher."""
+    args = suite.args
+    rows = args.spark_schedule_rows or (100_000 if suite.quick else 1_000_000)
+    print(f"spark-schedule: {rows} rows ...")
+    report = await asyncio.to_thread(
+        measure,
+        suite.url,
+        rows=rows,
+        window=256,
+        masters=args.spark_master or ["local[*]"],
+        partitions=2 * (os.cpu_count() or 2),
+    )
+    _write(report)
+    return [
+        {
+            "workload": f"spark {path}, {rows} rows",
+            "subject": f"Spark {run['master']}",
+            "unit": "rows/s",
+            "value": round(run[f"{path}_rows_per_s"]),
+            "baseline": "aio-pika, 1 process",
+            "baseline_value": round(report["baseline_rows_per_s"]),
+            "ratio": run[f"{path}_ratio"],
+        }
+        for run in report["runs"]
+        for path in ("schedule", "redrive")
+    ]
