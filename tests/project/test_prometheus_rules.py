@@ -1,4 +1,4 @@
-"""deploy/prometheus, deploy/grafana and their page: promtool's checks, one source, the links.
+"""deploy/prometheus and its page: promtool's checks, one source of the rules, the links.
 
 ``promtool`` comes with Debian's ``prometheus`` package (``scripts/bootstrap`` installs it).
 The end-to-end run against a real Prometheus is ``test_prometheus_broker.py``.
@@ -19,8 +19,6 @@ from tests.support.prometheus import (
     ROOT,
     RULE_TESTS,
     RULES,
-    dashboard,
-    dashboard_queries,
     tool,
 )
 
@@ -97,63 +95,3 @@ def test_the_operator_rule_carries_the_same_groups() -> None:
 def test_the_recording_rules_follow_the_level_metric_operation_naming() -> None:
     for rule in _rules("record"):
         assert re.fullmatch(r"delayed_retry:[a-z_]+:[a-z0-9_]+", rule["record"]), rule["record"]
-
-
-# --- the dashboard --------------------------------------------------------------------------
-
-
-def _panels() -> Iterator[dict[str, Any]]:
-    for panel in dashboard()["panels"]:
-        yield panel
-        yield from panel.get("panels", [])
-
-
-def test_the_dashboard_takes_its_datasource_and_queues_as_variables() -> None:
-    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
-    assert variables["datasource"]["type"] == "datasource"
-    assert variables["datasource"]["query"] == "prometheus"
-    queue = variables["queue"]
-    assert queue["type"] == "query" and queue["multi"] and queue["includeAll"]
-    assert queue["datasource"]["uid"] == "${datasource}"
-    for panel in _panels():
-        if panel["type"] == "row":
-            continue
-        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
-        assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
-
-
-def test_the_dashboard_model_holds_together() -> None:
-    model = dashboard()
-    assert model["uid"] and model["title"] and isinstance(model["schemaVersion"], int)
-    panels = list(_panels())
-    assert len({p["id"] for p in panels}) == len(panels), "panel ids must be unique"
-    cells: set[tuple[int, int]] = set()
-    for panel in panels:
-        grid = panel["gridPos"]
-        assert grid["x"] + grid["w"] <= 24, panel["title"]
-        covered = {
-            (x, y)
-            for x in range(grid["x"], grid["x"] + grid["w"])
-            for y in range(grid["y"], grid["y"] + grid["h"])
-        }
-        assert not covered & cells, f"{panel['title']} overlaps another panel"
-        cells |= covered
-        if panel["type"] != "row":
-            assert panel["targets"] and panel["description"], panel["title"]
-            ref_ids = [t["refId"] for t in panel["targets"]]
-            assert len(set(ref_ids)) == len(ref_ids), panel["title"]
-
-
-def test_the_page_explains_every_panel() -> None:
-    text = PAGE.read_text()
-    for panel in _panels():
-        assert f"**{panel['title']}**" in text or f"### {panel['title']}" in text, panel["title"]
-
-
-def test_the_recorded_series_the_dashboard_reads_are_recorded() -> None:
-    used = {
-        name
-        for _, expr in dashboard_queries(dashboard())
-        for name in re.findall(r"delayed_retry:[a-z0-9_:]+", expr)
-    }
-    assert used and used <= {rule["record"] for rule in _rules("record")}
