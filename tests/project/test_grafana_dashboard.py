@@ -30,7 +30,7 @@ def _type_check(model: dict[str, Any], folder: Path) -> subprocess.CompletedProc
     tsc = SCHEMA / ".bin" / "tsc"
     types = DASHBOARD_TYPES / "types.gen.d.ts"
     if not (tsc.exists() and types.exists()):
-        raise AssertionError(f"{tsc} or {types} missing: run scripts/bootstrap")
+        raise AssertionError(f"{tsc} or {types} missing: run scripts/bootstrap (it needs npm)")
     source = folder / "dashboard.ts"
     source.write_text(
         f"import type {{ Dashboard }} from {json.dumps(str(DASHBOARD_TYPES / 'types.gen'))};\n"
