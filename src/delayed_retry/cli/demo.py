@@ -62,9 +62,9 @@ def next_steps(*, own_broker: bool) -> list[str]:
     """What to try after the demo, as lines (commands the user can paste)."""
     lines = [
         "next:",
-        "  your own consumer: the README's 'Your first consumer' section, or docs/getting-started.md "
-        "(publish to it with 'delayed-retry publish --queue orders --delay 0s', watch it "
-        "with 'delayed-retry status --queue orders')",
+        "  your own consumer: the README's 'Your first consumer' section, or "
+        "docs/getting-started.md (publish to it with 'delayed-retry publish --queue orders "
+        "--delay 0s', watch it with 'delayed-retry status --queue orders')",
         "  every option and path of the decorator: docs/retries.md; parked messages: "
         "docs/parking.md",
     ]
