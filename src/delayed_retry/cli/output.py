@@ -46,6 +46,7 @@ __all__ = [
     "UsageError",
     "add_json_option",
     "confirm",
+    "counted",
     "count_type",
     "duration_type",
     "emit_json",
@@ -243,9 +244,16 @@ def render_table(
 
 def print_table(
     headers: Sequence[str], rows: Sequence[Sequence[object]], *, right: Sequence[int] = ()
-) -> None:
-    """Print :func:`render_table` to stdout."""
-    print(render_table(headers, rows, right=right))
+) -> str:
+    """Print :func:`render_table` to stdout; returns what it printed."""
+    table = render_table(headers, rows, right=right)
+    print(table)
+    return table
+
+
+def counted(count: int, noun: str) -> str:
+    """``"1 message"``, ``"3 messages"``: a count with its noun, singular for one."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 # -- progress and confirmation ----------------------------------------------------
