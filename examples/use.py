@@ -1,4 +1,4 @@
-"""Consume the queue ``orders`` with delayed retries: the README's "Use" program.
+"""Consume the queue ``orders`` with delayed retries: the README's "Your first consumer" program.
 
 Run it with a broker at ``$RABBITMQ_URL`` (default ``amqp://guest:guest@localhost/``):
 ``python examples/use.py``; in another terminal publish to ``orders``, e.g.

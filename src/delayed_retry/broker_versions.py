@@ -51,7 +51,7 @@ def keeps_bodies_in_memory(version: tuple[int, int] | None) -> bool:
 
 
 def bodies_in_memory_hint(
-    version: tuple[int, int] | None, *, topology: DelayTopology
+    version: tuple[int, int] | None, *, topology: DelayTopology, vhost: str = "/"
 ) -> str | None:
     """What to do on RabbitMQ 3.10–3.11, where quorum queues may keep waiting bodies in memory.
 
@@ -65,5 +65,5 @@ def bodies_in_memory_hint(
         f"waiting in delay chain {topology.prefix!r} in memory (max-in-memory-length limits "
         "that; 3.12+ keeps them on disk). If many delays wait at once, set this operator "
         f"policy once per vhost; it changes no queue argument: "
-        f"{topology.memory_policy().command()}"
+        f"{topology.memory_policy().command(vhost=vhost)}"
     )

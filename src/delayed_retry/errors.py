@@ -27,6 +27,7 @@ __all__ = [
     "PublishTimeoutError",
     "ReadsCountedError",
     "RetryAfter",
+    "ServiceUnavailableError",
     "TopologyMismatchError",
     "parking_queue_not_found",
     "queue_not_found",
@@ -93,6 +94,16 @@ class AccessRefusedError(ConfigurationError):
     The message names what was refused and the permission to grant. It is a
     :class:`ConfigurationError` for code that catches those; the command line
     exits 1 for it (the broker is not as the command needs; the command is right).
+    """
+
+
+class ServiceUnavailableError(ConfigurationError):
+    """A service the caller configured the library to rely on does not answer.
+
+    Raised at start-up when, say, the web view must find its parking queues through the
+    management API and the API cannot be read: the message names the address and the fix.
+    It is a :class:`ConfigurationError` for code that catches those; the command line exits
+    1 for it (the broker is not as the command needs; the command is right).
     """
 
 

@@ -8,7 +8,9 @@ argument are used as they are (test_chain_declaration_broker.py).
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import aio_pika
 import pytest
@@ -99,3 +101,31 @@ async def test_the_memory_policy_reaches_the_level_queues_and_nothing_else(
                 await declare_topology(await fresh.channel(), topology, queues=[destination])
         finally:
             node.rabbitmqctl("clear_operator_policy", policy.name)
+
+
+async def test_the_start_up_hint_sets_the_policy_on_the_vhost_the_chain_is_on(
+    node: RabbitMQNode, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Pasting the hint must act where the chain is: a command that says --vhost / would set
+    # the policy on someone else's vhost and leave this chain's bodies in memory.
+    vhost = f"{unique}-team"
+    node.rabbitmqctl("add_vhost", vhost)
+    try:
+        node.rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        topology = DelayTopology(prefix=unique, levels=3)
+        caplog.set_level("INFO", logger="delayed_retry")
+        async with await aio_pika.connect(node.url + quote(vhost, safe="")) as connection:
+            await declare_topology(await connection.channel(), topology)
+        hints = [r.getMessage() for r in caplog.records if "operator policy" in r.getMessage()]
+        assert len(hints) == 1, caplog.text
+        command = shlex.split(hints[0].rsplit(": ", 1)[1])
+        assert command[:1] == ["rabbitmqctl"] and ["--vhost", vhost] == command[2:4], command
+        node.rabbitmqctl(*command[1:])
+        applied = node.rabbitmqctl(
+            "eval",
+            f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"{vhost}">>, queue, '
+            f'<<"{topology.level_name(0)}">>)), amqqueue:get_operator_policy(Q).',
+        )
+        assert topology.memory_policy().name in applied
+    finally:
+        node.rabbitmqctl("delete_vhost", vhost)

@@ -197,7 +197,7 @@ def test_demo_runs_on_the_given_broker(
         words = command.split()
         assert words[0] == "delayed-retry", command
         assert main(["--url", rabbitmq_url, *words[1:]]) == 0, command
-    assert commands[2] == f"rabbitmqctl delete_queue {DEMO_QUEUE}"
+    assert commands[2] == f"rabbitmqctl delete_queue -p / {DEMO_QUEUE}"
     asyncio.run(_delete_queue(rabbitmq_url, DEMO_QUEUE))
     names = [spec.name for spec in DEMO_TOPOLOGY.queues()] + [f"{DEMO_QUEUE}.parking"]
     assert asyncio.run(_existing_queues(rabbitmq_url, names)) == []

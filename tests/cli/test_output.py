@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import io
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -114,6 +116,17 @@ def test_progress_is_silent_off_a_terminal_and_draws_on_one(
     assert capsys.readouterr().err == ""
     with progress_bar("replay", total=None, enabled=True) as update:
         update(2, 3)
+
+
+def test_progress_says_what_each_count_counts() -> None:
+    # A replay looks at more messages than it replays: "2/4" alone read as "2 of 4 replayed".
+    screen = io.StringIO()
+    with progress_bar(
+        "replay", total=None, counts="looked at", acted="replayed", stream=screen
+    ) as update:
+        update(2, 4, acted=1)
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())
+    assert "2/4 looked at" in drawn and "1 replayed" in drawn, drawn
 
 
 def test_confirm_needs_yes_without_a_terminal() -> None:

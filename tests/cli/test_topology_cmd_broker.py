@@ -241,3 +241,38 @@ async def _delete_chain(url: str, topology: DelayTopology, queues: list[str]) ->
     connection = await aio_pika.connect(url)
     async with connection:
         await delete_all(connection, topology=topology, queues=queues)
+
+
+def test_teardown_names_other_work_queues_parking_queues_it_leaves_behind(
+    management_node: tuple[RabbitMQNode, str], unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node, api = management_node
+    topo = ["--prefix", unique, "--levels", "3", "--queue-type", "classic"]
+    url = ["--url", node.url]
+    for work_queue in (f"{unique}-orders", f"{unique}-other"):
+        assert main([*url, "declare", *topo, "--bind", work_queue, "--create"]) == 0
+    capsys.readouterr()
+    teardown = [*url, "teardown", *topo, "--queue", f"{unique}-orders", "--yes"]
+    try:
+        # Without the management API it cannot see them, and says so.
+        closed = f"http://127.0.0.1:{free_port()}/"
+        assert main([*teardown, "--dry-run", "--management-url", closed]) == 0
+        assert "cannot be listed without the management API" in capsys.readouterr().out
+
+        assert main([*teardown, "--management-url", api]) == 0
+        out = capsys.readouterr().out
+        assert (
+            f"left behind: parking queue '{unique}-other.parking' of work queue "
+            f"'{unique}-other'" in out
+        )
+        assert f"--queue {unique}-other" in out
+        assert f"left behind: parking queue '{unique}-orders.parking'" not in out
+        assert f"removed chain {unique!r}" in out
+    finally:
+        asyncio.run(
+            _delete_chain(
+                node.url,
+                DelayTopology(prefix=unique, levels=3, queue_type="classic"),
+                [f"{unique}-orders", f"{unique}-other"],
+            )
+        )

@@ -70,3 +70,15 @@ def test_the_readme_stays_short_and_leaves_reference_to_the_docs() -> None:
     assert "scripts/docs" in README
     # Release history lives in CHANGELOG.md, not in the README.
     assert "they said" not in README and "now say" not in README
+
+
+def test_every_readme_section_the_code_names_exists() -> None:
+    headings = set(re.findall(r"^#+ (.+)$", README, re.M))
+    named: list[tuple[str, str]] = []
+    for path in [*(ROOT / "src").rglob("*.py"), *(ROOT / "examples").glob("*.py")]:
+        text = path.read_text()
+        for section in re.findall(r"""README's ['"]([^'"]+)['"] (?:section|program)""", text):
+            named.append((str(path.relative_to(ROOT)), section))
+    assert named, "the demo and examples/use.py name README sections"
+    missing = [(path, section) for path, section in named if section not in headings]
+    assert not missing, f"no such README heading: {missing}; README headings: {sorted(headings)}"

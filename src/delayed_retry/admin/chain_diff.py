@@ -151,8 +151,8 @@ def _memory_differences(
             f"no policy sets max-in-memory-length on {len(in_memory)} of them (from "
             f"{in_memory[0]!r}), so RabbitMQ {version} may keep the bodies of messages waiting "
             "there in memory",
-            f"{topology.memory_policy().command()} (once per vhost, on a broker node; it "
-            "changes no queue argument)",
+            f"{topology.memory_policy().command(vhost=live.vhost)} (once per vhost, on a broker "
+            "node; it changes no queue argument)",
         )
     ]
 

@@ -93,6 +93,7 @@ class LiveChain:
     queues: Mapping[str, LiveQueue]
     bindings: frozenset[Binding]
     policies: tuple[Policy, ...] = ()
+    vhost: str = "/"
 
 
 def _applies(policy: Policy, name: str, kind: str, queue_type: str | None) -> bool:

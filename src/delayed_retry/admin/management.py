@@ -303,6 +303,7 @@ class ManagementClient:
             queues={q.name: q for q in queues},
             bindings=frozenset(bindings),
             policies=tuple(policies),
+            vhost=self.vhost,
         )
 
     # -- the one request -----------------------------------------------------------

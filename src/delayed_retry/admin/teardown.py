@@ -64,6 +64,7 @@ __all__ = [
     "deletion_order",
     "forwarding_queues",
     "found_forwarding",
+    "other_parking_queues",
     "plan_teardown",
     "tear_down",
 ]
@@ -167,6 +168,29 @@ async def found_forwarding(client: ManagementClient, topology: DelayTopology) ->
         for name in names
         if name.startswith(start) and not name.endswith(".parking")
     )
+
+
+async def other_parking_queues(
+    client: ManagementClient, topology: DelayTopology, *, removing: Iterable[str]
+) -> dict[str, str] | None:
+    """Queues bound to ``topology``'s parking exchange that the teardown is not ``removing``.
+
+    Maps each such queue to the work queue its binding key names. Removing the chain
+    removes the exchange, not those queues: they are left behind, with what they hold.
+    ``None`` when the management API cannot be read (AMQP cannot list bindings).
+    """
+    try:
+        bindings = await client.exchange_bindings(topology.parking_exchange, direction="source")
+    except ManagementError as exc:
+        if exc.status == 404:
+            return {}
+        return None
+    removed = {*removing, topology.alerts_queue}
+    return {
+        b.destination: b.routing_key
+        for b in sorted(bindings, key=lambda b: b.destination)
+        if b.destination_type == "queue" and b.destination not in removed
+    }
 
 
 async def _exchange_exists(connection: aiormq.abc.AbstractConnection, name: str) -> bool:

@@ -21,7 +21,7 @@ import aiormq
 import aiormq.abc
 
 from delayed_retry.amqp.chain_marker import withdraw_markers, write_markers
-from delayed_retry.amqp.channels import close_quietly, on_scratch_channel
+from delayed_retry.amqp.channels import close_quietly, connection_vhost, on_scratch_channel
 from delayed_retry.amqp.refusals import (
     HOME_NODE_DOWN,
     close_reason,
@@ -226,7 +226,9 @@ async def declare_in_full(
         ):
             await write_markers(channel, topology)
     if tolerated:
-        log.warning("%s", tolerated_message(topology, tolerated))
+        log.warning(
+            "%s", tolerated_message(topology, tolerated, vhost=connection_vhost(channel.connection))
+        )
     log_memory_hint(channel.connection, topology, tolerated=bool(tolerated))
 
 
@@ -237,7 +239,9 @@ def log_memory_hint(
     if topology.queue_type != "quorum" or tolerated:
         return
     hint = bodies_in_memory_hint(
-        broker_version(getattr(connection, "server_properties", None)), topology=topology
+        broker_version(getattr(connection, "server_properties", None)),
+        topology=topology,
+        vhost=connection_vhost(connection),
     )
     if hint is not None:
         log.info("%s", hint)

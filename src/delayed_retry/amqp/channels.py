@@ -19,9 +19,11 @@ import aiormq.abc
 from pamqp import commands as amqp_commands
 
 from delayed_retry.errors import ConfigurationError
+from delayed_retry.urls import vhost_of
 
 __all__ = [
     "close_quietly",
+    "connection_vhost",
     "declared_queue",
     "exchange_exists",
     "on_scratch_channel",
@@ -39,6 +41,16 @@ async def close_quietly(channel: object | None) -> None:
         return
     close = getattr(channel, "close")  # noqa: B009 - both kinds have it; typed loosely here
     await close()
+
+
+def connection_vhost(connection: object) -> str:
+    """The vhost ``connection`` (aiormq or aio-pika) was opened on; ``/`` when it says none.
+
+    Use it wherever a message tells an operator what to run on the broker, so the command
+    acts on the vhost the library uses, not on ``/``.
+    """
+    url = getattr(connection, "url", None)
+    return "/" if url is None else vhost_of(str(url))
 
 
 @contextlib.asynccontextmanager

@@ -90,7 +90,9 @@ def close_reason(channel: aiormq.abc.AbstractChannel) -> BaseException | None:
     return reason if isinstance(reason, BaseException) else None
 
 
-def tolerated_message(topology: DelayTopology, tolerated: dict[str, dict[str, int]]) -> str:
+def tolerated_message(
+    topology: DelayTopology, tolerated: dict[str, dict[str, int]], *, vhost: str = "/"
+) -> str:
     """The warning for level queues used as they are: ``tolerated`` maps each to its kept
     in-memory arguments. It names the risk and the fix (another prefix, then a policy)."""
     names = sorted(tolerated)
@@ -105,5 +107,5 @@ def tolerated_message(topology: DelayTopology, tolerated: dict[str, dict[str, in
         "'inequivalent arg', and RabbitMQ 3.12+ ignores the argument. Fix: move their messages "
         "to a chain under another prefix (delayed-retry topology migrate), delete them, and on "
         f"RabbitMQ 3.10-3.11 keep bodies on disk with a policy instead: "
-        f"{topology.memory_policy().command()}"
+        f"{topology.memory_policy().command(vhost=vhost)}"
     )

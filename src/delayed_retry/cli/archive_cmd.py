@@ -7,7 +7,13 @@ import asyncio
 from typing import Any
 
 from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.output import UsageError, count_type, duration_type, require_extra
+from delayed_retry.cli.output import (
+    UsageError,
+    count_type,
+    counted,
+    duration_type,
+    require_extra,
+)
 
 __all__ = ["register"]
 
@@ -59,5 +65,8 @@ def _archive(args: argparse.Namespace) -> int:
             topology=topology_from_args(args),
         )
     )
-    print(f"archived {result.messages} messages of {result.queue!r} in {len(result.files)} files")
+    print(
+        f"archived {counted(result.messages, 'message')} of {result.queue!r} in "
+        f"{counted(len(result.files), 'file')}"
+    )
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shlex
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -25,7 +26,7 @@ from delayed_retry.delivery.schedule import publish_delayed
 from delayed_retry.hold import DEFAULT_HOLD
 from delayed_retry.parking.shortcuts import peek_parked
 from delayed_retry.topology import DelayTopology
-from delayed_retry.urls import redact_url
+from delayed_retry.urls import redact_url, vhost_of
 
 
 class PaymentGatewayDown(Exception):
@@ -61,9 +62,9 @@ def next_steps(*, own_broker: bool) -> list[str]:
     """What to try after the demo, as lines (commands the user can paste)."""
     lines = [
         "next:",
-        "  your own consumer: the README's 'Use' section, or docs/getting-started.md "
-        "(publish to it with 'delayed-retry publish --queue orders --delay 0s', watch it "
-        "with 'delayed-retry status --queue orders')",
+        "  your own consumer: the README's 'Your first consumer' section, or "
+        "docs/getting-started.md (publish to it with 'delayed-retry publish --queue orders "
+        "--delay 0s', watch it with 'delayed-retry status --queue orders')",
         "  every option and path of the decorator: docs/retries.md; parked messages: "
         "docs/parking.md",
     ]
@@ -170,8 +171,11 @@ async def run(url: str) -> int:
         return 0 if len(parked) == 2 else 1
 
 
-def left_behind(topology: DelayTopology, queue: str) -> str:
-    """What the demo leaves on a broker of the user's, and the commands that look and remove it."""
+def left_behind(topology: DelayTopology, queue: str, *, vhost: str = "/") -> str:
+    """What the demo leaves on a broker of the user's, and the commands that look and remove it.
+
+    The ``rabbitmqctl`` line names ``vhost``: without ``-p`` it would act on ``/``.
+    """
     queues = len(topology.queues()) + 2  # the chain's, the work queue and its parking queue
     options = f"--prefix {topology.prefix} --levels {topology.levels}"
     return "\n".join(
@@ -183,7 +187,7 @@ def left_behind(topology: DelayTopology, queue: str) -> str:
             f"  look:   delayed-retry parking list --queue {queue} {options}",
             f"  remove: delayed-retry parking purge --queue {queue} --all --yes {options}",
             f"          delayed-retry teardown {options} --queue {queue} --purge-alerts --yes",
-            f"          rabbitmqctl delete_queue {queue}",
+            f"          {shlex.join(['rabbitmqctl', 'delete_queue', '-p', vhost, queue])}",
         ]
     )
 
@@ -206,7 +210,7 @@ def main(url: str, *, throwaway: bool = False, introduced: bool = False) -> int:
     for line in next_steps(own_broker=not throwaway):
         say(line)
     if not throwaway:
-        say(left_behind(DEMO_TOPOLOGY, DEMO_QUEUE))
+        say(left_behind(DEMO_TOPOLOGY, DEMO_QUEUE, vhost=vhost_of(url)))
     return code
 
 

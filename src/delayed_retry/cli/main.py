@@ -38,6 +38,7 @@ from delayed_retry.errors import (
     ConfigurationError,
     DelayedRetryError,
     NotFoundError,
+    ServiceUnavailableError,
 )
 from delayed_retry.urls import redact_url
 
@@ -167,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error(str(exc))
         return exc.exit_code
     # A name the user gave names nothing, or the broker refuses the user: the world, not the words.
-    except (NotFoundError, AccessRefusedError) as exc:
+    except (NotFoundError, AccessRefusedError, ServiceUnavailableError) as exc:
         print_error(str(exc))
         return EXIT_FAILURE
     except ConfigurationError as exc:  # a value the user gave is wrong: a usage error

@@ -46,6 +46,7 @@ __all__ = [
     "UsageError",
     "add_json_option",
     "confirm",
+    "counted",
     "count_type",
     "duration_type",
     "emit_json",
@@ -243,43 +244,67 @@ def render_table(
 
 def print_table(
     headers: Sequence[str], rows: Sequence[Sequence[object]], *, right: Sequence[int] = ()
-) -> None:
-    """Print :func:`render_table` to stdout."""
-    print(render_table(headers, rows, right=right))
+) -> str:
+    """Print :func:`render_table` to stdout; returns what it printed."""
+    table = render_table(headers, rows, right=right)
+    print(table)
+    return table
+
+
+def counted(count: int, noun: str) -> str:
+    """``"1 message"``, ``"3 messages"``: a count with its noun, singular for one."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 # -- progress and confirmation ----------------------------------------------------
 @contextmanager
 def progress_bar(
-    description: str, *, total: int | None, enabled: bool | None = None
-) -> Iterator[Callable[[int, int | None], None]]:
+    description: str,
+    *,
+    total: int | None,
+    enabled: bool | None = None,
+    counts: str = "",
+    acted: str = "",
+    stream: TextIO | None = None,
+) -> Iterator[Callable[..., None]]:
     """A progress bar on stderr while the block runs, only when stderr is a terminal.
 
-    Yields ``update(done, total)``; call it as work advances. Off a terminal
-    (pipes, logs, CI) it does nothing, so output stays clean.
+    Yields ``update(done, total=None, acted=None)``; call it as work advances. Off a
+    terminal (pipes, logs, CI) it does nothing, so output stays clean. ``counts`` says what
+    ``done/total`` counts ("looked at"); ``acted`` names a second count shown beside it
+    ("replayed"), for work that looks at more messages than it acts on. ``stream``: draw
+    there as on a terminal instead (tests, a log that wants the bar).
     """
-    show = sys.stderr.isatty() if enabled is None else enabled
+    show = (stream is not None or sys.stderr.isatty()) if enabled is None else enabled
     if not show:
 
-        def nothing(done: int, new_total: int | None = None) -> None:
+        def nothing(done: int, new_total: int | None = None, acted: int | None = None) -> None:
             return None
 
         yield nothing
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        transient=True,
-    ) as bar:
-        task = bar.add_task(description, total=total)
+    columns: list[Any] = ["[progress.description]{task.description}", BarColumn()]
+    columns += [MofNCompleteColumn(), TextColumn(counts)] if counts else [MofNCompleteColumn()]
+    if acted:
+        columns.append(TextColumn(f"· {{task.fields[acted]}} {acted}"))
+    console = Console(file=stream or sys.stderr, force_terminal=True) if stream else None
+    with Progress(*columns, TimeRemainingColumn(), transient=True, console=console) as bar:
+        task = bar.add_task(description, total=total, acted=0)
 
-        def update(done: int, new_total: int | None = None) -> None:
+        def update(done: int, new_total: int | None = None, acted: int | None = None) -> None:
             if new_total is not None:
                 bar.update(task, total=max(new_total, done))
+            if acted is not None:
+                bar.update(task, acted=acted)
             bar.update(task, completed=done)
 
         yield update

@@ -155,7 +155,7 @@ def _who() -> str | None:
 
 def _reporter(args: argparse.Namespace, update: Any) -> Any:
     def progress(step: MoveProgress) -> None:
-        update(step.scanned, step.depth)
+        update(step.scanned, step.depth, acted=step.done)
         if step.dry_run and step.record is not None and not args.json:
             r = step.record
             print(f"would {step.action} {r.id}  {r.reason}  {exception_text(r)}")
@@ -256,7 +256,13 @@ async def _replay(args: argparse.Namespace) -> int:
             if not confirm(question, assume_yes=args.yes):
                 print("nothing replayed", file=sys.stderr)
                 return 1
-        with progress_bar("replay", total=None, enabled=None if not args.json else False) as bar:
+        with progress_bar(
+            "replay",
+            total=None,
+            enabled=None if not args.json else False,
+            counts="looked at",
+            acted="replayed",
+        ) as bar:
             report = await replay_matching(
                 channel,
                 queue=args.queue,
@@ -308,7 +314,13 @@ async def _purge(args: argparse.Namespace) -> int:
             if not confirm(question, assume_yes=args.yes):
                 print("nothing purged", file=sys.stderr)
                 return 1
-        with progress_bar("purge", total=None, enabled=None if not args.json else False) as bar:
+        with progress_bar(
+            "purge",
+            total=None,
+            enabled=None if not args.json else False,
+            counts="looked at",
+            acted="purged",
+        ) as bar:
             # The count the operator agreed to, never more (a message parked meanwhile stays).
             report = await purge_matching(
                 channel,
@@ -337,7 +349,13 @@ async def _refresh(args: argparse.Namespace) -> int:
                 "long-held messages itself; refreshing frees no disk there",
                 file=sys.stderr,
             )
-        with progress_bar("refresh", total=None, enabled=None if not args.json else False) as bar:
+        with progress_bar(
+            "refresh",
+            total=None,
+            enabled=None if not args.json else False,
+            counts="looked at",
+            acted="refreshed",
+        ) as bar:
             report = await refresh_parked(
                 channel,
                 queue=args.queue,

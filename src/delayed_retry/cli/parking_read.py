@@ -17,6 +17,7 @@ from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
     add_json_option,
     count_type,
+    counted,
     emit_json,
     print_table,
     to_jsonable,
@@ -160,7 +161,8 @@ async def _list(args: argparse.Namespace) -> int:
         print(f"no parked messages for {args.queue!r}" + ("" if where.is_empty else " match"))
         return 0
     now = utcnow()
-    print(f"failure groups of {args.queue!r} ({sum(g.count for g in groups)} messages):")
+    total = counted(sum(g.count for g in groups), "message")
+    print(f"failure groups of {args.queue!r} ({total}):")
     print_table(
         ("group", "count", "reason", "oldest", "failure"),
         [
@@ -176,7 +178,7 @@ async def _list(args: argparse.Namespace) -> int:
         right=(1,),
     )
     print()
-    print_table(
+    table = print_table(
         ("id", "age", "reason", "attempts", "exception", "body"),
         [
             (r.id, _age(r), r.reason, r.attempts, exception_text(r), _preview(r))
@@ -184,6 +186,11 @@ async def _list(args: argparse.Namespace) -> int:
         ],
         right=(3,),
     )
+    if any(r.id not in table for r in page.records):
+        print(
+            "ids are cut to fit the terminal (…): a unique start of an id is enough, as in "
+            f"'delayed-retry parking show --queue {args.queue} ID-START'; --json prints them whole"
+        )
     more = f"; next page: --offset {page.next_offset}" if page.next_offset is not None else ""
     print(f"{len(page.records)} shown from offset {page.offset}{more}; nothing was removed")
     return 0

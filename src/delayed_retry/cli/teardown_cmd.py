@@ -12,7 +12,9 @@ from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT
 from delayed_retry.admin.teardown import (
     TeardownOutcome,
     TeardownPlan,
+    deletion_order,
     found_forwarding,
+    other_parking_queues,
     plan_teardown,
     tear_down,
 )
@@ -165,6 +167,26 @@ def _print_kept(topology: DelayTopology, kept: list[str], *, stream: TextIO) -> 
         )
 
 
+def _print_left_behind(
+    topology: DelayTopology, left: dict[str, str] | None, *, stream: TextIO
+) -> None:
+    """Say which parking queues of other work queues the teardown leaves, or that it cannot see."""
+    if left is None:
+        print(
+            "note: other work queues' parking queues bound to the chain cannot be listed without "
+            "the management API (--management-url); those not named with --queue are left behind",
+            file=stream,
+        )
+        return
+    for queue, work_queue in left.items():
+        print(
+            f"left behind: parking queue {queue!r} of work queue {work_queue!r} is bound to the "
+            f"chain's parking exchange {topology.parking_exchange!r}; add --queue {work_queue} "
+            "to remove it too",
+            file=stream,
+        )
+
+
 def _print_plan(plan: TeardownPlan, topology: DelayTopology, work_queues: list[str]) -> None:
     _print_blockers(plan, topology, work_queues, stream=sys.stdout)
     if plan.queues or plan.exchanges:
@@ -222,6 +244,10 @@ async def _teardown(args: argparse.Namespace) -> int:
         )
     forwarding = [*args.forward, *(found or [] if args.forwarding else [])]
     kept = [exchange for exchange in found or [] if exchange not in forwarding]
+    removing = [s.name for s in deletion_order(topology, args.queue, [*forwarding, *kept])]
+    left = await other_parking_queues(
+        management_client(args, timeout=BEST_EFFORT_TIMEOUT), topology, removing=removing
+    )
     connection = await connect(args.url)
     async with connection:
         plan = await plan_teardown(
@@ -251,6 +277,7 @@ async def _teardown(args: argparse.Namespace) -> int:
         else:
             _print_plan(plan, topology, args.queue)
         _print_kept(topology, kept, stream=note)
+        _print_left_behind(topology, left, stream=note)
         if plan.blocked:
             raise CommandError(_refusal(plan, topology, args.queue))
         if not plan.queues and not plan.exchanges:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from delayed_retry.admin.management import ManagementClient, ManagementError
-from delayed_retry.errors import ConfigurationError
+from delayed_retry.errors import ServiceUnavailableError
 from delayed_retry.topology import DelayTopology
 
 __all__ = ["discover_queues", "work_queues_of"]
@@ -33,15 +33,15 @@ async def discover_queues(
 ) -> list[str]:
     """Work queues that have a parking queue on the broker's vhost.
 
-    Raises :class:`~delayed_retry.errors.ConfigurationError` when the
-    management API cannot be read: the web view then needs its work queues
-    named.
+    Raises :class:`~delayed_retry.errors.ServiceUnavailableError` (a
+    ``ConfigurationError``) when the management API cannot be read: the web view
+    then needs its work queues named.
     """
     client = ManagementClient.for_broker(amqp_url, management_url=management_url)
     try:
         names = await client.queue_names()
     except ManagementError as exc:
-        raise ConfigurationError(
+        raise ServiceUnavailableError(
             f"cannot list the queues to find the parking lots: {exc}; or name the work queues "
             "with --queue (WebSettings(queues=...) in code)"
         ) from exc
