@@ -310,6 +310,11 @@ class DelayTopology:
         """Gets a copy of every parked and unroutable message, for alerting."""
         return f"{self.prefix}.parking.alerts"
 
+    @property
+    def mutes_stream(self) -> str:
+        """The stream of muted failure groups every alerts process reads (declared on use)."""
+        return f"{self.prefix}.parking.mutes"
+
     def is_chain_exchange(self, exchange: str | None) -> bool:
         """Whether a delivery came out of this chain (a level or the delivery exchange).
 

@@ -71,7 +71,7 @@ async def delete_all(
     exchange_names = list(exchanges)
     if topology is not None:
         queue_names += [topology.default_parking_queue(q) for q in queue_names]
-        queue_names += [spec.name for spec in topology.queues()]
+        queue_names += [spec.name for spec in topology.queues()] + [topology.mutes_stream]
         exchange_names += [spec.name for spec in topology.exchanges()]
         exchange_names += markers(topology)
     own = isinstance(where, AbstractConnection)

@@ -1,9 +1,11 @@
-"""Discard (or park) chosen messages waiting in the delay chain, leaving the others in place.
+"""Discard, park or expedite chosen messages waiting in the delay chain, leaving the others.
 
 Use :func:`discard_waiting` when one scheduled message (or a retry copy, or
 everything waiting for one queue) must not arrive: a reminder cancelled, a
 retry of a message that is no longer wanted. ``delayed-retry teardown
---discard-waiting`` is the other way out, for the whole chain at once.
+--discard-waiting`` is the other way out, for the whole chain at once. Use
+:func:`expedite_waiting` when they should arrive now instead: the bug a retry
+waits out is fixed ("retry now").
 
 How: every level queue is read whole, from the highest level down, each
 message taken unacked (:class:`~delayed_retry.admin.level_reads.HeldReads`:
@@ -38,6 +40,7 @@ from delayed_retry.admin.waiting import (
     WaitingMessage,
     WaitingSelection,
     discarded_headers,
+    expedited_headers,
     over_read_budget,
     read_waiting,
     reads_are_counted,
@@ -51,7 +54,7 @@ from delayed_retry.errors import ConfigurationError, NotFoundError, ReadsCounted
 from delayed_retry.parking.moving.actions import copy_then_ack
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
-__all__ = ["DiscardReport", "discard_waiting"]
+__all__ = ["DiscardReport", "discard_waiting", "expedite_waiting"]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,7 @@ log = logging.getLogger(__name__)
 class DiscardReport:
     """What a discard looked at and took out of the chain."""
 
-    action: Literal["discard", "park"]
+    action: Literal["discard", "park", "expedite"]
     dry_run: bool
     scanned: int = 0
     """Waiting messages read (a message that moved down a level meanwhile counts twice)."""
@@ -70,6 +73,8 @@ class DiscardReport:
     """Ids given that selected no waiting message (empty when the limit stopped the scan)."""
     parked_to: list[str] = field(default_factory=list)
     """The parking queues the selected messages went to (``park``), without repeats."""
+    delivered_to: list[str] = field(default_factory=list)
+    """The queues the selected messages were delivered to (``expedite``), without repeats."""
     seconds: float = 0.0
     """How long the scan held the messages it read (how late the others can be)."""
 
@@ -113,17 +118,65 @@ async def discard_waiting(
     :data:`~delayed_retry.admin.waiting.READ_BUDGET`): the scan stops there,
     having taken only what it selected before.
     """
-    selection = WaitingSelection(ids=frozenset(ids), queue=queue)
+    return await _take_waiting(
+        channel,
+        WaitingSelection(ids=frozenset(ids), queue=queue),
+        DiscardReport(action="park" if park else "discard", dry_run=dry_run),
+        limit=limit,
+        topology=topology,
+        publish_timeout=publish_timeout,
+    )
+
+
+async def expedite_waiting(
+    channel: Any,
+    *,
+    ids: tuple[str, ...] | frozenset[str] = (),
+    queue: str | None = None,
+    dry_run: bool = False,
+    limit: int | None = None,
+    topology: DelayTopology = DEFAULT_TOPOLOGY,
+    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+) -> DiscardReport:
+    """Deliver the waiting messages with these ``ids`` (and/or due to ``queue``) now.
+
+    "Retry now": use it when what a retry waits out is fixed, or a scheduled message is
+    wanted early. Each selected message is published to its destination queue, due now,
+    with its retry count and failure record unchanged (the consumer sees the attempt it
+    would have seen), and leaves the chain only once that copy is confirmed: a crash in
+    between may deliver it twice, never lose it. Selection, ``dry_run``, ``limit``, the
+    promise to the others and the errors are :func:`discard_waiting`'s.
+    """
+    return await _take_waiting(
+        channel,
+        WaitingSelection(ids=frozenset(ids), queue=queue),
+        DiscardReport(action="expedite", dry_run=dry_run),
+        limit=limit,
+        topology=topology,
+        publish_timeout=publish_timeout,
+    )
+
+
+async def _take_waiting(
+    channel: Any,
+    selection: WaitingSelection,
+    report: DiscardReport,
+    *,
+    limit: int | None,
+    topology: DelayTopology,
+    publish_timeout: float,
+) -> DiscardReport:
+    """Scan the chain from the top down and take what ``selection`` selects, as ``report`` says."""
     if limit is not None and limit < 0:
         raise ConfigurationError(f"limit={limit} must be zero or more")
-    report = DiscardReport(action="park" if park else "discard", dry_run=dry_run)
+    dry_run = report.dry_run
     underlay = await underlay_channel(channel)
     connection = underlay.connection
     counted = reads_are_counted(
         broker_major=broker_major_version(getattr(connection, "server_properties", None)),
         queue_type=topology.queue_type,
     )
-    async with scratch_channel(connection, confirms=park) as own:
+    async with scratch_channel(connection, confirms=report.action != "discard") as own:
         for level in range(topology.levels):
             await _check_level(own, topology, level)
         reads = HeldReads(own)
@@ -152,7 +205,7 @@ async def discard_waiting(
                     report.selected.append(message)
                     if dry_run:
                         continue
-                    await _take_out(own, got, message, park, topology, publish_timeout, report)
+                    await _take_out(own, got, message, topology, publish_timeout, report)
                     reads.settled(got.delivery_tag or 0)
                     if limit is not None and report.done >= limit:
                         break
@@ -205,14 +258,17 @@ async def _take_out(
     own: aiormq.abc.AbstractChannel,
     got: aiormq.abc.DeliveredMessage,
     message: WaitingMessage,
-    park: bool,
     topology: DelayTopology,
     publish_timeout: float,
     report: DiscardReport,
 ) -> None:
-    """Ack ``got`` (discard), or copy it to its parking queue, confirmed, then ack (park)."""
-    if not park:
+    """Ack ``got`` (discard); or copy it to its parking queue (park) or to its destination
+    (expedite), confirmed, then ack."""
+    if report.action == "discard":
         await own.basic_ack(got.delivery_tag or 0)
+        return
+    if report.action == "expedite":
+        await _deliver_now(own, got, message, topology, publish_timeout, report)
         return
     if message.destination is None:
         raise ConfigurationError(
@@ -234,3 +290,29 @@ async def _take_out(
     )
     if parking not in report.parked_to:
         report.parked_to.append(parking)
+
+
+async def _deliver_now(
+    own: aiormq.abc.AbstractChannel,
+    got: aiormq.abc.DeliveredMessage,
+    message: WaitingMessage,
+    topology: DelayTopology,
+    publish_timeout: float,
+    report: DiscardReport,
+) -> None:
+    """Copy ``got`` to its destination queue, due now, confirmed, then ack it."""
+    if message.destination is None:
+        raise ConfigurationError(
+            f"waiting message {message.id} has routing key {got.routing_key!r}, which names no "
+            "destination queue, so it cannot be delivered now; let it come due, or discard it"
+        )
+    await copy_then_ack(
+        own,
+        got,
+        exchange="",
+        routing_key=message.destination,
+        headers=expedited_headers(got.header.properties.headers, now=utcnow()),
+        timeout=publish_timeout,
+    )
+    if message.destination not in report.delivered_to:
+        report.delivered_to.append(message.destination)

@@ -149,7 +149,8 @@ def deletion_order(
         feeding += into
         fed += out_of
         parking += parked
-    return [*feeding, *levels, *fed, *parking, *by_name.values()]
+    mutes = QueueSpec(topology.mutes_stream, {}, ())  # a stream: see plan_teardown
+    return [*feeding, *levels, *fed, *parking, *by_name.values(), mutes]
 
 
 async def found_forwarding(client: ManagementClient, topology: DelayTopology) -> list[str] | None:
@@ -229,7 +230,7 @@ async def plan_teardown(
         if consumers:
             plan.consumers[spec.name] = consumers
         if messages and (
-            (discard_alerts and spec.name == topology.alerts_queue)
+            (discard_alerts and spec.name in (topology.alerts_queue, topology.mutes_stream))
             or (discard_waiting and topology.is_level_queue(spec.name))
         ):
             plan.discard[spec.name] = messages
@@ -237,7 +238,9 @@ async def plan_teardown(
             plan.not_empty[spec.name] = messages
         if not consumers and spec.name not in plan.not_empty:
             plan.queues.append(spec.name)
-            plan.queue_types[spec.name] = _queue_type(spec)
+            # The mutes stream refuses if-empty as quorum queues do: checked just before.
+            stream = spec.name == topology.mutes_stream
+            plan.queue_types[spec.name] = "quorum" if stream else _queue_type(spec)
     underlay = await underlay_connection(connection)
     exchanges = [spec.name for spec in topology.exchanges()]
     exchanges += [delay_exchange_name(exchange) for exchange in plan.forwarding]

@@ -38,6 +38,7 @@ __all__ = [
     "WaitingMessage",
     "WaitingSelection",
     "discarded_headers",
+    "expedited_headers",
     "over_read_budget",
     "read_waiting",
     "reads_are_counted",
@@ -160,6 +161,18 @@ def reads_are_counted(*, broker_major: int | None, queue_type: QueueType) -> boo
 def over_read_budget(message: WaitingMessage, *, counted: bool) -> bool:
     """Whether reading ``message`` again could bring it close to its level's delivery limit."""
     return counted and message.returns >= READ_BUDGET
+
+
+def expedited_headers(headers: Mapping[str, Any] | None, *, now: datetime) -> dict[str, Any]:
+    """The headers of a waiting message sent on at once: due ``now``, retry state unchanged.
+
+    The broker-written headers go (see :func:`~delayed_retry.headers.sanitize_headers`); the
+    retry count, first failure and last error stay, so the consumer sees the same attempt.
+    """
+    out = sanitize_headers(headers)
+    if X_DUE_AT in out:
+        out[X_DUE_AT] = to_epoch_ms(now)  # the consumer would otherwise hold it until then
+    return out
 
 
 def discarded_headers(

@@ -23,7 +23,8 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from delayed_retry.admin.chain_diff import topology_options
-from delayed_retry.alerts.grouping import Alert, AlertWindow, arrival_from
+from delayed_retry.alerts.grouping import Alert, AlertWindow, ParkedArrival, arrival_from
+from delayed_retry.alerts.mute_store import MuteFollower
 from delayed_retry.alerts.sinks import (
     DEFAULT_SINK_RETRY,
     AlertSink,
@@ -33,7 +34,7 @@ from delayed_retry.alerts.sinks import (
 )
 from delayed_retry.amqp.consumers import Consumer, start_consumer
 from delayed_retry.amqp.declarer import declare_topology
-from delayed_retry.durations import Duration, to_seconds
+from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, NotFoundError
 from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
@@ -52,6 +53,10 @@ class ParkingAlerts:
     (and the channel's prefetch). ``declare=True`` declares the topology
     first; with ``False`` the alert queue must already exist.
 
+    ``mutes=True`` honours the failure groups muted with ``delayed-retry mute`` (read from
+    the broker's mutes stream): their arrivals are counted in :attr:`muted` and logged,
+    not alerted.
+
     Use as ``async with ParkingAlerts(connection, sinks=[...]):`` or with
     :meth:`start` and :meth:`stop`.
     """
@@ -68,6 +73,7 @@ class ParkingAlerts:
         sink_retry: SinkRetry = DEFAULT_SINK_RETRY,
         retry_after: Duration = 60.0,
         declare: bool = True,
+        mutes: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not sinks:
@@ -98,12 +104,15 @@ class ParkingAlerts:
         """Alerts every sink has delivered since :meth:`start`."""
         self.failing = False
         """True while an alert could not be delivered and its messages wait unacked."""
+        self._mutes = MuteFollower(connection, topology=topology) if mutes else None
 
     async def start(self) -> None:
         """Open a channel, check or declare the alert queue and start consuming."""
         if self._task is not None:
             return
         name = self.topology.alerts_queue
+        if self._mutes is not None:
+            await self._mutes.start()  # every mute set so far is known before any arrival
         channel = await self.connection.channel()
         await channel.set_qos(prefetch_count=self._window.max_batch)
         try:
@@ -113,6 +122,8 @@ class ParkingAlerts:
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
             with contextlib.suppress(Exception):
                 await channel.close()
+            if self._mutes is not None:
+                await self._mutes.stop()
             raise NotFoundError(
                 f"alert queue {name!r} does not exist; declare the topology first: run "
                 f"'delayed-retry declare {topology_options(self.topology)}', or in code call "
@@ -134,6 +145,11 @@ class ParkingAlerts:
         """Its consumer of the alert queue, once started."""
         return (self._consumer,) if self._consumer is not None else ()
 
+    @property
+    def muted(self) -> dict[str, int]:
+        """Arrivals of muted failure groups since :meth:`start`, per group key: not alerted."""
+        return {} if self._mutes is None else dict(self._mutes.table.muted_arrivals)
+
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         arrival = arrival_from(
             message.headers,
@@ -141,8 +157,27 @@ class ParkingAlerts:
             routing_key=message.routing_key or "",
             levels=self.topology.levels,
         )
+        if self._muted(arrival):
+            await message.ack()
+            return
         self._window.add(arrival, message, now=self._clock())
         self._wake.set()
+
+    def _muted(self, arrival: ParkedArrival) -> bool:
+        if self._mutes is None or arrival.event is not None:
+            return False
+        key = arrival.fingerprint.key
+        mute = self._mutes.table.muting(key, utcnow())
+        if mute is not None:
+            log.info(
+                "message %s parked from %r in muted group %s (until %s%s): counted, not alerted",
+                arrival.message_id,
+                arrival.queue,
+                key,
+                mute.until.isoformat(timespec="seconds"),
+                f", {mute.reason}" if mute.reason else "",
+            )
+        return mute is not None
 
     async def _sleep(self, seconds: float) -> None:
         """Wait ``seconds``, or less if stopping or a new message arrives."""
@@ -231,6 +266,8 @@ class ParkingAlerts:
         try:
             await self._task
         finally:
+            if self._mutes is not None:
+                await self._mutes.stop()
             self._task = None
             if self._channel is not None and not self._channel.is_closed:
                 await self._channel.close()

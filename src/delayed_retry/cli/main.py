@@ -53,6 +53,7 @@ SUBCOMMAND_MODULES = (
     "delayed_retry.cli.archive_cmd",
     "delayed_retry.cli.spark_cmd",
     "delayed_retry.cli.alerts_cmd",
+    "delayed_retry.cli.mute_cmd",
     "delayed_retry.cli.topology_cmd",
     "delayed_retry.cli.router_cmd",
     "delayed_retry.cli.teardown_cmd",

@@ -61,8 +61,9 @@ def register(sub: Any) -> None:
     teardown.add_argument(
         "--purge-alerts",
         action="store_true",
-        help="remove the alert queue (PREFIX.parking.alerts) with the copies it holds; they "
-        "are copies of parked and unroutable messages, which stay where they are",
+        help="remove the alert queue (PREFIX.parking.alerts) with the copies it holds (they "
+        "are copies of parked and unroutable messages, which stay where they are) and the "
+        "stream of muted failure groups (PREFIX.parking.mutes) with its mutes",
     )
     teardown.add_argument(
         "--discard-waiting",
@@ -108,6 +109,11 @@ def how_to_empty(topology: DelayTopology, queue: str, work_queues: Iterable[str]
             f"move them to another chain ('delayed-retry topology migrate --prefix NEW "
             f"{source}'), or add --discard-waiting to remove them with the chain, never "
             "delivered"
+        )
+    if queue == topology.mutes_stream:
+        return (
+            "add --purge-alerts to remove the stream with the failure groups muted for the "
+            "alerts ('delayed-retry mutes' lists them)"
         )
     if queue == topology.alerts_queue:
         return (
@@ -196,7 +202,8 @@ def _print_plan(plan: TeardownPlan, topology: DelayTopology, work_queues: list[s
         )
         for name in plan.queues:
             held = plan.discard.get(name)
-            option = "--purge-alerts" if name == topology.alerts_queue else "--discard-waiting"
+            alerts = (topology.alerts_queue, topology.mutes_stream)
+            option = "--purge-alerts" if name in alerts else "--discard-waiting"
             note = f" (with its {held} message(s), {option})" if held else ""
             print(f"  queue    {name}{note}")
         for name in plan.exchanges:

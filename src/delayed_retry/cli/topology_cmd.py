@@ -31,7 +31,7 @@ from delayed_retry.cli.output import (
     format_at_most,
     print_table,
 )
-from delayed_retry.cli.topology_discard_cmd import register_discard
+from delayed_retry.cli.topology_discard_cmd import register_discard, register_expedite
 from delayed_retry.cli.topology_migrate_cmd import register_migrate
 from delayed_retry.durations import format_duration
 from delayed_retry.topology import DelayTopology
@@ -88,6 +88,7 @@ def register(sub: Any) -> None:
     show.set_defaults(func=lambda args: run(_show(args)))
     register_migrate(verbs)
     register_discard(verbs)
+    register_expedite(verbs)
 
 
 async def _verify(args: argparse.Namespace) -> int:

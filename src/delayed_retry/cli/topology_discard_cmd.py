@@ -1,7 +1,8 @@
-"""``delayed-retry topology discard``: take chosen waiting messages out of the delay chain.
+"""``delayed-retry topology discard|expedite``: take chosen waiting messages out of the chain.
 
-The library behind it is :func:`delayed_retry.admin.chain_discard.discard_waiting`; this
-module asks, lists and reports, the way ``parking purge`` does.
+``discard`` deletes or parks them, ``expedite`` delivers them now ("retry now"). The
+library behind them is :mod:`delayed_retry.admin.chain_discard`; this module asks, lists
+and reports, the way ``parking purge`` does.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from delayed_retry.admin.chain_discard import DiscardReport, discard_waiting
+from delayed_retry.admin.chain_discard import DiscardReport, discard_waiting, expedite_waiting
 from delayed_retry.admin.waiting import WaitingMessage
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.common import add_topology_args
@@ -25,7 +26,7 @@ from delayed_retry.cli.output import (
     print_table,
 )
 
-__all__ = ["register_discard"]
+__all__ = ["register_discard", "register_expedite"]
 
 
 def register_discard(verbs: Any) -> None:
@@ -45,29 +46,51 @@ def register_discard(verbs: Any) -> None:
         "on early (the scan stops there), 2 usage error.",
     )
     discard.add_argument(
+        "--park",
+        action="store_true",
+        help="move them to QUEUE.parking with reason 'discarded' instead of deleting them",
+    )
+    _add_selection_args(discard)
+    discard.set_defaults(func=lambda args: run(_take(args)), expedite=False)
+
+
+def register_expedite(verbs: Any) -> None:
+    """Add ``topology expedite`` to the ``topology`` group (called by :mod:`.topology_cmd`)."""
+    expedite = verbs.add_parser(
+        "expedite",
+        help="deliver chosen waiting messages now ('retry now'), their retry count unchanged",
+        description="Deliver the messages waiting in the delay chain that --id (and/or "
+        "--queue) select to their queue now: a retry waiting hours once the bug is fixed, or "
+        "a scheduled message wanted early. Each keeps its retry count and failure record and "
+        "leaves the chain only once its copy is confirmed. The chain is read from its highest "
+        "level down; the other messages are held meanwhile and given back at the end, never "
+        "early and late by at most the scan's length. Asks for confirmation unless --yes. "
+        "--dry-run lists the selected messages and takes nothing. Exit status: 0 done, 1 an "
+        "--id selected nothing or the chain is not there, 2 usage error.",
+    )
+    _add_selection_args(expedite)
+    expedite.set_defaults(func=lambda args: run(_take(args)), expedite=True, park=False)
+
+
+def _add_selection_args(parser: Any) -> None:
+    parser.add_argument(
         "--id",
         dest="ids",
         action="append",
         default=[],
         metavar="ID",
         help="a waiting message's whole id: its message id, or sha256:... as --dry-run lists "
-        "it (repeatable; every waiting message with that id goes)",
+        "it (repeatable; every waiting message with that id is taken)",
     )
-    discard.add_argument(
+    parser.add_argument(
         "--queue",
         metavar="QUEUE",
         help="only messages due to QUEUE; alone, every message waiting for QUEUE",
     )
-    discard.add_argument(
-        "--park",
-        action="store_true",
-        help="move them to QUEUE.parking with reason 'discarded' instead of deleting them",
-    )
-    discard.add_argument("--dry-run", action="store_true", help="list what would go; take nothing")
-    discard.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    add_json_option(discard)
-    add_topology_args(discard)
-    discard.set_defaults(func=lambda args: run(_discard(args)))
+    parser.add_argument("--dry-run", action="store_true", help="list what would go; take nothing")
+    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    add_json_option(parser)
+    add_topology_args(parser)
 
 
 def _what(args: argparse.Namespace) -> str:
@@ -79,36 +102,42 @@ def _what(args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
-async def _discard(args: argparse.Namespace) -> int:
+def _question(args: argparse.Namespace, count: int) -> str:
+    if args.expedite:
+        return f"deliver {count} waiting message(s) {_what(args)} now?"
+    verb, where = ("park", " (to their parking queue)") if args.park else ("delete", " for good")
+    return f"{verb} {count} waiting message(s) {_what(args)}{where}?"
+
+
+async def _take(args: argparse.Namespace) -> int:
+    verb, done = ("expedite", "delivered") if args.expedite else ("discard", "discarded")
     if not args.ids and not args.queue:
         raise UsageError(
-            "topology discard needs a selection: --id (as 'topology discard --dry-run --queue "
-            "QUEUE' lists them), --queue, or both; 'teardown --discard-waiting' removes "
-            "everything waiting"
+            f"topology {verb} needs a selection: --id (as 'topology {verb} --dry-run --queue "
+            "QUEUE' lists them), --queue, or both"
+            + ("" if args.expedite else "; 'teardown --discard-waiting' removes everything")
         )
     connection = await connect(args.url)
     async with connection:
         topology = await checked_topology(connection, args, queue=args.queue)
         channel = await connection.channel()
-        common: dict[str, Any] = dict(
-            ids=tuple(args.ids), queue=args.queue, park=args.park, topology=topology
-        )
+        common: dict[str, Any] = dict(ids=tuple(args.ids), queue=args.queue, topology=topology)
+        if args.expedite:
+            take: Any = expedite_waiting
+        else:
+            take, common["park"] = discard_waiting, args.park
         limit: int | None = None
         if not args.dry_run and not args.yes:
-            preview = await discard_waiting(channel, dry_run=True, **common)
+            preview = await take(channel, dry_run=True, **common)
             _refuse_unmatched(preview, args, prefix=topology.prefix)
             if preview.done == 0:
-                print(f"no message {_what(args)} waits in the chain; nothing discarded")
+                print(f"no message {_what(args)} waits in the chain; nothing {done}")
                 return 0
-            verb = "park" if args.park else "delete"
-            where = " (to their parking queue)" if args.park else " for good"
-            question = f"{verb} {preview.done} waiting message(s) {_what(args)}{where}?"
-            if not confirm(question, assume_yes=False):
-                print("nothing discarded", file=sys.stderr)
+            if not confirm(_question(args, preview.done), assume_yes=False):
+                print(f"nothing {done}", file=sys.stderr)
                 return 1
-            # The count the operator agreed to, never more.
-            limit = preview.done
-        report = await discard_waiting(channel, dry_run=args.dry_run, limit=limit, **common)
+            limit = preview.done  # the count the operator agreed to, never more
+        report = await take(channel, dry_run=args.dry_run, limit=limit, **common)
     return _report(report, args, prefix=topology.prefix)
 
 
@@ -141,15 +170,15 @@ def _report(report: DiscardReport, args: argparse.Namespace, *, prefix: str) -> 
                 [_row(m) for m in report.selected],
                 right=(3,),
             )
-        verb = "parked" if report.action == "park" else "discarded"
+        verb = {"park": "parked", "discard": "discarded", "expedite": "delivered"}[report.action]
         if report.dry_run:
             line = (
                 f"dry run: would have {verb} {report.done} of {report.scanned} waiting message(s)"
             )
         else:
             line = f"{verb} {report.done} of {report.scanned} waiting message(s)"
-            if report.parked_to:
-                line += " to " + ", ".join(repr(q) for q in report.parked_to)
+            if report.parked_to or report.delivered_to:
+                line += " to " + ", ".join(repr(q) for q in report.parked_to + report.delivered_to)
         print(f"{line}; the others were held {report.seconds:.3f} s and given back")
     _refuse_unmatched(report, args, prefix=prefix)
     return 0

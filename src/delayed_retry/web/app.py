@@ -34,6 +34,7 @@ from delayed_retry.web.api import (
 from delayed_retry.web.discovery import discover_queues
 from delayed_retry.web.jobs import AuditLog, JobManager
 from delayed_retry.web.lot import ParkingLot
+from delayed_retry.web.muting import follow_mutes
 from delayed_retry.web.pages import (
     action_form,
     events,
@@ -124,9 +125,12 @@ async def _broker_context(app: web.Application) -> AsyncIterator[None]:
         state.connection, topology=state.settings.topology, scan_limit=state.settings.scan_limit
     )
     state.jobs = JobManager(state.lot, state.audit)
+    state.mutes = await follow_mutes(state)
     try:
         yield
     finally:
+        if state.mutes is not None:
+            await state.mutes.stop()
         await state.jobs.wait_all()
         await state.lot.close()
         if own:

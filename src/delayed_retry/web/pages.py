@@ -30,6 +30,7 @@ from delayed_retry.parking.lot import CanaryWait, ParkedFilter
 from delayed_retry.parking.moving.canary_rules import retry_span
 from delayed_retry.web.forms import PAGE_CANARY, PAGE_RATE, form_field, request_from_form
 from delayed_retry.web.jobs import JobManager, JobRequest
+from delayed_retry.web.muting import MUTE_OPS, mute_from_form, muted_groups
 from delayed_retry.web.plans import PlanBook, ReplayPlan
 from delayed_retry.web.query import filter_from_query, query_int
 from delayed_retry.web.records import filter_to_mapping
@@ -134,6 +135,7 @@ async def queue_page(request: web.Request) -> web.Response:
         is_unroutable=queue == state.settings.topology.unroutable_queue,
         page_rate=PAGE_RATE,
         page_canary=PAGE_CANARY,
+        muted=muted_groups(state),
     )
 
 
@@ -219,6 +221,11 @@ async def action_form(request: web.Request) -> web.Response:
     user = request[USER]
     op = form_field(form, "op")
     try:
+        if op in MUTE_OPS:
+            done = await mute_from_form(state, form, user=user)
+            response = _render(request, "_notice.html", notice=done, error=None)
+            response.headers["HX-Refresh"] = "true"  # the group rows show the change
+            return response
         if op == "confirm-replay":
             plan = state.plans.take(form_field(form, "plan"), user=user)
             state.known(plan.request.queue)

@@ -18,6 +18,7 @@ import jinja2
 from aio_pika.abc import AbstractConnection
 from aiohttp import web
 
+from delayed_retry.alerts.mute_store import MuteFollower
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.web.jobs import AuditLog, Job, JobManager, JobRequest
 from delayed_retry.web.lot import ParkingLot
@@ -48,6 +49,7 @@ class WebState:
     plans: PlanBook = field(default_factory=PlanBook)
     queues: list[str] = field(default_factory=list)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    mutes: MuteFollower | None = None
 
     def parking_queue(self, queue: str) -> str:
         """The parking queue shown for ``queue`` (the unroutable queue is its own)."""
