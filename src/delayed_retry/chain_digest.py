@@ -1,19 +1,10 @@
 """What a complete declaration of a delay chain leaves behind: a digest and two markers. Pure.
 
-Declaring a 36-level chain sends 702 bindings, which the broker writes one by
-one (RabbitMQ 3.10 in Mnesia, 4.3 through Khepri's consensus), even when they
-exist already. So a declaration that completes leaves two markers, exchanges
-that route nothing (see :mod:`delayed_retry.amqp.chain_marker`):
-
-- :func:`settled_marker`, ``<prefix>.chain``: deleted first by every
-  declaration of the chain, whatever its settings or version, and written
-  last; while one is under way, or after one was cut short, there is none;
-- :func:`digest_marker`, ``<prefix>.chain-<digest>``: which declarations
-  completed (:func:`declaration_digest`). Other settings, or a version whose
-  declarations differ, give another digest, hence a full declaration.
-
-A connection that finds both, and every exchange and queue of the chain,
-needs to send no binding.
+:func:`settled_marker` (``<prefix>.chain``) is deleted first by every declaration and
+written last; :func:`digest_marker` (``<prefix>.chain-<digest>``) says which declarations
+completed (:func:`declaration_digest`). A connection that finds both, and every exchange and
+queue of the chain, sends no binding (:mod:`delayed_retry.amqp.chain_marker`). Why:
+docs/operating-the-chain.md, "What a new connection checks before declaring the chain".
 """
 
 from __future__ import annotations

@@ -2,36 +2,10 @@
 them, and what to do about it. Pure functions, used as start-up checks of the queues a
 retrying consumer reads.
 
-A quorum queue's *delivery limit* makes the broker drop (or dead-letter) a
-message once it has been returned to the queue that many times. delayed-retry
-never counts retries with broker redeliveries: a delayed retry is a new
-message in the queue, with a fresh delivery count, so ``max_retries`` has no
-bearing on the limit. What does count, on every version:
-
-- a hand-over into the delay chain or to parking that is not confirmed for
-  :data:`~delayed_retry.consumer.handover.HANDOVER_RETRY_WINDOW` (30 s): the message is
-  nacked back to its queue, one delivery per 30 s of broker trouble (4.0–4.2 only:
-  RabbitMQ 4.3 no longer counts a ``nack``, measured on 4.3.6);
-- a message given back after an internal failure (a declaration refused, a
-  channel without confirms), after a pause of up to 30 s (a ``nack`` too);
-- consumer crashes and lost connections (a closed channel returns its unacked
-  messages: counted on every 4.x);
-- every ``basic.get`` returned unacked by closing the channel: each
-  ``peek_parked`` of a parked message (measured on 4.0.5 and 4.3.6).
-
-On 4.3 a redelivery also carries ``x-acquired-count`` (every delivery, ``nack``
-included), while ``x-delivery-count`` counts only what the limit counts.
-
-RabbitMQ 4.0 and later give every quorum queue a default delivery limit of
-20 when none is set; 3.x has none. A consumed queue's limit should be off
-(``-1``, 4.0+ only: 3.10 reads ``-1`` as "drop at the first return") or at
-least :data:`SAFE_DELIVERY_LIMIT`, with a dead-letter exchange so what passes
-it is kept. delayed-retry's own parking and unroutable queues are declared
-with :data:`~delayed_retry.topology.DELIVERY_LIMIT`; one that exists without
-it (declared by hand, by another tool, or by a checkout from before 0.1.0) is
-reported by :func:`kept_queue_risk`. Policies
-(``delivery-limit``) cannot be read over AMQP; check them with
-``rabbitmqctl list_policies``.
+Use :func:`check_delivery_limit` on a consumed queue's declared arguments and
+:func:`kept_queue_risk` on a parking or unroutable queue that exists without
+:data:`~delayed_retry.topology.DELIVERY_LIMIT`. What counts toward a limit on each RabbitMQ
+version, and why :data:`SAFE_DELIVERY_LIMIT`: docs/reliability.md, "Delivery limits".
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """Failure fingerprints: which parked messages failed *the same way*. Pure.
 
-Use :func:`fingerprint` (or :func:`fingerprint_headers` on a parked message)
-wherever failures are grouped — the Spark report, the alert grouping, the
-parking-lot commands and the web view — so that one failure gets one key
-everywhere.
-
-The fingerprint follows how error trackers and log-template miners group:
-
-* like Sentry, the key is built from the exception type, the frame that
-  raised (file and function, *not* the line number, so a deploy that moves
-  code does not split a group) and the message with its variable parts
-  replaced;
-* like Drain's masking step, the variable parts are found by patterns with
-  token boundaries, most specific first: URLs, e-mail addresses, quoted
-  values, UUIDs, timestamps, IP addresses, hex ids, then numbers. So
-  ``gateway did not answer in 10 s (order 105)`` and ``(order 106)`` share
-  the template ``gateway did not answer in <num> s (order <num>)``.
-
-Every run of digits is masked, also one glued to letters (``order105``,
-``a1``): such ids vary far more often than names with digits (``utf8``)
-differ between failures. A quoted value is always masked, so ``KeyError: 'sku'``
-and ``KeyError: 'price'`` share a template; the raising frame usually tells
-them apart.
+Use :func:`fingerprint` (or :func:`fingerprint_headers` on a parked message) wherever
+failures are grouped (the Spark report, the alert grouping, the parking commands, the web
+view), so one failure gets one key everywhere. The key is the exception type, the raising
+frame (file and function, not the line) and the message with its variable parts masked;
+which parts, and why: docs/parking.md, "Failure groups".
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Leaving the chain before the due time, for a consumer that holds a message until due.
 
-Each TTL hop of the chain adds a few milliseconds and costs the broker about as much as a
-plain publish and consume. With a :class:`Hold`, the chain lets the message out before its
-due time and the consumer, a ``@with_delayed_retry`` handler or a forwarder, holds it in
-memory for the rest: it is handled close to its due time and never before it.
-
-How early: of the delays that leave the chain at least the *lead* (a base
-plus a share per hop) and at most the *limit* before the due time, the one
-that waits in the fewest level queues. With the default 1 s limit, a delay
-shorter than about a second waits in no level queue: it goes straight to its
-queue and waits there, held. The price is held messages: about
-rate x limit / 2 at once, each an unacked delivery that counts against the channel's
-prefetch. What a hop costs and how many a hold saves, measured: docs/performance.md
-("Held delays: precision, and half the hops").
-
-Pure: :func:`chain_units` turns a due time into the units to publish with.
+With a :class:`Hold`, the chain lets a message out a little before its due time, with the
+fewest TTL hops, and the consumer (a ``@with_delayed_retry`` handler or a forwarder) holds
+it in memory for the rest: handled close to its due time, never before it. Pure:
+:func:`chain_units` turns a due time into the units to publish with. What a hop costs and
+what a hold saves: docs/retries.md, "Held delays", and docs/performance.md.
 """
 
 from __future__ import annotations
@@ -41,31 +31,12 @@ class Hold:
     """How far ahead of its due time a message leaves the chain, and how its consumer holds it.
 
     Use the default (:data:`DEFAULT_HOLD`) unless a measurement says otherwise:
-    ``@with_delayed_retry`` holds retries with it, and
-    :func:`~delayed_retry.publish_delayed` takes ``hold=`` for messages whose
-    queue a ``@with_delayed_retry`` handler consumes. Leave ``hold`` out for a
-    queue any other consumer reads: only a holding consumer keeps the
-    never-early promise for a message that leaves the chain early.
-
-    Publisher side (the chain):
-      lead: how long before the due time the message leaves the chain at
-        least, plus ``lead_per_hop`` for each level queue it waits in. Raise
-        them on a busy or clustered broker, where a hop takes longer.
-      granularity: the chain skips the levels below it; the consumer holds the
-        rest.
-    Both sides:
-      limit: the longest a consumer holds a message. The chain lets a message
-        out at most this long before its due time, choosing within it the
-        delay with the fewest hops: a longer limit means fewer hops (less
-        broker work) and more messages held. One that arrives earlier than
-        that anyway (a limit changed meanwhile) goes back into the chain.
-    Consumer side:
-      max_messages: how many messages one handler holds at once; past it, an
-        early message goes back into the chain instead. Held messages are
-        unacked deliveries, so they count against the channel's prefetch:
-        keep prefetch above rate x limit (1,000 at 1,000 messages a second
-        with the default), or the consumer waits for held messages to fall
-        due before it gets new ones.
+    ``@with_delayed_retry`` holds retries with it, and :func:`~delayed_retry.publish_delayed`
+    takes ``hold=`` for a queue a ``@with_delayed_retry`` handler consumes; leave it out for a
+    queue any other consumer reads. ``lead`` (plus ``lead_per_hop`` per level queue) is the
+    least and ``limit`` the most a message leaves early; ``granularity`` is the lowest level
+    the chain uses; ``max_messages`` is how many one handler holds at once. Choosing them, and
+    the prefetch they need: docs/retries.md, "Held delays".
     """
 
     lead: Duration = timedelta(milliseconds=10)

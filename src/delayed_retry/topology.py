@@ -1,31 +1,8 @@
 """The delay chain's names and arguments: which exchanges and queues exist, and how.
 
 Pure: nothing here talks to a broker. :mod:`delayed_retry.amqp.chain_declaration` turns a
-:class:`DelayTopology` into declarations.
-
-Picture for ``prefix="delayed-retry"``::
-
-    delayed-retry.level.35 ─1──────► queue delayed-retry.level.35 (TTL 2^35 units) ─dead-letter─┐
-         ├─0 1──────────────► queue delayed-retry.level.34                                       │
-         ├─0 0 1────────────► queue delayed-retry.level.33      (the next 1 bit's queue, directly)│
-         │  …                                                                                    │
-         └─0 0 … 0 (no 1 left) ─► delayed-retry.delivery-36 ──(binding *.*.….Q)──► Q             │
-    delayed-retry.level.34 ◄───────────────────────────────────────────────────────────────────┘
-         …  (each level queue dead-letters into the exchange one level down), down to level 00
-         └─ alternate-exchange ─► delayed-retry.unroutable ─► queue delayed-retry.unroutable
-
-Each level exchange binds every lower level's queue for the key that has
-zeros down to that level ("skip zeros"): a message passes one exchange per
-level queue it waits in, not one per level. A pass-through chain binds each
-level exchange to the next lower one instead (NServiceBus's naming keeps these,
-its own layout); found on a chain of this naming they are
-:meth:`DelayTopology.retired_bindings`, which declaring removes. RabbitMQ delivers a
-message once to a queue however many of its bindings match, so a chain holding
-both kinds routes every message once.
-    delayed-retry.parking ──(key Q)──► Q.parking
-                          └──(#)────► delayed-retry.parking.alerts
-    delayed-retry.rejected ──► queue delayed-retry.rejected ──► RetryRouter
-        (the x-dead-letter-exchange of queues whose consumers only reject)
+:class:`DelayTopology` into declarations. The chain drawn, with its skip-zero bindings and
+the queues around it: docs/reference/topology.md.
 """
 
 from __future__ import annotations

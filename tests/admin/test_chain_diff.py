@@ -8,10 +8,12 @@ from delayed_retry import DelayTopology
 from delayed_retry.admin.chain_bindings import expected_bindings
 from delayed_retry.admin.chain_diff import compare
 from delayed_retry.admin.live_chain import Binding, LiveChain, LiveExchange, LiveQueue, Policy
+from delayed_retry.cli.common import topology_options
 from delayed_retry.cli.output import format_at_most
 from delayed_retry.topology import amqp_arguments
 
 T = DelayTopology(prefix="p", levels=4)
+OPTIONS = topology_options(T)
 
 
 def live_as_declared(topology: DelayTopology = T, queues: tuple[str, ...] = ()) -> LiveChain:
@@ -39,15 +41,17 @@ def live_as_declared(topology: DelayTopology = T, queues: tuple[str, ...] = ()) 
 
 
 def test_a_chain_as_declared_has_no_difference() -> None:
-    assert compare(T, live_as_declared()) == []
-    assert compare(T, live_as_declared(queues=("orders",)), queues=["orders"]) == []
+    assert compare(T, live_as_declared(), options=OPTIONS) == []
+    assert (
+        compare(T, live_as_declared(queues=("orders",)), queues=["orders"], options=OPTIONS) == []
+    )
 
 
 def test_missing_objects_point_to_declare_with_the_same_settings() -> None:
     live = live_as_declared()
     queues = dict(live.queues)
     del queues["p.level.02"]
-    diffs = compare(T, replace(live, queues=queues), queues=["orders"])
+    diffs = compare(T, replace(live, queues=queues), queues=["orders"], options=OPTIONS)
     lines = [d.line() for d in diffs]
     assert any(
         line.startswith(
@@ -70,7 +74,7 @@ def test_a_chain_that_does_not_exist_is_one_line() -> None:
     empty = LiveChain(
         exchanges={}, queues={"orders": LiveQueue(name="orders")}, bindings=frozenset()
     )
-    diffs = compare(T, empty, queues=["orders"])
+    diffs = compare(T, empty, queues=["orders"], options=OPTIONS)
     assert [d.object for d in diffs] == ["chain 'p'", "queue 'orders.parking'"]
     assert "check --prefix and --levels" in diffs[0].fix
 
@@ -84,7 +88,7 @@ def test_other_arguments_are_named_with_both_values() -> None:
     )
     exchanges = dict(live.exchanges)
     exchanges["p.level.03"] = LiveExchange(name="p.level.03", type="direct")
-    diffs = compare(T, replace(live, queues=queues, exchanges=exchanges))
+    diffs = compare(T, replace(live, queues=queues, exchanges=exchanges), options=OPTIONS)
     text = "\n".join(d.line() for d in diffs)
     assert "queue 'p.level.01': arguments differ: x-message-ttl=4 (wants 2)" in text
     assert "x-max-length=10 (not set by the chain)" in text
@@ -121,7 +125,7 @@ def test_policies_that_cut_delays_or_drop_messages_are_reported() -> None:
             name="harmless", pattern=r"^p\.unroutable$", definition={"dead-letter-exchange": "x"}
         ),
     )
-    diffs = compare(T, replace(live, policies=policies))
+    diffs = compare(T, replace(live, policies=policies), options=OPTIONS)
     assert sorted(d.object for d in diffs) == [
         "queue 'p.level.03'",
         "queue 'p.parking.alerts'",
@@ -163,7 +167,7 @@ def test_stray_bindings_on_the_chain_are_reported() -> None:
             routing_key="*.*.*.*.billing",
         ),
     }
-    diffs = compare(T, replace(live, bindings=live.bindings | stray))
+    diffs = compare(T, replace(live, bindings=live.bindings | stray), options=OPTIONS)
     objects = sorted(d.object for d in diffs)
     assert objects == [
         "binding 'p.delivery-4' → queue 'orders' (key '*.*.orders')",
@@ -189,12 +193,14 @@ def test_level_queues_with_an_in_memory_limit_agree_with_what_declaring_accepts(
     live = _with_level_arguments(
         live_as_declared(), {"x-max-in-memory-length": 0, "x-max-in-memory-bytes": 0}
     )
-    assert compare(T, live) == []
-    assert compare(T, live, broker_version=(3, 10)) == []  # they keep bodies on disk already
+    assert compare(T, live, options=OPTIONS) == []
+    assert (
+        compare(T, live, broker_version=(3, 10), options=OPTIONS) == []
+    )  # they keep bodies on disk already
     # Elsewhere the argument is still foreign to the chain.
     queues = dict(live.queues)
     queues["p.rejected"] = replace(queues["p.rejected"], arguments={"x-max-in-memory-length": 0})
-    (diff,) = compare(T, replace(live, queues=queues))
+    (diff,) = compare(T, replace(live, queues=queues), options=OPTIONS)
     assert diff.object == "queue 'p.rejected'"
     assert "x-max-in-memory-length=0 (not set by the chain)" in diff.problem
 
@@ -202,7 +208,7 @@ def test_level_queues_with_an_in_memory_limit_agree_with_what_declaring_accepts(
 def test_on_3_10_and_3_11_level_queues_without_a_memory_policy_are_reported() -> None:
     live = live_as_declared()
     for version in ((3, 10), (3, 11)):
-        (diff,) = compare(T, live, broker_version=version)
+        (diff,) = compare(T, live, broker_version=version, options=OPTIONS)
         assert diff.object == "level queues of chain 'p'"
         assert "no policy sets max-in-memory-length on 4 of them (from 'p.level.00')" in (
             diff.problem
@@ -210,9 +216,17 @@ def test_on_3_10_and_3_11_level_queues_without_a_memory_policy_are_reported() ->
         assert f"RabbitMQ {version[0]}.{version[1]} may keep the bodies" in diff.problem
         assert diff.fix.startswith(T.memory_policy().command())
     for later in ((3, 12), (4, 0), None):
-        assert compare(T, live, broker_version=later) == []
+        assert compare(T, live, broker_version=later, options=OPTIONS) == []
     classic = DelayTopology(prefix="p", levels=4, queue_type="classic")
-    assert compare(classic, live_as_declared(classic), broker_version=(3, 10)) == []
+    assert (
+        compare(
+            classic,
+            live_as_declared(classic),
+            broker_version=(3, 10),
+            options=topology_options(classic),
+        )
+        == []
+    )
 
 
 def test_the_memory_policy_or_any_in_memory_limit_satisfies_3_10() -> None:
@@ -225,16 +239,22 @@ def test_the_memory_policy_or_any_in_memory_limit_satisfies_3_10() -> None:
         definition=policy.definition,
         operator=True,
     )
-    assert compare(T, replace(live, policies=(ours,)), broker_version=(3, 10)) == []
+    assert (
+        compare(T, replace(live, policies=(ours,)), broker_version=(3, 10), options=OPTIONS) == []
+    )
     theirs = Policy(name="mine", pattern="^p[.]", definition={"max-in-memory-bytes": 10_000})
-    assert compare(T, replace(live, policies=(theirs,)), broker_version=(3, 10)) == []
+    assert (
+        compare(T, replace(live, policies=(theirs,)), broker_version=(3, 10), options=OPTIONS) == []
+    )
     # An operator policy of higher priority without the key wins over ours on every level.
     other = Policy(
         name="cap", pattern="^p", priority=5, definition={"max-length": 10**9}, operator=True
     )
     (diff,) = [
         d
-        for d in compare(T, replace(live, policies=(ours, other)), broker_version=(3, 10))
+        for d in compare(
+            T, replace(live, policies=(ours, other)), broker_version=(3, 10), options=OPTIONS
+        )
         if d.object.startswith("level queues")
     ]
     assert "on 4 of them" in diff.problem

@@ -28,8 +28,8 @@ __all__ = [
     "Difference",
     "collapse_absent_chain",
     "compare",
+    "declare_hint",
     "missing_queue_fix",
-    "topology_options",
 ]
 
 HARMFUL_POLICY_KEYS = ("message-ttl", "expires", "max-length", "max-length-bytes")
@@ -54,26 +54,21 @@ class Difference:
         return f"{self.object}: {self.problem}. Fix: {self.fix}"
 
 
-def topology_options(topology: DelayTopology) -> str:
-    """The command-line options that describe ``topology``."""
-    if topology.naming == "nservicebus-v2":
-        return f"--prefix {topology.prefix} --nservicebus"
-    return (
-        f"--prefix {topology.prefix} --levels {topology.levels} "
-        f"--unit-ms {topology.unit_ms} --queue-type {topology.queue_type}"
-    )
+def declare_hint(options: str, queues: Iterable[str] = ()) -> str:
+    """The ``delayed-retry declare`` line that repairs a chain selected by ``options``.
 
-
-def _declare_hint(topology: DelayTopology, queues: Iterable[str] = ()) -> str:
+    ``options`` are the command-line options of the chain, rendered by the command line
+    (``delayed_retry.cli.common.topology_options``); the fixes only quote them.
+    """
     binds = "".join(f" --bind {q}" for q in queues)
-    return f"delayed-retry declare {topology_options(topology)}{binds}"
+    return f"delayed-retry declare {options}{binds}"
 
 
-def missing_queue_fix(topology: DelayTopology, queues: Iterable[str]) -> str:
+def missing_queue_fix(options: str, queues: Iterable[str]) -> str:
     """The fix for a work queue named to check that does not exist (``queue_not_found``'s)."""
     return (
         "check the name and the vhost, or create it: its consumer declares it, or run "
-        f"{_declare_hint(topology, queues)} --create"
+        f"{declare_hint(options, queues)} --create"
     )
 
 
@@ -161,10 +156,14 @@ def compare(
     topology: DelayTopology,
     live: LiveChain,
     *,
+    options: str,
     queues: Iterable[str] = (),
     broker_version: tuple[int, int] | None = None,
 ) -> list[Difference]:
     """Every difference between ``live`` and ``topology``, and ``queues``' bindings and parking.
+
+    ``options`` are the chain's command-line options the fixes quote
+    (``delayed_retry.cli.common.topology_options`` renders them).
 
     A level queue declared with ``x-max-in-memory-length`` or ``-bytes`` is not
     a difference: declaring the chain uses such a queue as it is. With
@@ -172,7 +171,7 @@ def compare(
     keeps on disk are reported (see :meth:`DelayTopology.memory_policy`).
     """
     queues = tuple(queues)
-    hint = _declare_hint(topology, queues)
+    hint = declare_hint(options, queues)
     other_settings = (
         f"the chain under prefix {topology.prefix!r} was declared with other settings; "
         "check --prefix/--levels/--unit-ms/--queue-type, or move its messages to a new prefix "
@@ -219,7 +218,7 @@ def compare(
                 Difference(
                     f"queue {queue!r}",
                     "missing",
-                    missing_queue_fix(topology, queues),
+                    missing_queue_fix(options, queues),
                 )
             )
     wanted_bindings = expected_bindings(topology, queues)
@@ -259,7 +258,7 @@ def compare(
     if all(ex.name not in live.exchanges for ex in topology.exchanges()):
         # Nothing of it exists: its missing bindings say nothing more.
         out = [d for d in out if not (d.object.startswith("binding ") and d.problem == "missing")]
-    return collapse_absent_chain(topology, out)
+    return collapse_absent_chain(topology, out, options=options)
 
 
 def _order(binding: Binding) -> tuple[str, str, str]:
@@ -302,7 +301,7 @@ def _stray_bindings(topology: DelayTopology, extra: Iterable[Binding]) -> list[D
 
 
 def collapse_absent_chain(
-    topology: DelayTopology, differences: list[Difference]
+    topology: DelayTopology, differences: list[Difference], *, options: str
 ) -> list[Difference]:
     """One line instead of one per object when none of the chain exists (a wrong prefix?)."""
     names = {f"exchange {e.name!r}" for e in topology.exchanges()}
@@ -315,7 +314,7 @@ def collapse_absent_chain(
             f"chain {topology.prefix!r}",
             f"does not exist on this vhost (none of its {len(names)} exchanges and queues)",
             "check --prefix and --levels (or $DELAYED_RETRY_PREFIX) against the consumers', "
-            f"or create it: {_declare_hint(topology)}",
+            f"or create it: {declare_hint(options)}",
         ),
         *(d for d in differences if d.object not in names),
     ]

@@ -1,27 +1,11 @@
 """Discard, park or expedite chosen messages waiting in the delay chain, leaving the others.
 
-Use :func:`discard_waiting` when one scheduled message (or a retry copy, or
-everything waiting for one queue) must not arrive: a reminder cancelled, a
-retry of a message that is no longer wanted. ``delayed-retry teardown
---discard-waiting`` is the other way out, for the whole chain at once. Use
-:func:`expedite_waiting` when they should arrive now instead: the bug a retry
-waits out is fixed ("retry now").
-
-How: every level queue is read whole, from the highest level down, each
-message taken unacked (:class:`~delayed_retry.admin.level_reads.HeldReads`:
-a consumer, then ``basic.get``). A selected one is acked (discard)
-or copied to its destination's parking queue, confirmed, then acked (park,
-reason ``discarded``); the others are held unacked until the scan ends and
-then given back with one ``basic.nack`` (requeue). A held message cannot
-expire; given back, it keeps its enqueue time, so one whose time passed
-during the scan moves on at once. Hence the promise: never early, nothing
-else lost, the others late by at most the scan's length. Reading from the
-top down, a message that moves on meanwhile goes to a level not read yet,
-so it is not missed.
-
-Returns and the delivery limit: see :data:`~delayed_retry.admin.waiting.READ_BUDGET`.
-The return is a ``basic.nack``, which RabbitMQ 4.3 does not count; a
-channel closed under the scan gives the messages back as well, counted.
+Use :func:`discard_waiting` when one scheduled message (or a retry copy, or everything waiting
+for one queue) must not arrive: a reminder cancelled, a retry no longer wanted.
+``delayed-retry teardown --discard-waiting`` is the other way out, for the whole chain at once.
+Use :func:`expedite_waiting` when they should arrive now instead: the bug a retry waits out is
+fixed ("retry now"). How the scan keeps the others never early and nothing else lost:
+docs/scheduling.md, "Cancelling a scheduled message".
 """
 
 from __future__ import annotations
@@ -97,26 +81,14 @@ async def discard_waiting(
 ) -> DiscardReport:
     """Take the waiting messages with these ``ids`` (and/or due to ``queue``) out of the chain.
 
-    Use it to cancel a scheduled message or a pending retry before it
-    arrives. ``ids`` are whole ids (a ``message_id``, or the ``sha256:…`` id
-    of a message without one, as the dry run lists them); every waiting
-    message with such an id goes. ``queue`` restricts the selection to
-    messages due to that queue, or alone selects all of them. ``park`` moves
-    them to their queue's parking queue with reason ``discarded`` (a record
-    ``parking replay`` sends back) instead of deleting them; each leaves the
-    chain only once its copy is confirmed. ``dry_run`` takes nothing and
-    reports what would go. ``limit`` stops after that many (the count an
-    operator agreed to).
-
-    The others are never delivered early and are late by at most the scan's
-    length (:attr:`DiscardReport.seconds`). Raises
-    :class:`~delayed_retry.errors.NotFoundError` when a level queue of
-    ``topology`` is missing, and :class:`~delayed_retry.errors.ConfigurationError`
-    for an empty selection, and :class:`~delayed_retry.errors.ReadsCountedError`
-    when it meets a message returned so often that another return could move
-    it on early (RabbitMQ 4.x quorum levels, see
-    :data:`~delayed_retry.admin.waiting.READ_BUDGET`): the scan stops there,
-    having taken only what it selected before.
+    ``ids`` are whole ids (a ``message_id``, or ``sha256:…``, as the dry run lists them);
+    ``queue`` restricts the selection, or alone selects every message due to it. ``park``
+    parks them with reason ``discarded`` instead of deleting them, each confirmed before it
+    leaves; ``dry_run`` takes nothing; ``limit`` stops after that many. Raises
+    :class:`~delayed_retry.errors.NotFoundError` for a missing level queue,
+    :class:`~delayed_retry.errors.ConfigurationError` for an empty selection, and
+    :class:`~delayed_retry.errors.ReadsCountedError` at a message another return could move on
+    early (see :data:`~delayed_retry.admin.waiting.READ_BUDGET`).
     """
     return await _take_waiting(
         channel,

@@ -20,8 +20,8 @@ from aio_pika.abc import AbstractConnection
 from delayed_retry.admin.chain_diff import (
     Difference,
     collapse_absent_chain,
+    declare_hint,
     missing_queue_fix,
-    topology_options,
 )
 from delayed_retry.amqp.channels import (
     declared_queue,
@@ -121,17 +121,23 @@ async def _refusal(
 
 
 async def probe_over_amqp(
-    connection: AbstractConnection, topology: DelayTopology, *, queues: tuple[str, ...] = ()
+    connection: AbstractConnection,
+    topology: DelayTopology,
+    *,
+    options: str,
+    queues: tuple[str, ...] = (),
 ) -> list[Difference]:
-    """Missing exchanges and queues, and those declared with other arguments."""
+    """Missing exchanges and queues, and those declared with other arguments.
+
+    ``options`` are the chain's command-line options the fixes quote
+    (``delayed_retry.cli.common.topology_options`` renders them).
+    """
     other_settings = (
         f"the chain under prefix {topology.prefix!r} was declared with other settings; check "
         "--prefix/--levels/--unit-ms/--queue-type, or migrate its messages to a new prefix"
     )
     # With --bind for the queues named: a queue's parking queue is declared with its binding.
-    declare = f"delayed-retry declare {topology_options(topology)}" + "".join(
-        f" --bind {q}" for q in queues
-    )
+    declare = declare_hint(options, queues)
     out: list[Difference] = []
     for ex in topology.exchanges():
         what = f"exchange {ex.name!r}"
@@ -171,6 +177,6 @@ async def probe_over_amqp(
     for queue in queues:
         if await queue_depth(connection, queue) is None:
             out.append(
-                Difference(f"queue {queue!r}", "missing", missing_queue_fix(topology, queues))
+                Difference(f"queue {queue!r}", "missing", missing_queue_fix(options, queues))
             )
-    return collapse_absent_chain(topology, out)
+    return collapse_absent_chain(topology, out, options=options)

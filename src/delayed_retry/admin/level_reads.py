@@ -1,19 +1,11 @@
 """Reading level queues whole, holding every message read, and giving them all back.
 
-Use :class:`HeldReads` where an operation must see every message waiting in
-a level queue and leave the ones it does not take where they were (a
-discard). A message read is held unacked on the operation's channel, so it
-can neither expire nor be read twice; :meth:`HeldReads.give_back` returns
-them all with one ``basic.nack`` (requeue), which RabbitMQ 4.3 does not count
-as a delivery (a closed channel's return does count).
-
-The time a message is held is the time it may arrive late, so a level is
-read by a consumer with a wide prefetch window until the broker counts no
-message ready (1,000 messages of one quorum level in 0.14–0.17 s on 3.10.8
-here, against 0.86–2.1 s by one ``basic.get`` after another); ``basic.get``
-then takes what the count did not show yet, and stops only when the queue
-has nothing more to give. A level with few messages is read by ``basic.get``
-alone.
+Use :class:`HeldReads` where an operation must see every message waiting in a level queue
+and leave the ones it does not take where they were (a discard). A message read is held
+unacked, so it can neither expire nor be read twice; :meth:`HeldReads.give_back` returns
+them all with one ``basic.nack``. A level is read by a consumer with a wide prefetch
+window, then by ``basic.get`` until the queue has nothing more to give; why, and how long
+it takes: docs/scheduling.md, "Cancelling a scheduled message".
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """The one client of RabbitMQ's management HTTP API.
 
-AMQP cannot list queues, bindings or policies, nor read an exchange's
-definition. Everything in delayed-retry that needs them (``topology verify``,
-the chain check before ``status``, ``publish`` and ``parking replay``,
-``migrate-plugin``, the web view's queue discovery) reads them through
-:class:`ManagementClient`, whose rules are decided here once:
-
-* **address**: the management URL given, else the broker URL's host on
-  RabbitMQ's default management ports, ``http`` on 15672 for ``amqp://`` and
-  ``https`` on 15671 for ``amqps://`` (:func:`management_url_for`);
-* **credentials**: the management URL's user and password, else the broker
-  URL's, else ``guest``/``guest``;
-* **TLS**: ``https`` certificates are verified against the system's CAs plus
-  the ``cafile`` the broker URL names (aio-pika's query parameter), so the CA
-  that signs the AMQP listener also serves for the management listener;
-* **timeout**: :data:`DEFAULT_TIMEOUT` per request, :data:`BEST_EFFORT_TIMEOUT`
-  for a lookup the caller can do without;
-* **vhost**: the broker URL's (:func:`~delayed_retry.urls.vhost_of`); every
-  name in a path is percent-encoded whole (the vhost ``/`` is ``%2F``);
-* **errors**: :class:`ManagementError`, a
-  :class:`~delayed_retry.errors.DelayedRetryError` naming the URL (password
-  masked) and the fix.
-
-Plain ``urllib`` in a worker thread: no extra dependency. Nothing here writes.
+Use :class:`ManagementClient` for whatever AMQP cannot list (queues, bindings, policies, an
+exchange's definition). Its address (:func:`management_url_for`: 15672, or https 15671 for
+``amqps://``), credentials, TLS (the broker URL's ``cafile`` too), timeouts
+(:data:`DEFAULT_TIMEOUT`, :data:`BEST_EFFORT_TIMEOUT`), vhost quoting and errors
+(:class:`ManagementError`, naming the URL with the password masked) are decided here once.
+Plain ``urllib`` in a worker thread; nothing here writes.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Other delay chains a message can wait in, and when such a message is due at the latest. Pure.
 
-``topology migrate`` moves messages out of another binary TTL chain into the
-current one. Each source is described by a :class:`SourceChain`: its level
-names, level count, unit, and what the routing key's tail means. Three kinds:
-
-- a chain of ours declared with other settings (another prefix, unit, level
-  count or queue type): ``<prefix>.level.NN``, the tail is the destination queue;
-- Kombu/Celery's native delayed delivery: ``celery_delayed_0`` … ``_27``
-  (``<prefix>_celery_delayed_N`` with a prefix), 1 s units, keys of 28 digit
-  words then the *original routing key* (delivered through exchanges bound
-  with ``#.<key>``), so the destination queue is the operator's to name;
-- NServiceBus.RabbitMQ's v2 chain: ``nsb.v2.delay-level-00`` … ``27``, 1 s
-  units, keys of 28 digit words then the destination address.
-
-:func:`plan_move` says when a message found in level ``k`` is due: exactly,
-from a header that records it (our ``x-retry-due-at``, Celery's ``eta``),
-else the latest it could be: a full wait in level ``k`` plus every lower 1 bit
-of its key. Re-scheduling for that time is never early.
+``topology migrate`` moves messages out of another binary TTL chain into ours. A
+:class:`SourceChain` describes one: a chain of ours with other settings, Kombu/Celery's
+native delayed delivery (``celery_delayed_N``, the key's tail is a routing key, so the
+operator names the queue) or NServiceBus.RabbitMQ's v2 chain. :func:`plan_move` says when a
+message found in a level is due: exactly from a header that records it (``x-retry-due-at``,
+Celery's ``eta``), else the latest it could be, so re-scheduling is never early.
 """
 
 from __future__ import annotations

@@ -1,42 +1,11 @@
 """Remove a delay chain's queues and exchanges, only when nothing waits in them.
 
-For a chain no longer used (after ``topology migrate`` moved its messages, or
-a test chain). :func:`plan_teardown` looks at every queue first: one that
-holds messages or has consumers stops the whole teardown, and nothing is
-deleted. :func:`tear_down` then deletes the queues one by one and, only after
-every queue is gone, the exchanges (deleting them removes the consumers'
-bindings to the chain).
-
-Each queue is checked again as it is deleted, and the first one found in use
-stops the teardown, keeping it, the queues after it and every exchange:
-
-- classic queues are deleted with ``if-empty`` and ``if-unused``, so the
-  broker itself refuses one that received a message or a consumer since;
-- quorum queues refuse those flags (RabbitMQ closes the connection with
-  ``NOT_IMPLEMENTED``), so each is checked with a passive declare (no ready
-  message, no consumer) and deleted unconditionally on the same channel
-  right after.
-
-What remains for quorum queues: a message that reaches one between that
-check and its delete (one round trip) is deleted with it, and the broker's
-count may leave out a message it is handing on at that very moment (a
-dead-letter to the next level not yet confirmed, a return from a closed
-channel). The order keeps that to messages coming from outside: messages
-only move down the chain, so the queues go from the highest level down, then
-the parking, unroutable, rejected and alert queues that receive from the
-chain; a message moving meanwhile reaches a queue not yet deleted, whose
-check stops the teardown. Stop whatever publishes into the chain (consumers
-retrying, schedulers, routers) before tearing it down.
-
-What a forwarder and a front door declared for an exchange ``X`` (the
-forward queue ``<prefix>.forward.X``, the front door's ``X.delay`` exchange
-and queue, and their parking queues) goes too when ``forwarding`` names
-``X``; :func:`found_forwarding` lists the exchanges a chain forwards to. The
-front door's queue goes first (it feeds the chain), the forward queue after
-the levels (the chain feeds it); ``X`` itself is the application's and stays.
-
-Messages still waiting in the levels block the teardown, unless
-``discard_waiting=True``: then the level queues are deleted with them.
+For a chain no longer used (after ``topology migrate`` moved its messages, or a test
+chain): :func:`plan_teardown` looks at every queue and refuses if one is in use;
+:func:`tear_down` deletes the queues, checking each again, then the exchanges.
+:func:`found_forwarding` lists what forwarders and front doors declared for it. The order
+of the deletes and what a check between them can miss: docs/operating-the-chain.md,
+"Removing a chain".
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from typing import Self
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
-from delayed_retry.admin.chain_diff import topology_options
 from delayed_retry.alerts.grouping import Alert, AlertWindow, ParkedArrival, arrival_from
 from delayed_retry.alerts.mute_store import MuteFollower
 from delayed_retry.alerts.sinks import (
@@ -125,9 +124,9 @@ class ParkingAlerts:
             if self._mutes is not None:
                 await self._mutes.stop()
             raise NotFoundError(
-                f"alert queue {name!r} does not exist; declare the topology first: run "
-                f"'delayed-retry declare {topology_options(self.topology)}', or in code call "
-                "declare_topology(channel, topology) or pass declare=True"
+                f"alert queue {name!r} does not exist; declare the topology first: pass "
+                "declare=True, call declare_topology(channel, topology), or run "
+                f"'delayed-retry declare' with the options of chain {self.topology.prefix!r}"
             ) from exc
         self._channel, self._queue = channel, queue
         self._stopping.clear()

@@ -21,6 +21,7 @@ __all__ = [
     "management_client",
     "management_url_from",
     "topology_from_args",
+    "topology_options",
 ]
 
 MANAGEMENT_URL_ENV = "RABBITMQ_MANAGEMENT_URL"
@@ -85,6 +86,19 @@ def topology_from_args(args: argparse.Namespace) -> DelayTopology:
         levels=DelayTopology().levels if args.levels is None else args.levels,
         unit=timedelta(milliseconds=args.unit_ms),
         queue_type=args.queue_type,
+    )
+
+
+def topology_options(topology: DelayTopology) -> str:
+    """The command-line options that select ``topology``: what :func:`topology_from_args` reads.
+
+    Use it wherever a message tells an operator which command to run on this chain.
+    """
+    if topology.naming == "nservicebus-v2":
+        return f"--prefix {topology.prefix} --nservicebus"
+    return (
+        f"--prefix {topology.prefix} --levels {topology.levels} "
+        f"--unit-ms {topology.unit_ms} --queue-type {topology.queue_type}"
     )
 
 

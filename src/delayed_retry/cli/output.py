@@ -1,23 +1,11 @@
 """What every command shares: errors and exit codes, JSON, tables, progress, option types.
 
-Use these in every subcommand so the command line behaves one way:
-
-* raise :class:`UsageError` (exit 2) when the command line itself is wrong,
-  whatever the broker holds (a value, a missing or contradicting option), and
-  :class:`CommandError` (exit 1) when it is right but the broker or the
-  machine is not as the command needs (a queue named that does not exist:
-  raise :class:`~delayed_retry.errors.NotFoundError` with the words of
-  :func:`~delayed_retry.errors.queue_not_found`), with one line naming the
-  object, the problem and the command that fixes it; ``main`` prints it as
-  ``delayed-retry: error: ...``, and prints the library's own errors the same
-  way, word for word (so their messages name the fix for both code and
-  command line);
-* :func:`add_json_option` on every read command, then :func:`emit_json`;
-* :func:`print_table` for human output (it fits the terminal);
-* :func:`progress_bar` around long operations (a bar only on a terminal);
-* :func:`duration_type`, :func:`rate_type`, :func:`header_type` as argparse
-  ``type=`` so ``90s``, ``15m``, ``100/s`` and ``k=v`` are read one way;
-* :func:`confirm` before anything destructive.
+Use these in every subcommand so the command line behaves one way: :class:`UsageError`
+(exit 2) when the command line is wrong, :class:`CommandError` (exit 1) when the broker or
+the machine is not as it needs, each one line naming the object, the problem and the fix;
+:func:`add_json_option` and :func:`emit_json` on read commands; :func:`print_table`;
+:func:`progress_bar`; :func:`duration_type`, :func:`rate_type`, :func:`header_type` as
+argparse ``type=``; :func:`confirm` before anything destructive.
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """The service runner: what every long-running command does around its own work, once.
 
-``front-door``, ``forwarder``, ``router``, ``alerts`` and ``web`` each say
-how to start (a function returning a :class:`Running`); :func:`run_service`
-does the rest, the same way for all of them:
-
-1. logs as text or JSON (``--log-format``);
-2. opens the health port (``--health-port``: ``/livez``, ``/readyz``) and the
-   metrics port (``--metrics-port``: ``/metrics``), before connecting, so a
-   probe gets an answer (not ready) while the broker is still being reached;
-3. connects (a robust connection: it reconnects and restores its consumers);
-4. starts the service, prints the start-up line and its warnings, then
-   ``running; stop with Ctrl-C or SIGTERM``;
-5. while it runs, readiness says whether the broker has this process's
-   consumers: each consumer's ``basic.consume`` must stand on the channel the
-   broker talks to now (restored after the last reconnect), and every
-   :data:`~delayed_retry.cli.service_state.WATCH_EVERY` seconds the broker
-   is asked (a passive declare of each consumed queue: at least one
-   consumer; and the service's own checks, such as the forwarder's target
-   exchanges); reconnects and restored consumers are counted for
-   ``/metrics`` (the probes and their state are in
-   :mod:`delayed_retry.cli.service_state`);
-6. on SIGTERM or SIGINT: readiness turns 503, the service stops consuming,
-   lets hand-overs in flight finish for up to ``--stop-timeout`` (their
-   confirms arrive and they are acked), gives back what it holds, closes;
-   prints its counts and exits 0. A message still in flight after the bound
-   goes back to its queue when the connection closes (delivered again: at
-   least once, never lost).
+``front-door``, ``forwarder``, ``router``, ``alerts`` and ``web`` each say how to start (a
+function returning a :class:`Running`); :func:`run_service` does the rest for all of them:
+logs, the health and metrics ports (open before connecting), a robust connection, the
+start-up line, readiness (:mod:`delayed_retry.cli.service_state`) and the stop on SIGTERM.
+What a probe answers and how a stop lets hand-overs finish: docs/operations.md.
 """
 
 from __future__ import annotations

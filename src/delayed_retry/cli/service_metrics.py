@@ -1,27 +1,10 @@
 """``--metrics-port``: the OpenTelemetry metrics of a service, exported for Prometheus.
 
-Installs an SDK ``MeterProvider`` with OpenTelemetry's Prometheus reader as
-the global provider, so everything the library records (the
-``delayed_retry.*`` instruments of :mod:`delayed_retry.observability.metrics`)
-is exported, and adds the service's own instruments, read from its counters
-at each scrape:
-
-- ``delayed_retry.service.messages`` (counter, Prometheus
-  ``delayed_retry_service_messages_total``; ``outcome``: accepted, forwarded,
-  parked, given_back, alerts_delivered);
-- ``delayed_retry.service.held_until_due`` (gauge,
-  ``delayed_retry_service_held_until_due``);
-- ``delayed_retry.service.ready`` (gauge, ``delayed_retry_service_ready``, 1 or 0);
-- ``delayed_retry.service.reconnects`` (counter,
-  ``delayed_retry_service_reconnects_total``): the connection's recoveries
-  after it was lost;
-- ``delayed_retry.service.consumers_restored`` (counter,
-  ``delayed_retry_service_consumers_restored_total``): consumers found in
-  place again on their reopened channel. A reconnect not followed by one
-  restoration per consumer leaves the service not ready.
-
-Every series has the attribute ``service`` (the command: ``forwarder``, …).
-Needs the ``service`` extra (``opentelemetry-sdk``, ``opentelemetry-exporter-prometheus``).
+Installs an SDK ``MeterProvider`` with the Prometheus reader as the global provider, so the
+library's ``delayed_retry.*`` instruments are exported, and adds the service's own
+(``delayed_retry.service.*``), read from its counters at each scrape, each with the
+attribute ``service``. The list of series: docs/reference/metrics.md. Needs the ``service``
+extra (``opentelemetry-sdk``, ``opentelemetry-exporter-prometheus``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from delayed_retry.admin.chain_diff import topology_options
 from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT
 from delayed_retry.admin.teardown import (
     TeardownOutcome,
@@ -23,6 +22,7 @@ from delayed_retry.cli.common import (
     add_topology_args,
     management_client,
     topology_from_args,
+    topology_options,
 )
 from delayed_retry.cli.connection import connect
 from delayed_retry.cli.main import run

@@ -22,6 +22,7 @@ from delayed_retry.cli.common import (
     add_topology_args,
     management_client,
     topology_from_args,
+    topology_options,
 )
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
@@ -102,7 +103,7 @@ async def _verify(args: argparse.Namespace) -> int:
         except ManagementError as exc:
             note = f"{exc}. Checked existence and arguments over AMQP only"
         else:
-            differences = compare(topology, live, queues=queues)
+            differences = compare(topology, live, options=topology_options(topology), queues=queues)
             style = binding_style(topology, live.bindings)
             return _report(
                 args, topology, differences, checked="management API", note=None, bindings=style
@@ -111,7 +112,9 @@ async def _verify(args: argparse.Namespace) -> int:
         note = "--no-management: checked existence and arguments over AMQP only"
     connection = await aio_pika.connect(args.url)
     async with connection:
-        differences = await probe_over_amqp(connection, topology, queues=queues)
+        differences = await probe_over_amqp(
+            connection, topology, options=topology_options(topology), queues=queues
+        )
     note = f"{note}; bindings, alternate exchanges in use and policies were NOT checked"
     return _report(args, topology, differences, checked="AMQP", note=note)
 

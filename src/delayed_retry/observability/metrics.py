@@ -1,23 +1,8 @@
 """OpenTelemetry metric instruments of delayed-retry, and what each attempt records.
 
-Names, units and attributes (the Prometheus exporter turns dots into
-underscores and adds ``_total`` to counters and the unit to the name):
-
-=====================================  =========  ========================================
-instrument                             unit       attributes
-=====================================  =========  ========================================
-``delayed_retry.attempts`` (counter)   {attempt}  ``messaging.destination.name``, outcome
-``delayed_retry.retries`` (counter)    {message}  destination, ``error.type``
-``delayed_retry.successes_after_retry``{message}  destination
-``delayed_retry.parked`` (counter)     {message}  destination, ``error.type``, reason
-``delayed_retry.delay`` (histogram)    s          destination, ``delayed_retry.publish.kind``
-``delayed_retry.resolution.duration``  s          destination, outcome (success/parked)
-``delayed_retry.throttled`` (up-down)  {consumer} destination (1 while throttled, per process)
-``delayed_retry.throttle.trips``       {trip}     destination
-=====================================  =========  ========================================
-
-The queue-depth gauges (messages delayed per level, parked per queue) are
-in :mod:`delayed_retry.observability.gauges`, because they need a broker connection.
+Every instrument's name, unit and attributes, and its Prometheus name:
+docs/reference/metrics.md. The queue-depth gauges need a broker connection and live in
+:mod:`delayed_retry.observability.gauges`.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Operate on a parking lot: filter, browse, group, replay and purge parked messages.
 
-This is the library behind ``delayed-retry parking ...`` and the web view.
-Use :class:`ParkedFilter` to say which parked messages you mean (it is pure:
-``matches(record)`` decides), :func:`browse_parked` to show one page of them,
-:func:`group_parked` to see the failure groups, and :func:`replay_matching` /
-:func:`purge_matching` to act on them.
-
-Every operation works on the parking queue *as it was when asked*: it looks
-at no more messages than the queue held when it started, so messages parked
-meanwhile are left alone. Reading never removes anything: messages are taken
-unacked on a channel of the operation's own and the broker puts back every
-one not acted on. Acting is at-least-once: a replayed message leaves the
-parking queue only after the broker confirmed its copy, a purged one only
-when the operation acks it; a failing operation moves or loses nothing (at
-worst one message is replayed twice).
-
-The parts, each readable alone: :mod:`~delayed_retry.parking.scan` reads the
-queue as it was when asked, and :mod:`~delayed_retry.parking.moving` moves messages: its
-engine applies one action (replay or purge) per selected message, its canary watch sees
-canaries park again, and its report (pure) counts and reports.
+The library behind ``delayed-retry parking ...`` and the web view. Use :class:`ParkedFilter`
+to say which parked messages you mean, :func:`browse_parked` for one page of them,
+:func:`group_parked` for the failure groups, and :func:`replay_matching` /
+:func:`purge_matching` to act on them. Reading is :mod:`~delayed_retry.parking.scan`, moving
+is :mod:`~delayed_retry.parking.moving`; what every operation promises (the queue as it
+was when asked, at-least-once): docs/parking.md, "The library".
 """
 
 from __future__ import annotations
@@ -252,27 +239,13 @@ async def replay_matching(
 ) -> MoveReport:
     """Send the selected parked messages of ``queue`` back to ``to_queue`` (default ``queue``).
 
-    Use it once the cause of a failure group is fixed. Each message goes
-    through the delay chain (due after ``delay``) with a fresh retry budget
-    (see :func:`replay_headers`), and is acked in the parking queue only
-    after the broker confirmed the copy. ``rate`` caps messages per second.
-    ``dry_run`` moves nothing and reports what would move. Messages are
-    looked at in queue order, at most as many as the queue held at the
-    start; ``limit`` caps how many are replayed.
-
-    Use ``canary=N`` whenever the fix is not certain: the first N are
-    replayed and watched until they are due plus the canary wait; if one
-    parks again the replay stops (``MoveReport.stopped`` is
-    ``"canary-parked-again"``) and the rest stay parked. Leave
-    ``canary_wait`` out to derive it from the canaries' parking records
-    (twice their retry span plus 5 s, see
-    :mod:`~delayed_retry.parking.moving.canary_rules`); a given wait shorter than
-    that is logged as a warning. After the last message the canaries stay
-    watched for the wait again, and at least until the derived wait has
-    passed since they were due: the call returns only then, with
-    ``canary_verdict`` ``"canary-confirmed"`` or
-    ``"canary-parked-again-after-the-rest"``. ``canary_news`` hears each step
-    (watching, passed, confirming, the verdict) as it happens.
+    Use it once the cause of a failure group is fixed. Each copy goes through the chain (due
+    after ``delay``) with a fresh retry budget and is acked in the parking queue only after its
+    confirm; ``rate`` caps messages per second, ``limit`` the count, ``dry_run`` moves nothing.
+    Use ``canary=N`` whenever the fix is not certain: the first N are watched for
+    ``canary_wait`` (derived from their records when left out, see
+    :mod:`~delayed_retry.parking.moving.canary_rules`) and the replay stops if one parks again;
+    ``canary_news`` hears each step. The canary's rules in full: docs/parking.md, "The library".
     """
     seconds = to_seconds(delay)
     wait_seconds = None if canary_wait is None else to_seconds(canary_wait, name="canary_wait")

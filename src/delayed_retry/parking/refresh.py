@@ -1,24 +1,10 @@
 """Move long-parked messages to the tail of their parking queue, so its log can shrink.
 
-Use :func:`refresh_parked` on RabbitMQ before 4.3 when a parking queue's
-disk use keeps growing while other messages are parked and replayed through
-it. A quorum queue's log can only be truncated up to its oldest message: one
-message parked weeks ago keeps every entry written since (every message
-parked and replayed after it) on disk. Refreshing publishes a copy of each
-selected message to the tail of the same parking queue, waits for the
-broker's confirm, and only then acks the original, the same at-least-once
-hand-over as a replay (:mod:`~delayed_retry.parking.moving.engine`). Once the old
-messages are gone from the head, the broker truncates the log at its next
-snapshot. RabbitMQ 4.3 compacts the log around long-held messages itself:
-there refreshing is not needed (:func:`refresh_needed`), though harmless.
-
-A refreshed copy keeps its body, its properties and its parking record
-(``x-parked-at`` stays the first parking time, so ages and failure groups do
-not change); ``x-parked-refreshed-at`` says when it was moved, and the
-broker-written headers (``x-death``, ``x-delivery-count``) are dropped as in
-every re-publish. The copies go to the parking queue through the default
-exchange, so the alerts queue does not hear of them again. The order of the
-lot changes: refreshed messages come after those parked since.
+Use :func:`refresh_parked` on RabbitMQ before 4.3 (:func:`refresh_needed`) when a parking
+queue's disk use keeps growing: each selected message is copied to the tail of the same
+queue, confirmed, then acked, its parking record kept and ``x-parked-refreshed-at`` added.
+Why a quorum queue's log grows, and what a refresh frees: docs/parking.md, "A parking queue
+that grows on disk".
 """
 
 from __future__ import annotations

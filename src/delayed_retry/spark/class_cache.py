@@ -1,19 +1,10 @@
 """A cache of the classes a short local Spark run loads: Java's class data sharing.
 
-Most of a small job's time is the driver JVM loading and verifying Spark's
-classes. Java 13+ can write the classes a run loaded to an archive when it
-exits (``-XX:ArchiveClassesAtExit``) and map that archive at the next start
-(``-XX:SharedArchiveFile``). Measured here with 32 archived messages, the
-archive cut a quick-start run's CPU time by about 40 % again.
-
-The archive lives in the user's cache folder (``$XDG_CACHE_HOME``, else
-``~/.cache``), named after the pyspark installation and the ``java`` it runs
-on, and takes about 200 MB. A JVM maps a partly written archive to its death,
-so the archive is written under a temporary name and kept only once the JVM
-that wrote it exited cleanly (:func:`keep_class_cache`); a JVM whose classes
-no longer match the archive (another classpath) starts without it. Use it
-only for local runs on small inputs; ``DELAYED_RETRY_SPARK_CLASS_CACHE=off``
-turns it off.
+Use it only for local runs on small inputs, where loading Spark's classes is most of the
+time. The archive (about 200 MB, in the user's cache folder, named after the pyspark
+installation and the ``java``) is written under a temporary name and kept only once the JVM
+that wrote it exited cleanly (:func:`keep_class_cache`).
+``DELAYED_RETRY_SPARK_CLASS_CACHE=off`` turns it off. What it saves: docs/spark.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """The web view as an ASGI application, to mount in Starlette, FastAPI or any ASGI server.
 
-Use :func:`asgi_app` when the surrounding service is ASGI; in an aiohttp
-service mount :func:`~delayed_retry.web.create_app` directly instead. The
-ASGI form runs the same aiohttp application in the same event loop, on a
-Unix socket in a private temporary folder, and passes each request through
-unchanged (``Host``, ``Origin``, ``Sec-Fetch-Site`` and credentials
-included), so every security rule applies as it does standalone::
-
-    from starlette.applications import Starlette
-    from starlette.routing import Mount
-    from delayed_retry.web import WebSettings
-    from delayed_retry.web.asgi import asgi_app
-
-    view = asgi_app(WebSettings(queues=("orders",)))
-    app = Starlette(routes=[Mount("/retries", app=view)], lifespan=...)  # view.close() at exit
-
-It starts on the first request (which tells the path it is mounted at) and
-stops at ASGI lifespan shutdown, when the server sends that to it, or at
-:meth:`WebASGI.close` (call it from the host application's shutdown: Starlette
-does not pass lifespan events to mounted applications).
+Use :func:`asgi_app` when the surrounding service is ASGI; in an aiohttp service mount
+:func:`~delayed_retry.web.create_app` directly instead. It runs the same aiohttp application
+on a private Unix socket and passes each request through unchanged, so every security rule
+applies; call :meth:`WebASGI.close` at shutdown. An example: docs/web.md, "In an existing
+application".
 """
 
 from __future__ import annotations

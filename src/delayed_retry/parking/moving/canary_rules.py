@@ -3,22 +3,9 @@ long they are watched (:class:`CanaryWait`, derived from their parking records) 
 operator is told (:class:`CanaryNews`). The watching itself is
 :mod:`delayed_retry.parking.moving.canary`.
 
-A canary is only worth its wait if the wait covers the retries the replayed
-copy can go through before it parks again. The operator tool does not know
-the consumer's retry policy, but each parking record says how long the
-message took last time: from its first failure (``x-retry-first-failure-at``)
-to its last one (``x-retry-last-failure-at``, which is also when it parked).
-A replayed copy starts a fresh retry budget and walks the same retries, so:
-
-    derived wait = 2 × retry span + 5 s   (the slowest canary decides)
-
-Doubling leaves room for jittered backoff (one run's waits can be twice
-another's) and for a busier consumer; the 5 s cover one handling. A message
-parked at its first failure (span 0) gets 5 s; a record without failure
-times (a foreign or unroutable message) gets 60 s.
-
-Use :meth:`CanaryWait.choose` wherever a replay decides its canary wait (the
-library's replay, the command line, the web view), so all say the same.
+Use :meth:`CanaryWait.choose` wherever a replay decides its canary wait (the library, the
+command line, the web view), so all say the same. Why twice the retry span plus 5 s:
+docs/parking.md, "The library".
 """
 
 from __future__ import annotations
