@@ -61,7 +61,7 @@ from delayed_retry import (
     publish_delayed,
     with_delayed_retry,
 )
-from delayed_retry.hold import chain_units
+from delayed_retry.recovery.hold import chain_units
 from harness import RabbitMQNode
 
 DUE_HEADER = "bench-due-us"

@@ -29,7 +29,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from workloads import Row, Suite
 
 from delayed_retry import DelayTopology, Hold, declare_topology, publish_delayed
-from delayed_retry.hold import chain_units
+from delayed_retry.recovery.hold import chain_units
 
 ZERO_LEAD = Hold(lead=0, lead_per_hop=0)
 

@@ -50,10 +50,10 @@ from workloads import Row, Suite
 
 from delayed_retry.amqp.batching import connect_batched
 from delayed_retry.amqp.publish import publish_confirmed
+from delayed_retry.chain.topology import DelayTopology, amqp_arguments
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.headers import X_PARKED_AT, X_PARKED_REASON
 from delayed_retry.parking.refresh import refresh_parked
-from delayed_retry.topology import DelayTopology, amqp_arguments
 from harness import RabbitMQNode
 
 OLD_ID = "parked-long-ago"

@@ -27,7 +27,7 @@ from typing import Any
 
 from workloads import Row, Suite
 
-from delayed_retry.fingerprint import fingerprint_headers
+from delayed_retry.parking.fingerprint import fingerprint_headers
 from delayed_retry.spark.analyze import PERMANENT_PATTERN, TRANSIENT_PATTERN
 from delayed_retry.spark.generate import generate_archive
 

@@ -33,12 +33,12 @@ import aio_pika
 from workloads import Row, Suite
 
 from delayed_retry import declare_topology
-from delayed_retry.chain_digest import markers
+from delayed_retry.chain.digest import markers
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.spark import redrive, schedule_dataframe
 from delayed_retry.spark.schema import archive_spark_schema
 from delayed_retry.spark.session import get_spark
-from delayed_retry.topology import DelayTopology
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -48,7 +48,7 @@ from delayed_retry import (
     consume,
     with_delayed_retry,
 )
-from delayed_retry.chain_digest import markers
+from delayed_retry.chain.digest import markers
 from delayed_retry.headers import X_ACQUIRED_COUNT, X_DELIVERY_COUNT
 from harness import RabbitMQNode
 

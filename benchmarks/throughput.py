@@ -44,7 +44,7 @@ from delayed_retry import (
     declare_topology,
     with_delayed_retry,
 )
-from delayed_retry.chain_digest import markers
+from delayed_retry.chain.digest import markers
 
 PREFETCH = 100
 BODY = b"x" * 200

@@ -1,7 +1,7 @@
 """Griffe extension: the docstrings' reStructuredText habits, as Markdown for the API reference.
 
 - Roles. The package's docstrings name other objects the reStructuredText way
-  (``:class:`~delayed_retry.hold.Hold```, ``:func:`consume```). Markdown has no
+  (``:class:`~delayed_retry.recovery.hold.Hold```, ``:func:`consume```). Markdown has no
   such roles; each becomes a cross-reference to the object when it can be
   resolved from where the docstring is, marked optional, so a name the
   reference does not render reads as code instead of failing the build.

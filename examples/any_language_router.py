@@ -23,7 +23,7 @@ import aiormq
 from tenacity import wait_exponential
 
 from delayed_retry import DelayTopology, NoInstrumentation, RetryRouter
-from delayed_retry.chain_digest import markers
+from delayed_retry.chain.digest import markers
 from harness import broker_url
 
 

@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from delayed_retry.urls import redact_url
+from delayed_retry.rabbitmq.urls import redact_url
 
 from .chroot import VERSION_ENV
 from .node import RabbitMQNode

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import aio_pika
 
 from delayed_retry.errors import DelayedRetryError
-from delayed_retry.urls import redact_url
+from delayed_retry.rabbitmq.urls import redact_url
 
 
 class BrokerHarnessError(DelayedRetryError, RuntimeError):

@@ -13,6 +13,7 @@ from delayed_retry.alerts import (
     WebhookSink,
 )
 from delayed_retry.amqp.declarer import declare_topology
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.consumer.consume import consume
 from delayed_retry.consumer.decorator import with_delayed_retry
 from delayed_retry.consumer.handler import RetryingHandler
@@ -20,7 +21,6 @@ from delayed_retry.consumer.hooks import FailureEvent
 from delayed_retry.consumer.options import HandlerOptions, RouterOptions, SubscriberOptions
 from delayed_retry.consumer.retry_state import current_retry_state, retry_state
 from delayed_retry.consumer.router import ConsumerRejected, RetryRouter
-from delayed_retry.crashes import CrashGuard
 from delayed_retry.delivery.forwarder import Forwarder
 from delayed_retry.delivery.front_door import FrontDoor
 from delayed_retry.delivery.schedule import publish_delayed
@@ -39,15 +39,15 @@ from delayed_retry.errors import (
     TopologyMismatchError,
 )
 from delayed_retry.headers.retry_state import RetryState
-from delayed_retry.hold import DEFAULT_HOLD, Hold
 from delayed_retry.observability.gauges import ChainMonitor
 from delayed_retry.observability.instrumentation import Instrumentation, NoInstrumentation
 from delayed_retry.observability.otel import OpenTelemetryInstrumentation
 from delayed_retry.parking.shortcuts import ParkedMessage, ReplayResult, peek_parked, replay_parked
-from delayed_retry.policy import DEFAULT_MAX_RETRIES, DEFAULT_WAIT, RetryPolicy
-from delayed_retry.throttle import Throttle
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
-from delayed_retry.work_queues import WORK_QUEUE_DELIVERY_LIMIT, work_queue_arguments
+from delayed_retry.rabbitmq.work_queues import WORK_QUEUE_DELIVERY_LIMIT, work_queue_arguments
+from delayed_retry.recovery.crash_guard import CrashGuard
+from delayed_retry.recovery.hold import DEFAULT_HOLD, Hold
+from delayed_retry.recovery.policy import DEFAULT_MAX_RETRIES, DEFAULT_WAIT, RetryPolicy
+from delayed_retry.recovery.throttle import Throttle
 
 try:
     __version__ = _metadata.version("delayed-retry")

@@ -8,9 +8,9 @@ from delayed_retry import DelayTopology
 from delayed_retry.admin.chain_bindings import expected_bindings
 from delayed_retry.admin.chain_diff import compare
 from delayed_retry.admin.live_chain import Binding, LiveChain, LiveExchange, LiveQueue, Policy
+from delayed_retry.chain.topology import amqp_arguments
 from delayed_retry.cli.common import topology_options
 from delayed_retry.cli.output import format_at_most
-from delayed_retry.topology import amqp_arguments
 
 T = DelayTopology(prefix="p", levels=4)
 OPTIONS = topology_options(T)

@@ -21,11 +21,11 @@ from delayed_retry import DelayTopology, publish_delayed
 from delayed_retry.admin.chain_discard import discard_waiting
 from delayed_retry.admin.level_reads import FEW
 from delayed_retry.admin.waiting import READ_BUDGET, reads_are_counted
-from delayed_retry.broker_versions import broker_version
 from delayed_retry.cli import main
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError, NotFoundError, ReadsCountedError
 from delayed_retry.headers import X_DUE_AT, read_epoch_ms
+from delayed_retry.rabbitmq.versions import broker_version
 from tests.support.chain import Arrival, Inbox, Scenario
 
 pytestmark = pytest.mark.broker

@@ -27,10 +27,10 @@ from delayed_retry.admin.management import (
     ManagementError,
     management_url_for,
 )
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.cli.chain import bound_chains
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
-from delayed_retry.topology import DelayTopology
-from delayed_retry.urls import vhost_of
+from delayed_retry.rabbitmq.urls import vhost_of
 from delayed_retry.web.discovery import discover_queues
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from delayed_retry.admin.management import ManagementClient
 from delayed_retry.admin.plugin_migration import MigrationError, read_exchange
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.cli.main import main
 from delayed_retry.delivery.front_door import (
     FrontDoor,
@@ -26,7 +27,6 @@ from delayed_retry.delivery.front_door import (
 from delayed_retry.headers import (
     X_DELAY,
 )
-from delayed_retry.topology import DelayTopology
 from harness.node import RabbitMQNode
 from harness.ports import free_port, listening
 

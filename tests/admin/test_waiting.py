@@ -17,6 +17,7 @@ from delayed_retry.admin.waiting import (
     read_waiting,
     reads_are_counted,
 )
+from delayed_retry.chain.topology import QueueType
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers import (
@@ -27,7 +28,6 @@ from delayed_retry.headers import (
     X_QUEUE,
 )
 from delayed_retry.parking.records import read_record
-from delayed_retry.topology import QueueType
 
 TOPOLOGY = DelayTopology(prefix="t", levels=8)
 DUE = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)

@@ -8,7 +8,6 @@ import pytest
 
 from delayed_retry.alerts import Alert, AlertWindow, ParkedArrival, arrival_from, group_arrivals
 from delayed_retry.durations import to_epoch_ms
-from delayed_retry.fingerprint import fingerprint
 from delayed_retry.headers import (
     X_EXCEPTION_MESSAGE,
     X_EXCEPTION_TRACEBACK,
@@ -17,6 +16,7 @@ from delayed_retry.headers import (
     X_PARKED_REASON,
     X_QUEUE,
 )
+from delayed_retry.parking.fingerprint import fingerprint
 
 
 def arrival(i: int, queue: str = "orders", exc: str = "TimeoutError") -> ParkedArrival:

@@ -19,8 +19,8 @@ from delayed_retry import (
     publish_delayed,
     with_delayed_retry,
 )
+from delayed_retry.chain.topology import amqp_arguments
 from delayed_retry.headers import X_DUE_AT
-from delayed_retry.topology import amqp_arguments
 from tests.support.chain import Inbox, Scenario, publish
 from tests.support.waiting import wait_until
 

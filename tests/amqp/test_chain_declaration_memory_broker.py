@@ -16,7 +16,7 @@ import aio_pika
 import pytest
 
 from delayed_retry import DelayTopology, declare_topology
-from delayed_retry.broker_versions import (
+from delayed_retry.rabbitmq.versions import (
     bodies_in_memory_hint,
     broker_version,
     keeps_bodies_in_memory,

@@ -24,16 +24,16 @@ from delayed_retry import (
     current_retry_state,
     declare_topology,
     publish_delayed,
-    routing_keys,
     with_delayed_retry,
 )
 from delayed_retry.admin.teardown import plan_teardown, tear_down
 from delayed_retry.amqp.channels import declared_queue, exchange_exists
-from delayed_retry.chain_digest import declaration_digest, digest_marker, markers, settled_marker
+from delayed_retry.chain import routing_keys
+from delayed_retry.chain.digest import declaration_digest, digest_marker, markers, settled_marker
+from delayed_retry.chain.topology import MAX_NAME_BYTES, amqp_arguments
 from delayed_retry.cli import main
 from delayed_retry.errors import TopologyMismatchError
 from delayed_retry.headers import X_DUE_AT
-from delayed_retry.topology import MAX_NAME_BYTES, amqp_arguments
 from tests.support.amqp_proxy import ClientConnection, FrameCountingProxy
 from tests.support.chain import Inbox, Scenario, publish
 from tests.support.waiting import WAIT, wait_until

@@ -15,7 +15,7 @@ import pytest
 
 from delayed_retry.cli import main
 from delayed_retry.cli.demo import DEMO_QUEUE, DEMO_TOPOLOGY
-from delayed_retry.urls import redact_url
+from delayed_retry.rabbitmq.urls import redact_url
 
 pytestmark = pytest.mark.broker
 

@@ -12,10 +12,10 @@ import aio_pika
 import pytest
 
 from delayed_retry import DelayTopology
-from delayed_retry.broker_versions import broker_major_version
 from delayed_retry.cli import main
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.headers import X_PARKED_AT, X_PARKED_REASON
+from delayed_retry.rabbitmq.versions import broker_major_version
 from tests.support.queues import delete_all
 
 pytestmark = pytest.mark.broker

@@ -90,6 +90,7 @@ def test_teardown_goes_down_the_levels_then_to_the_queues_the_chain_feeds() -> N
         "P.unroutable",
         "P.rejected",
         "P.parking.alerts",
+        "P.parking.mutes",  # the stream of muted failure groups, declared when first used
     ]
 
 

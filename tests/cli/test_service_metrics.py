@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent(
 
     from delayed_retry import DelayTopology, Throttle
     from delayed_retry.cli.service_metrics import ServiceMetrics
-    from delayed_retry.consumer.throttling import ThrottleControl
+    from delayed_retry.consumer.throttle import ThrottleControl
     from delayed_retry.testing import FakeChannel, fake_message
 
     metrics = ServiceMetrics(

@@ -76,7 +76,7 @@ def test_generate_writes_a_synthetic_archive_of_few_failure_groups(
 ) -> None:
     import pyarrow.dataset as ds
 
-    from delayed_retry.fingerprint import fingerprint_headers
+    from delayed_retry.parking.fingerprint import fingerprint_headers
 
     target = tmp_path / "arch"
     assert main(["spark", "generate", "--rows", "400", "--to", str(target)]) == 0

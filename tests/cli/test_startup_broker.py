@@ -13,8 +13,8 @@ import aio_pika
 import pytest
 
 from delayed_retry.admin.live_chain import LiveQueue
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.cli.startup import Startup, startup_line, stranded_forward_queues
-from delayed_retry.topology import DelayTopology
 from tests.support.chain import Scenario
 
 

@@ -19,7 +19,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from delayed_retry import DelayTopology, consume, with_delayed_retry
 from delayed_retry.admin.management import ManagementClient
 from delayed_retry.cli import main
-from delayed_retry.work_queues import work_queue_policy_command
+from delayed_retry.rabbitmq.work_queues import work_queue_policy_command
 from harness import RabbitMQNode, free_port
 from tests.support.undecodable import microseconds_now
 from tests.support.waiting import wait_until

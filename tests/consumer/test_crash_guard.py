@@ -17,7 +17,6 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.consumer.handler import RetryingHandler
-from delayed_retry.crashes import MAX_CRASH_COUNT, crashes_of
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.faststream import DelayedRetry
 from delayed_retry.headers import (
@@ -28,6 +27,7 @@ from delayed_retry.headers import (
     X_PARKED_REASON,
     X_RETRY_CRASHES,
 )
+from delayed_retry.recovery.crash_guard import MAX_CRASH_COUNT, crashes_of
 from delayed_retry.testing import FakeChannel, fake_message
 from tests.support.waiting import wait_until
 

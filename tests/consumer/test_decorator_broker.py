@@ -29,7 +29,7 @@ from delayed_retry import (
 from delayed_retry import headers as h
 from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.publish import publish_confirmed
-from delayed_retry.consumer.until_due import EARLY_TOLERANCE
+from delayed_retry.consumer.hold import EARLY_TOLERANCE
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.errors import PublishNotConfirmedError
 from tests.support.chain import Inbox, Scenario, publish

@@ -14,14 +14,14 @@ import aiormq.abc
 from pamqp import commands as spec
 
 from delayed_retry.amqp.publish import publish_confirmed
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import HandOverTiming
 from delayed_retry.errors import PublishError, PublishNotConfirmedError
 from delayed_retry.headers import X_PARKED_REASON, X_RETRY, parse_retry_state
 from delayed_retry.observability.instrumentation import NoInstrumentation
-from delayed_retry.policy import Decision
+from delayed_retry.recovery.policy import Decision
 from delayed_retry.testing import FakeChannel, fake_message
-from delayed_retry.topology import DelayTopology
 
 QUEUE = "work"
 TOPOLOGY = DelayTopology(prefix="fake", levels=20, unit=timedelta(milliseconds=1))

@@ -23,12 +23,13 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry.amqp import declarer
 from delayed_retry.amqp.publish import publish_confirmed
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.consumer import handover
 from delayed_retry.consumer.consume import consume
 from delayed_retry.consumer.decorator import with_delayed_retry
 from delayed_retry.consumer.handler import RetryingHandler
+from delayed_retry.consumer.hold import early_tolerance
 from delayed_retry.consumer.retry_state import current_retry_state
-from delayed_retry.consumer.until_due import early_tolerance
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, TopologyMismatchError
 from delayed_retry.headers import (
@@ -42,7 +43,6 @@ from delayed_retry.headers import (
 )
 from delayed_retry.observability.instrumentation import NoInstrumentation
 from delayed_retry.testing import FakeChannel, FakeConnection, fake_message
-from delayed_retry.topology import DelayTopology
 
 QUEUE = "work"
 TOPOLOGY = DelayTopology(prefix="fake", levels=20, unit=timedelta(milliseconds=1))

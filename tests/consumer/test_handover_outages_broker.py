@@ -30,10 +30,10 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.admin.chain_probe import exchange_exists
+from delayed_retry.chain.topology import DELIVERY_LIMIT
 from delayed_retry.delivery.forwarder import Forwarder
 from delayed_retry.delivery.front_door import FrontDoor
 from delayed_retry.headers import X_DELAY, X_PARKED_REASON
-from delayed_retry.topology import DELIVERY_LIMIT
 from tests.support.chain import Inbox, Scenario, open_scenario
 from tests.support.waiting import WAIT, wait_until
 

@@ -285,7 +285,7 @@ def test_each_options_default_is_written_once_in_the_package() -> None:
     for options in CLASSES:
         for name in option_specs(options):
             assert len(written.get(name, [])) <= 1, f"{name}'s default written twice: {written}"
-    assert [p.split(":")[0] for p in written["max_retries"]] == ["policy.py"]
+    assert [p.split(":")[0] for p in written["max_retries"]] == ["recovery/policy.py"]
     assert [p.split(":")[0] for p in written["return_to"]] == ["consumer/options.py"]
 
 

@@ -16,6 +16,7 @@ import aio_pika
 import pytest
 
 from delayed_retry import ConfigurationError, declare_topology, publish_delayed
+from delayed_retry.chain.topology import DelayTopology, amqp_arguments
 from delayed_retry.delivery.forwarder import Forwarder
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.headers import (
@@ -25,7 +26,6 @@ from delayed_retry.headers import (
     X_PARKED_REASON,
     forwarded_headers,
 )
-from delayed_retry.topology import DelayTopology, amqp_arguments
 from tests.support.chain import Inbox, Scenario
 from tests.support.waiting import wait_until
 

@@ -9,7 +9,7 @@ from tenacity import retry_if_exception_type, wait_fixed
 from delayed_retry.faststream import CurrentRetryState, DelayedRetry
 from delayed_retry.faststream.middleware import handed_over_text
 from delayed_retry.headers import X_RETRY
-from delayed_retry.policy import Decision
+from delayed_retry.recovery.policy import Decision
 
 
 class Transient(Exception):

@@ -230,7 +230,7 @@ def test_sanitize_removes_broker_death_headers() -> None:
 
 def test_every_header_name_is_spelled_once_in_the_fingerprint_too() -> None:
     # fingerprint.py keeps its own spelling of four names (it ships alone to Spark executors).
-    from delayed_retry import fingerprint
+    from delayed_retry.parking import fingerprint
 
     spelled = {
         fingerprint._X_EXCEPTION_TYPE: h.X_EXCEPTION_TYPE,

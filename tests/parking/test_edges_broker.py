@@ -17,9 +17,9 @@ from tenacity.stop import stop_base
 
 from delayed_retry import ConfigurationError, ParkMessage, consume, with_delayed_retry
 from delayed_retry.amqp import declarer as declarer_module
-from delayed_retry.broker_versions import broker_major_version
+from delayed_retry.chain.topology import DELIVERY_LIMIT
 from delayed_retry.parking.shortcuts import peek_parked
-from delayed_retry.topology import DELIVERY_LIMIT
+from delayed_retry.rabbitmq.versions import broker_major_version
 from tests.support.chain import Scenario
 from tests.support.waiting import wait_until
 

@@ -24,7 +24,7 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.publish import publish_confirmed
-from delayed_retry.broker_versions import broker_version
+from delayed_retry.chain.topology import DelayTopology, amqp_arguments
 from delayed_retry.cli import main
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import PublishNotConfirmedError
@@ -45,7 +45,7 @@ from delayed_retry.parking.lot import (
 from delayed_retry.parking.moving import actions as actions_module
 from delayed_retry.parking.records import replay_headers
 from delayed_retry.parking.refresh import refresh_headers, refresh_needed, refresh_parked
-from delayed_retry.topology import DelayTopology, amqp_arguments
+from delayed_retry.rabbitmq.versions import broker_version
 from harness import BrokerHarnessError, RabbitMQNode
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

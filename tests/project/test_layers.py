@@ -1,7 +1,7 @@
 """The layers of the package, as contracts on its import graph (see docs/architecture.md).
 
 - The vocabulary (every module at the top of the package, and in a folder that is
-  not a layer, such as ``headers/``: names, encodings, policies, header parsing)
+  not a layer: ``chain/``, ``recovery/``, ``rabbitmq/``, ``headers/``)
   and the few pure modules inside the layers import no I/O library, directly or
   through another module.
 - Every folder imports only itself and the folders below it: ``amqp/`` knows
@@ -33,6 +33,7 @@ PURE_IN_SUBPACKAGES = (
     "parking.moving.report",
     "parking.moving.canary_rules",
     "parking.ids",
+    "parking.fingerprint",
     "admin.live_chain",
     "admin.chain_bindings",
     "admin.chain_diff",
@@ -40,8 +41,8 @@ PURE_IN_SUBPACKAGES = (
     "admin.waiting",
 )
 """Pure modules inside a layer, beside the I/O they serve. Every module outside the layers
-(``delayed_retry.<name>``, and the modules of a folder not in :data:`LAYERS`, such as
-``headers/``) is pure too: the vocabulary."""
+(``delayed_retry.<name>``, and the modules of a folder not in :data:`LAYERS`: ``chain/``,
+``recovery/``, ``rabbitmq/``, ``headers/``) is pure too: the vocabulary."""
 
 HARNESS = "harness"
 """The repository's broker harness (``harness/``): tests, benchmarks and the demo script use it;
@@ -241,4 +242,22 @@ def test_no_module_imports_one_that_imports_it_back(graph: grimp.ImportGraph) ->
     assert edges, "no modules read: the check would pass on anything"
     assert cycles == [], (
         f"import cycles (module, a module it imports that imports it back): {cycles}"
+    )
+
+
+PAIRED = ("hold", "immediate", "crash_guard", "throttle")
+"""Ideas with a pure half in ``recovery/`` and a broker half in ``consumer/``, of one name."""
+
+
+def test_each_pure_half_and_its_broker_half_share_a_name(graph: grimp.ImportGraph) -> None:
+    """``recovery/<idea>.py`` decides without a broker, ``consumer/<idea>.py`` acts it out: a
+    reader finds one from the other by name, so a rename of one half renames the other."""
+    missing = [
+        f"{half}/{idea}.py"
+        for idea in PAIRED
+        for half in ("recovery", "consumer")
+        if f"{PACKAGE}.{half}.{idea}" not in graph.modules
+    ]
+    assert missing == [], (
+        f"an idea lost one of its halves: {missing}; name the pure half and the broker half alike"
     )

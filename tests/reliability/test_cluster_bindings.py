@@ -15,7 +15,7 @@ import aio_pika
 import pytest
 
 from delayed_retry import DelayTopology, declare_topology
-from delayed_retry.routing_keys import routing_key
+from delayed_retry.chain.routing_keys import routing_key
 from harness import RabbitMQCluster
 from tests.support.queues import delete_all, depth
 from tests.support.waiting import wait_until

@@ -18,12 +18,12 @@ import tenacity
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from delayed_retry import DelayTopology, consume, current_retry_state, with_delayed_retry
-from delayed_retry.broker_versions import broker_major_version
-from delayed_retry.delivery_limits import (
+from delayed_retry.rabbitmq.delivery_limits import (
     BROKER_DEFAULT_DELIVERY_LIMIT,
     check_delivery_limit,
     kept_queue_risk,
 )
+from delayed_retry.rabbitmq.versions import broker_major_version
 from tests.support.queues import delete_all
 from tests.support.waiting import wait_until
 
@@ -118,7 +118,7 @@ def test_broker_major_version(props: dict[str, object] | None, major: int | None
 async def test_tiny_delivery_limit_does_not_cut_retries_short_and_is_warned_about(
     connection: AbstractRobustConnection, unique: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="delayed_retry.delivery_limits")
+    caplog.set_level(logging.WARNING, logger="delayed_retry.rabbitmq.delivery_limits")
     channel = await connection.channel()
     queue = f"{unique}.work"
     topology = DelayTopology(prefix=unique, levels=12)
@@ -143,7 +143,9 @@ async def test_tiny_delivery_limit_does_not_cut_retries_short_and_is_warned_abou
     try:
         await consume(q, handle)
         warnings = [
-            r.getMessage() for r in caplog.records if r.name == "delayed_retry.delivery_limits"
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "delayed_retry.rabbitmq.delivery_limits"
         ]
         assert len(warnings) == 1
         assert queue in warnings[0]

@@ -31,6 +31,7 @@ from pamqp.header import ContentHeader
 
 from delayed_retry import DelayTopology, current_retry_state, with_delayed_retry
 from delayed_retry.amqp.publish import copy_properties
+from delayed_retry.chain.routing_keys import decode_routing_key, routing_key
 from delayed_retry.headers import (
     X_DUE_AT,
     X_FIRST_FAILURE_AT,
@@ -42,7 +43,6 @@ from delayed_retry.headers import (
     parking_headers,
     parse_retry_state,
 )
-from delayed_retry.routing_keys import decode_routing_key, routing_key
 
 from ._support import QUORUM
 

@@ -24,7 +24,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobus
 from delayed_retry import DelayTopology, consume, with_delayed_retry
 from delayed_retry.cli import main
 from delayed_retry.parking.records import read_record
-from delayed_retry.work_queues import work_queue_arguments
+from delayed_retry.rabbitmq.work_queues import work_queue_arguments
 from tests.support.queues import delete_all, depth
 from tests.support.undecodable import NotUtf8, microseconds_now
 from tests.support.waiting import wait_until

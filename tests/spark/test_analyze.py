@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from delayed_retry.fingerprint import fingerprint
+from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.parking.fingerprint import fingerprint
 from delayed_retry.spark import ArchiveReadError, analyze_archive, format_table, write_html_report
 from delayed_retry.spark.synthetic import parked_row, write_archive
-from delayed_retry.topology import DelayTopology
 
 pytestmark = pytest.mark.spark
 

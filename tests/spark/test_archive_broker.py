@@ -13,6 +13,7 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection, FieldValue
 
 from delayed_retry import declare_topology
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.headers import X_PARKED_AT
 from delayed_retry.spark import (
     ArchiveError,
@@ -23,7 +24,6 @@ from delayed_retry.spark import (
 )
 from delayed_retry.spark.codec import headers_from_json
 from delayed_retry.spark.synthetic import parked_headers
-from delayed_retry.topology import DelayTopology
 from tests.support.queues import delete_all, depth, wait_for_depth
 
 pytestmark = pytest.mark.spark

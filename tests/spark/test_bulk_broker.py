@@ -16,6 +16,7 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from delayed_retry import declare_topology
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.headers import (
     X_DUE_AT,
     X_SCHEDULE_ID,
@@ -26,7 +27,6 @@ from delayed_retry.spark import (
     schedule_dataframe,
 )
 from delayed_retry.spark.synthetic import parked_row, write_archive
-from delayed_retry.topology import DelayTopology
 from harness import RabbitMQNode
 from tests.support.queues import depth
 from tests.support.waiting import wait_until

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.cli.main import main
 from delayed_retry.spark.class_cache import CACHE_ENV
 from delayed_retry.spark.synthetic import parked_row, write_archive
-from delayed_retry.topology import DelayTopology
 
 pytestmark = pytest.mark.spark
 

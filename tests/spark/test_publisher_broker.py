@@ -17,10 +17,10 @@ import pyarrow.dataset as pads
 import pytest
 
 from delayed_retry import declare_topology
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.spark import ArchiveSinkError, PublishRunError, schedule_dataframe
 from delayed_retry.spark.partition_publish import PUBLISH_COLUMNS, PublishJob, publish_attempt
 from delayed_retry.spark.redrive import _spread
-from delayed_retry.topology import DelayTopology
 
 pytestmark = pytest.mark.spark
 

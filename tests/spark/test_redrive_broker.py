@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.headers import (
     X_DUE_AT,
@@ -25,7 +26,6 @@ from delayed_retry.spark import (
 )
 from delayed_retry.spark.redrive import where_error
 from delayed_retry.spark.synthetic import parked_row, write_archive
-from delayed_retry.topology import DelayTopology
 
 pytestmark = pytest.mark.spark
 

@@ -23,7 +23,7 @@ from aio_pika.abc import (
 )
 
 from delayed_retry import DelayTopology
-from delayed_retry.topology import QueueType
+from delayed_retry.chain.topology import QueueType
 from tests.support.queues import delete_all, depth, wait_for_depth
 from tests.support.waiting import WAIT
 

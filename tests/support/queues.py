@@ -9,7 +9,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from delayed_retry import DelayTopology
-from delayed_retry.chain_digest import markers
+from delayed_retry.chain.digest import markers
 from tests.support.waiting import WAIT, wait_until
 
 

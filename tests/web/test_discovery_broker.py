@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import aio_pika
 import pytest
 
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.topology import DelayTopology
 from delayed_retry.web.discovery import discover_queues
 from harness import BrokerHarnessError, RabbitMQNode, free_port, release_port
 

@@ -245,7 +245,7 @@ def test_job_requests_follow_the_api_contract() -> None:
 
 
 def test_discovery_keeps_work_queues_with_a_parking_queue() -> None:
-    from delayed_retry.topology import DelayTopology
+    from delayed_retry.chain.topology import DelayTopology
     from delayed_retry.web.discovery import work_queues_of
 
     names = [

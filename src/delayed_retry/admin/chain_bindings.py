@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from delayed_retry.admin.live_chain import Binding
-from delayed_retry.topology import DelayTopology
+from delayed_retry.chain.topology import DelayTopology
 
 __all__ = [
     "BindingStyle",

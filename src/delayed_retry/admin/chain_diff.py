@@ -20,8 +20,8 @@ from delayed_retry.admin.chain_bindings import (
     skip_only_bindings,
 )
 from delayed_retry.admin.live_chain import Binding, LiveChain, applying_policies
-from delayed_retry.broker_versions import keeps_bodies_in_memory
-from delayed_retry.topology import IN_MEMORY_ARGUMENTS, DelayTopology, amqp_arguments
+from delayed_retry.chain.topology import IN_MEMORY_ARGUMENTS, DelayTopology, amqp_arguments
+from delayed_retry.rabbitmq.versions import keeps_bodies_in_memory
 
 __all__ = [
     "HARMFUL_POLICY_KEYS",

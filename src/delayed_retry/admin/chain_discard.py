@@ -32,11 +32,11 @@ from delayed_retry.admin.waiting import (
 from delayed_retry.amqp.channels import scratch_channel, underlay_channel
 from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
-from delayed_retry.broker_versions import broker_major_version
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError, NotFoundError, ReadsCountedError
 from delayed_retry.parking.moving.actions import copy_then_ack
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.rabbitmq.versions import broker_major_version
 
 __all__ = ["DiscardReport", "discard_waiting", "expedite_waiting"]
 

@@ -19,10 +19,10 @@ from datetime import datetime
 from aio_pika.abc import AbstractConnection
 
 from delayed_retry.amqp.channels import scratch_channel, underlay_connection
-from delayed_retry.broker_versions import broker_major_version
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.headers.names import X_DUE_AT
 from delayed_retry.headers.retry_state import read_epoch_ms
-from delayed_retry.topology import DelayTopology
+from delayed_retry.rabbitmq.versions import broker_major_version
 
 __all__ = ["DueTimes", "peek_due_times", "peeks_are_safe"]
 

@@ -25,11 +25,11 @@ from delayed_retry.admin.other_chains import SourceChain, plan_move
 from delayed_retry.amqp import publish as publishing
 from delayed_retry.amqp.channels import close_quietly, underlay_channel
 from delayed_retry.amqp.declarer import declarer_for
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError, PublishError
 from delayed_retry.headers.names import X_DUE_AT, X_MIGRATED_FROM
 from delayed_retry.headers.values import sanitize_headers
-from delayed_retry.topology import DelayTopology
 
 __all__ = ["LevelReport", "MigrationReport", "migrate_chain", "source_depths"]
 

@@ -29,7 +29,7 @@ from delayed_retry.amqp.channels import (
     on_scratch_channel,
     underlay_connection,
 )
-from delayed_retry.topology import DelayTopology, QueueSpec, amqp_arguments
+from delayed_retry.chain.topology import DelayTopology, QueueSpec, amqp_arguments
 
 __all__ = [
     "QueueDepth",

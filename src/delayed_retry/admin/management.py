@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from delayed_retry.admin.live_chain import Binding, LiveChain, LiveExchange, LiveQueue, Policy
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
-from delayed_retry.urls import redact_url, vhost_of
+from delayed_retry.rabbitmq.urls import redact_url, vhost_of
 
 __all__ = [
     "BEST_EFFORT_TIMEOUT",

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from delayed_retry.chain.topology import NSB_LEVEL_PREFIX, DelayTopology
 from delayed_retry.headers.names import X_DUE_AT
 from delayed_retry.headers.retry_state import read_epoch_ms
-from delayed_retry.topology import NSB_LEVEL_PREFIX, DelayTopology
 
 __all__ = ["MovePlan", "SourceChain", "plan_move"]
 

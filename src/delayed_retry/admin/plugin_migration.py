@@ -28,9 +28,9 @@ from aio_pika.abc import AbstractConnection
 
 from delayed_retry.admin.live_chain import Binding
 from delayed_retry.admin.management import ManagementClient, ManagementError
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.delivery.front_door import FrontDoor, delay_exchange_name
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
     "PLUGIN_TYPE",

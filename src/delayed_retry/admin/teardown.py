@@ -22,10 +22,10 @@ from aio_pika.abc import AbstractConnection
 from delayed_retry.admin.chain_probe import declared_queue
 from delayed_retry.admin.management import ManagementClient, ManagementError
 from delayed_retry.amqp.channels import on_scratch_channel, scratch_channel, underlay_connection
-from delayed_retry.chain_digest import markers
+from delayed_retry.chain.digest import markers
+from delayed_retry.chain.topology import DelayTopology, QueueSpec
 from delayed_retry.delivery.front_door import delay_exchange_name
 from delayed_retry.errors import TopologyMismatchError
-from delayed_retry.topology import DelayTopology, QueueSpec
 
 __all__ = [
     "TeardownOutcome",
@@ -61,7 +61,7 @@ class TeardownPlan:
     forwarding: list[str] = field(default_factory=list)
     """Exchanges whose forward queue and front door go with the chain."""
     markers: tuple[str, ...] = ()
-    """The chain's markers (:func:`~delayed_retry.chain_digest.markers`), deleted first:
+    """The chain's markers (:func:`~delayed_retry.chain.digest.markers`), deleted first:
     a teardown cut short leaves connections declaring the chain in full."""
 
     @property

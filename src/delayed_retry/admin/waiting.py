@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from delayed_retry import routing_keys
+from delayed_retry.chain import routing_keys
+from delayed_retry.chain.topology import QueueType
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers import (
@@ -30,7 +31,6 @@ from delayed_retry.headers import (
     sanitize_headers,
 )
 from delayed_retry.parking.records import record_id
-from delayed_retry.topology import QueueType
 
 __all__ = [
     "DISCARDED",

@@ -1,7 +1,7 @@
 """``ParkingAlerts``: consume the alert queue, group arrivals, deliver alerts to sinks.
 
 The parking exchange fans out a copy of every parked message to
-:attr:`DelayTopology.alerts_queue <delayed_retry.topology.DelayTopology.alerts_queue>`
+:attr:`DelayTopology.alerts_queue <delayed_retry.chain.topology.DelayTopology.alerts_queue>`
 (the unroutable exchange does too), so alerting never consumes the parked
 messages themselves. Copies are acked only after every sink has delivered
 the alert that names them: at-least-once, so a crash may repeat an alert but
@@ -33,9 +33,9 @@ from delayed_retry.alerts.sinks import (
 )
 from delayed_retry.amqp.consumers import Consumer, start_consumer
 from delayed_retry.amqp.declarer import declare_topology
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, NotFoundError
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = ["ParkingAlerts"]
 

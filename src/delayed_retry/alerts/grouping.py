@@ -3,7 +3,7 @@
 When a dependency goes down, hundreds of messages may park within seconds;
 one alert with counts per queue and exception type, naming the first few
 message ids, is what a person on call can act on. Arrivals are grouped by
-queue and failure fingerprint (:mod:`delayed_retry.fingerprint`: exception
+queue and failure fingerprint (:mod:`delayed_retry.parking.fingerprint`: exception
 type, raising frame, message template), the same key the parking-lot
 commands, the web view and the Spark report use. The first arrival opens a
 window of ``window`` seconds; everything arriving until it closes (or until
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from delayed_retry.fingerprint import Fingerprint, fingerprint, raising_frame
+from delayed_retry.chain.routing_keys import decode_routing_key
 from delayed_retry.headers.names import (
     X_EXCEPTION_MESSAGE,
     X_EXCEPTION_TRACEBACK,
@@ -30,7 +30,7 @@ from delayed_retry.headers.names import (
     X_THROTTLE_TRIGGER,
 )
 from delayed_retry.headers.retry_state import read_epoch_ms
-from delayed_retry.routing_keys import decode_routing_key
+from delayed_retry.parking.fingerprint import Fingerprint, fingerprint, raising_frame
 
 __all__ = ["Alert", "AlertGroup", "AlertWindow", "ParkedArrival", "arrival_from", "group_arrivals"]
 
@@ -54,7 +54,7 @@ class ParkedArrival:
     """The raising frame (``path in function``), read from the parking record's traceback."""
     event: str | None = None
     """Not a parked message but a consumer's throttle event, in words (see
-    :mod:`delayed_retry.consumer.throttling`); alerted on, never counted as parked."""
+    :mod:`delayed_retry.consumer.throttle`); alerted on, never counted as parked."""
 
     @property
     def fingerprint(self) -> Fingerprint:
@@ -147,7 +147,7 @@ class AlertGroup:
     count: int
     example: str | None = None
     key: str | None = None
-    """The :class:`~delayed_retry.fingerprint.Fingerprint` key of the group."""
+    """The :class:`~delayed_retry.parking.fingerprint.Fingerprint` key of the group."""
     template: str | None = None
     """The message template of the group (variable parts replaced by placeholders)."""
 

@@ -1,7 +1,7 @@
 """Muted failure groups on the broker: the mutes stream, written and followed.
 
 The broker half of :mod:`delayed_retry.alerts.mutes`. Mutes live in a RabbitMQ stream
-(:attr:`DelayTopology.mutes_stream <delayed_retry.topology.DelayTopology.mutes_stream>`):
+(:attr:`DelayTopology.mutes_stream <delayed_retry.chain.topology.DelayTopology.mutes_stream>`):
 a stream keeps every record for every reader, so each alerts process reads them all from
 the first, a restarted one included, and a cluster replicates them. :func:`record_mute`
 appends one record with a publisher confirm; :class:`MuteFollower` keeps a
@@ -23,9 +23,10 @@ from aiormq import spec
 
 from delayed_retry.alerts.mutes import Mute, MuteTable, decode_mute, encode_mute
 from delayed_retry.amqp.channels import close_quietly, scratch_channel, underlay_connection
+from delayed_retry.amqp.consumers import start_consumer
 from delayed_retry.amqp.publish import publish_confirmed
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.topology import DelayTopology
 
 __all__ = ["MUTES_STREAM_ARGUMENTS", "MuteFollower", "read_mutes", "record_mute"]
 
@@ -101,7 +102,7 @@ class MuteFollower:
             self.topology.mutes_stream, durable=True, arguments=dict(MUTES_STREAM_ARGUMENTS)
         )
         self._channel = channel
-        await queue.consume(self._on_record, arguments={"x-stream-offset": "first"})
+        await start_consumer(queue, self._on_record, arguments={"x-stream-offset": "first"})
         try:
             await asyncio.wait_for(self._synced.wait(), self.timeout)
         except TimeoutError as exc:

@@ -25,8 +25,8 @@ from delayed_retry.amqp.publish import (
     copy_properties,
     publish_confirmed,
 )
+from delayed_retry.chain.topology import DelayTopology, Route
 from delayed_retry.errors import PublishError
-from delayed_retry.topology import DelayTopology, Route
 
 __all__ = ["publish_into_chain"]
 

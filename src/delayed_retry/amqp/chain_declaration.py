@@ -29,15 +29,20 @@ from delayed_retry.amqp.refusals import (
     explain_refusal,
     tolerated_message,
 )
-from delayed_retry.broker_versions import (
+from delayed_retry.chain.digest import markable
+from delayed_retry.chain.topology import (
+    IN_MEMORY_ARGUMENTS,
+    DelayTopology,
+    QueueSpec,
+    amqp_arguments,
+)
+from delayed_retry.errors import NotFoundError, TopologyMismatchError
+from delayed_retry.rabbitmq.delivery_limits import kept_classic_queue_risk, kept_queue_risk
+from delayed_retry.rabbitmq.versions import (
     bodies_in_memory_hint,
     broker_major_version,
     broker_version,
 )
-from delayed_retry.chain_digest import markable
-from delayed_retry.delivery_limits import kept_classic_queue_risk, kept_queue_risk
-from delayed_retry.errors import NotFoundError, TopologyMismatchError
-from delayed_retry.topology import IN_MEMORY_ARGUMENTS, DelayTopology, QueueSpec, amqp_arguments
 
 __all__ = [
     "bind_queue",

@@ -2,7 +2,7 @@
 
 Every declaration of the chain deletes the settled marker first and writes
 both markers last, once the broker has confirmed every binding
-(:mod:`delayed_retry.chain_digest` names them). A connection then asks, in
+(:mod:`delayed_retry.chain.digest` names them). A connection then asks, in
 :func:`chain_is_marked_complete`: every exchange and queue of
 the chain exists, and so do both markers.
 
@@ -27,8 +27,8 @@ import aiormq
 import aiormq.abc
 
 from delayed_retry.amqp.channels import on_scratch_channel
-from delayed_retry.chain_digest import markers
-from delayed_retry.topology import DelayTopology
+from delayed_retry.chain.digest import markers
+from delayed_retry.chain.topology import DelayTopology
 
 __all__ = ["chain_is_marked_complete", "withdraw_markers", "write_markers"]
 

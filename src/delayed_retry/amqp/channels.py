@@ -19,7 +19,7 @@ import aiormq.abc
 from pamqp import commands as amqp_commands
 
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.urls import vhost_of
+from delayed_retry.rabbitmq.urls import vhost_of
 
 __all__ = [
     "close_quietly",

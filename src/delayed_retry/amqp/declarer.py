@@ -30,9 +30,9 @@ from delayed_retry.amqp.chain_declaration import (
 from delayed_retry.amqp.chain_marker import chain_is_marked_complete
 from delayed_retry.amqp.channels import on_scratch_channel, underlay_channel
 from delayed_retry.amqp.refusals import explain_refusal
-from delayed_retry.chain_digest import markable
+from delayed_retry.chain.digest import markable
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology, QueueSpec
 from delayed_retry.errors import ConfigurationError, NotFoundError
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology, QueueSpec
 
 __all__ = [
     "EXISTS_CACHE_SECONDS",

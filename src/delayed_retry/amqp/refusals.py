@@ -16,8 +16,8 @@ from typing import Any
 import aiormq
 import aiormq.abc
 
+from delayed_retry.chain.topology import IN_MEMORY_ARGUMENTS, DelayTopology
 from delayed_retry.errors import AccessRefusedError, NotFoundError, TopologyMismatchError
-from delayed_retry.topology import IN_MEMORY_ARGUMENTS, DelayTopology
 
 __all__ = [
     "HOME_NODE_DOWN",

@@ -24,9 +24,9 @@ from aio_pika.abc import AbstractConnection
 from delayed_retry.admin.chain_probe import declared_queue, exchange_exists
 from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementClient, ManagementError
 from delayed_retry.amqp.channels import underlay_channel
+from delayed_retry.chain.topology import DelayTopology, amqp_arguments
 from delayed_retry.cli.common import management_client, topology_from_args
 from delayed_retry.cli.output import CommandError
-from delayed_retry.topology import DelayTopology, amqp_arguments
 
 __all__ = ["bound_chains", "checked_topology"]
 

@@ -12,7 +12,7 @@ from delayed_retry.admin.management import (
     DEFAULT_TIMEOUT,
     ManagementClient,
 )
-from delayed_retry.topology import DelayTopology
+from delayed_retry.chain.topology import DelayTopology
 
 __all__ = [
     "MANAGEMENT_URL_ENV",

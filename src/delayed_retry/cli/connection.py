@@ -15,8 +15,8 @@ import aiormq
 from aio_pika.abc import AbstractConnection
 
 from delayed_retry.cli.output import CommandError, UsageError
-from delayed_retry.urls import redact_url as redact
-from delayed_retry.urls import vhost_of
+from delayed_retry.rabbitmq.urls import redact_url as redact
+from delayed_retry.rabbitmq.urls import vhost_of
 
 __all__ = ["check_url", "connect", "explain_broker_refusal", "explain_connection_error"]
 

@@ -16,7 +16,7 @@ from delayed_retry.cli.main import run
 from delayed_retry.cli.output import count_type
 from delayed_retry.cli.work_queue import check_work_queue
 from delayed_retry.errors import NotFoundError, queue_not_found
-from delayed_retry.work_queues import (
+from delayed_retry.rabbitmq.work_queues import (
     WORK_QUEUE_DELIVERY_LIMIT,
     dead_letter_target,
     work_queue_arguments,

@@ -19,14 +19,14 @@ import aio_pika
 from tenacity import retry_if_exception_type, wait_exponential
 
 from delayed_retry.amqp.declarer import declare_topology
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.consumer.consume import consume
 from delayed_retry.consumer.decorator import with_delayed_retry
 from delayed_retry.consumer.retry_state import current_retry_state
 from delayed_retry.delivery.schedule import publish_delayed
-from delayed_retry.hold import DEFAULT_HOLD
 from delayed_retry.parking.shortcuts import peek_parked
-from delayed_retry.topology import DelayTopology
-from delayed_retry.urls import redact_url, vhost_of
+from delayed_retry.rabbitmq.urls import redact_url, vhost_of
+from delayed_retry.recovery.hold import DEFAULT_HOLD
 
 
 class PaymentGatewayDown(Exception):

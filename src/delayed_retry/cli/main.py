@@ -40,7 +40,7 @@ from delayed_retry.errors import (
     NotFoundError,
     ServiceUnavailableError,
 )
-from delayed_retry.urls import redact_url
+from delayed_retry.rabbitmq.urls import redact_url
 
 __all__ = ["SUBCOMMAND_MODULES", "build_parser", "installed_version", "main", "run"]
 

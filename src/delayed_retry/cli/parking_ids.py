@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.cli.output import CommandError
 from delayed_retry.parking.ids import IdMatch, IdMatcher, describe_candidate, selected_count
 from delayed_retry.parking.lot import ParkedFilter, iter_parked
-from delayed_retry.topology import DelayTopology
 
 __all__ = ["ambiguous_id", "match_ids", "no_such_id", "resolve_ids"]
 

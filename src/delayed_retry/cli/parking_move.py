@@ -14,7 +14,6 @@ import sys
 from typing import Any
 
 from delayed_retry.amqp.channels import underlay_channel
-from delayed_retry.broker_versions import broker_version
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.connection import connect
@@ -42,6 +41,7 @@ from delayed_retry.parking.lot import (
 )
 from delayed_retry.parking.moving.report import CANARY_PARKED_AFTER_THE_REST, CANARY_PARKED_AGAIN
 from delayed_retry.parking.refresh import refresh_needed, refresh_parked
+from delayed_retry.rabbitmq.versions import broker_version
 
 __all__ = ["register_purge", "register_refresh", "register_replay"]
 

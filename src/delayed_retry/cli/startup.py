@@ -28,9 +28,9 @@ from aio_pika.abc import AbstractConnection
 from delayed_retry.admin.chain_probe import declared_queue, exchange_exists
 from delayed_retry.admin.live_chain import LiveQueue
 from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementError
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.cli.common import management_client
 from delayed_retry.durations import format_duration
-from delayed_retry.topology import DelayTopology
 
 __all__ = ["Startup", "announce", "startup_line", "stranded_forward_queues"]
 

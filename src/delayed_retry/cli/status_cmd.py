@@ -25,7 +25,7 @@ from delayed_retry.cli.output import (
 from delayed_retry.cli.work_queue import check_work_queue
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import NotFoundError, queue_not_found
-from delayed_retry.throttle import marker_queue_name
+from delayed_retry.recovery.throttle import marker_queue_name
 
 __all__ = ["register"]
 

@@ -17,6 +17,7 @@ from delayed_retry.admin.teardown import (
     plan_teardown,
     tear_down,
 )
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.cli.common import (
     add_management_option,
     add_topology_args,
@@ -27,7 +28,6 @@ from delayed_retry.cli.common import (
 from delayed_retry.cli.connection import connect
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import CommandError, add_json_option, confirm, emit_json
-from delayed_retry.topology import DelayTopology
 
 __all__ = ["how_to_empty", "register"]
 

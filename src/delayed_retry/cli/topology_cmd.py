@@ -17,6 +17,7 @@ from delayed_retry.admin.chain_bindings import binding_style
 from delayed_retry.admin.chain_diff import Difference, compare
 from delayed_retry.admin.chain_probe import level_depths, probe_over_amqp, queue_depth
 from delayed_retry.admin.management import ManagementError
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.cli.common import (
     add_management_option,
     add_topology_args,
@@ -35,8 +36,7 @@ from delayed_retry.cli.output import (
 from delayed_retry.cli.topology_discard_cmd import register_discard, register_expedite
 from delayed_retry.cli.topology_migrate_cmd import register_migrate
 from delayed_retry.durations import format_duration
-from delayed_retry.topology import DelayTopology
-from delayed_retry.urls import redact_url
+from delayed_retry.rabbitmq.urls import redact_url
 
 __all__ = ["register"]
 

@@ -11,6 +11,7 @@ import aio_pika
 
 from delayed_retry.admin.chain_migration import migrate_chain, source_depths
 from delayed_retry.admin.other_chains import SourceChain
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
@@ -20,7 +21,6 @@ from delayed_retry.cli.output import (
     format_at_most,
     progress_bar,
 )
-from delayed_retry.topology import DelayTopology
 
 __all__ = ["register_migrate", "source_from_args"]
 

@@ -2,7 +2,7 @@
 
 A message the AMQP client cannot decode never reaches delayed-retry's code, so
 only the queue's own arguments (or policy) can move it aside:
-:func:`~delayed_retry.delivery_limits.undecodable_risk` says what is missing. Queue
+:func:`~delayed_retry.rabbitmq.delivery_limits.undecodable_risk` says what is missing. Queue
 arguments and policies cannot be read over AMQP; the management API is asked,
 best effort, and a note says so when it cannot be read.
 """
@@ -18,10 +18,10 @@ from aio_pika.abc import AbstractConnection
 
 from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementError
 from delayed_retry.amqp.channels import underlay_channel
-from delayed_retry.broker_versions import broker_major_version
 from delayed_retry.cli.common import management_client
-from delayed_retry.delivery_limits import undecodable_risk
-from delayed_retry.work_queues import dead_letter_target
+from delayed_retry.rabbitmq.delivery_limits import undecodable_risk
+from delayed_retry.rabbitmq.versions import broker_major_version
+from delayed_retry.rabbitmq.work_queues import dead_letter_target
 
 __all__ = ["WorkQueueCheck", "check_work_queue"]
 

@@ -32,7 +32,7 @@ async def consume(
 
     Use it rather than ``queue.consume(handler)``: it declares the topology, the
     queue's binding and its parking queue (and the dead-letter queue of a queue
-    declared with :func:`~delayed_retry.work_queues.work_queue_arguments`), so a
+    declared with :func:`~delayed_retry.rabbitmq.work_queues.work_queue_arguments`), so a
     misconfiguration fails here and not at the first failure. A queue taken with
     ``get_queue(..., ensure=False)`` is refused: take it with
     ``channel.declare_queue(name, passive=True)``. Returns the consumer tag.

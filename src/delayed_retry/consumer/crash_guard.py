@@ -24,10 +24,10 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.put_back import put_back
-from delayed_retry.crashes import CrashGuard, crashes_of
 from delayed_retry.errors import MessageCrashedError
 from delayed_retry.headers.names import X_RETRY_CRASHES
 from delayed_retry.headers.retry_state import RetryState
+from delayed_retry.recovery.crash_guard import CrashGuard, crashes_of
 
 __all__ = ["guard_redelivery"]
 

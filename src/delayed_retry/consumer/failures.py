@@ -1,7 +1,7 @@
 """What happens to a message whose handler failed: a retry through the chain, or parking.
 
 :class:`FailureHandling` carries out the retry policy's
-:class:`~delayed_retry.policy.Decision` for one queue: it builds the retry
+:class:`~delayed_retry.recovery.policy.Decision` for one queue: it builds the retry
 copy (or the parking record) and moves it through the one hand-over
 (:func:`~delayed_retry.consumer.handover.hand_over`), so the original is acked
 only once its copy is confirmed. The decorator and the router use it.
@@ -22,6 +22,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.amqp.publish import Publisher, copy_properties, publish_confirmed
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.consumer.handover import (
     DEFAULT_TIMING,
     HandOverTiming,
@@ -37,10 +38,9 @@ from delayed_retry.headers.names import X_DUE_AT, X_FORWARD_ROUTING_KEY, X_PARKE
 from delayed_retry.headers.parking_record import parking_headers
 from delayed_retry.headers.retry_state import RetryState, failure_headers
 from delayed_retry.headers.values import sanitize_headers
-from delayed_retry.hold import Hold, chain_units, redelay_units
 from delayed_retry.observability.instrumentation import AttemptScope, NoInstrumentation
-from delayed_retry.policy import Decision, ParkReason
-from delayed_retry.topology import DelayTopology
+from delayed_retry.recovery.hold import Hold, chain_units, redelay_units
+from delayed_retry.recovery.policy import Decision, ParkReason
 
 __all__ = ["FailureHandling"]
 

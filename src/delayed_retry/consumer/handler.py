@@ -31,19 +31,19 @@ from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.consumer.crash_guard import guard_redelivery
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import ack
+from delayed_retry.consumer.hold import early_tolerance, hold_until_due
 from delayed_retry.consumer.immediate import pause_before_rerun
 from delayed_retry.consumer.put_back import cancel_consumer_of, put_back
 from delayed_retry.consumer.rescue import rescue
 from delayed_retry.consumer.retry_state import CURRENT_STATE, LazyRetryState
 from delayed_retry.consumer.settings import RetryOptions
 from delayed_retry.consumer.settlement import GuardedMessage
-from delayed_retry.consumer.throttling import ThrottleControl
-from delayed_retry.consumer.until_due import early_tolerance, hold_until_due
+from delayed_retry.consumer.throttle import ThrottleControl
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError, HandlerCancelledError
 from delayed_retry.headers.retry_state import RetryState
 from delayed_retry.observability.instrumentation import QUIET_SCOPE, AttemptScope
-from delayed_retry.policy import Decision
+from delayed_retry.recovery.policy import Decision
 
 __all__ = ["RetryingHandler"]
 

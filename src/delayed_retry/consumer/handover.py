@@ -16,7 +16,7 @@ after a pause that doubles (``0.5 s`` … ``8 s``) for up to
 (:func:`requeue`: ``nack`` with requeue), at most once per window: never in a
 tight loop. Each requeue is one delivery toward a quorum queue's delivery limit,
 which is why every queue the library consumes is declared with
-:data:`~delayed_retry.topology.DELIVERY_LIMIT`. See ``docs/reliability.md``.
+:data:`~delayed_retry.chain.topology.DELIVERY_LIMIT`. See ``docs/reliability.md``.
 """
 
 from __future__ import annotations

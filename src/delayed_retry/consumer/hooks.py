@@ -22,7 +22,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers.retry_state import RetryState
-from delayed_retry.policy import Decision
+from delayed_retry.recovery.policy import Decision
 
 __all__ = ["HOOK_TIMEOUT", "FailureEvent", "FailureHook", "FailureHooks"]
 

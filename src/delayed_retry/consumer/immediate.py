@@ -1,7 +1,7 @@
 """The pauses between immediate runs of a delivery: bounded, releasable, requeued on shutdown.
 
 While a handler waits to run a message again (see
-:class:`~delayed_retry.immediate.ImmediateRetries`), the message is unacked.
+:class:`~delayed_retry.recovery.immediate.ImmediateRetries`), the message is unacked.
 A consumer that stops must not lose it nor run it again on a closed channel:
 released (:meth:`Pauses.release`, called by
 :meth:`~delayed_retry.consumer.handler.RetryingHandler.release_held`) or

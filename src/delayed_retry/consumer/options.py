@@ -18,14 +18,14 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.consumer.hooks import FailureHook
-from delayed_retry.crashes import CrashGuard
 from delayed_retry.durations import Duration
-from delayed_retry.hold import DEFAULT_HOLD, Hold
 from delayed_retry.observability.instrumentation import Instrumentation
-from delayed_retry.policy import DEFAULT_MAX_RETRIES, DEFAULT_WAIT
-from delayed_retry.throttle import Throttle
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.recovery.crash_guard import CrashGuard
+from delayed_retry.recovery.hold import DEFAULT_HOLD, Hold
+from delayed_retry.recovery.policy import DEFAULT_MAX_RETRIES, DEFAULT_WAIT
+from delayed_retry.recovery.throttle import Throttle
 
 __all__ = [
     "ChainOptions",

@@ -23,10 +23,10 @@ from typing import Any
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry.amqp import publish
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.consumer.handover import hand_over
 from delayed_retry.headers.names import X_ORIGINAL_EXCHANGE, X_ORIGINAL_ROUTING_KEY
 from delayed_retry.headers.values import sanitize_headers
-from delayed_retry.topology import DelayTopology
 
 log = logging.getLogger(__name__)
 

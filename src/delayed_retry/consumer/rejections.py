@@ -2,7 +2,7 @@
 
 A consumer in any language that rejects a message (``basic.reject`` or
 ``basic.nack`` without requeue) from a queue whose ``x-dead-letter-exchange``
-is the chain's :attr:`~delayed_retry.topology.DelayTopology.rejected_exchange`
+is the chain's :attr:`~delayed_retry.chain.topology.DelayTopology.rejected_exchange`
 makes the broker dead-letter it there, with an ``x-death`` entry naming the
 queue, the reason, the exchange and routing keys it was published with, and a
 count. :func:`read_rejection` turns those headers (and our own ``x-retry``)

@@ -18,6 +18,7 @@ from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.consumers import Consumer, consume_queue
 from delayed_retry.amqp.declarer import declarer_for
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import RequeueBackoff, hand_over, requeue_after_backoff
 from delayed_retry.consumer.in_flight import InFlight
@@ -30,8 +31,7 @@ from delayed_retry.errors import DelayedRetryError
 from delayed_retry.headers.names import X_CLAIMED_QUEUE, X_PARKED_AT, X_PARKED_REASON
 from delayed_retry.headers.values import sanitize_headers
 from delayed_retry.observability.instrumentation import Instrumentation
-from delayed_retry.policy import Decision, RetryPolicy
-from delayed_retry.topology import DelayTopology
+from delayed_retry.recovery.policy import Decision, RetryPolicy
 
 __all__ = ["ConsumerRejected", "RetryRouter"]
 

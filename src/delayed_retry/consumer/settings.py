@@ -15,22 +15,22 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.consumer.handover import DEFAULT_TIMING, HandOverTiming, RequeueBackoff
+from delayed_retry.consumer.hold import HeldUntilDue
 from delayed_retry.consumer.hooks import FailureHooks
 from delayed_retry.consumer.immediate import Pauses
 from delayed_retry.consumer.options import ReturnTo, RouterOptions, SubscriberOptions, with_defaults
-from delayed_retry.consumer.until_due import HeldUntilDue
-from delayed_retry.crashes import CrashGuard
 from delayed_retry.durations import to_seconds
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.hold import Hold, check_hold
-from delayed_retry.immediate import ImmediateRetries
 from delayed_retry.observability.instrumentation import Instrumentation
 from delayed_retry.observability.otel import default_instrumentation
-from delayed_retry.policy import DEFAULT_RETRY, RetryPolicy
-from delayed_retry.strategies import retry_strategy
-from delayed_retry.throttle import Throttle
-from delayed_retry.topology import DelayTopology
+from delayed_retry.recovery.crash_guard import CrashGuard
+from delayed_retry.recovery.hold import Hold, check_hold
+from delayed_retry.recovery.immediate import ImmediateRetries
+from delayed_retry.recovery.policy import DEFAULT_RETRY, RetryPolicy
+from delayed_retry.recovery.strategies import retry_strategy
+from delayed_retry.recovery.throttle import Throttle
 
 __all__ = [
     "ChainSettings",
@@ -81,8 +81,8 @@ class RetryOptions(ChainSettings):
     """``on_retry`` / ``on_park``, called after each confirmed hand-over."""
     dead_letter_queue: str | None = None
     """Where the consumed queue's broker dead-letters past its delivery limit, when its
-    arguments say so (:func:`~delayed_retry.work_queues.work_queue_arguments`): declared with
-    the queue's binding, so the broker has somewhere to put what no consumer could take."""
+    arguments say so (:func:`~delayed_retry.rabbitmq.work_queues.work_queue_arguments`): declared
+    with the queue's binding, so the broker has somewhere to put what no consumer could take."""
     throttle: Throttle | None = None
     """When to stop taking messages after a run of failures, and how to probe (``None``: never)."""
     crash_guard: CrashGuard | None = None
@@ -108,7 +108,7 @@ def chain_settings(settings: type[S], o: Mapping[str, Any], **own: Any) -> S:
 
     ``o`` are a front end's options with their defaults (:func:`with_defaults`); an
     exception class given as ``retry`` means ``retry_if_exception_type`` of it
-    (:func:`~delayed_retry.strategies.retry_strategy`).
+    (:func:`~delayed_retry.recovery.strategies.retry_strategy`).
     """
     topology, instrumentation = o["topology"], o["instrumentation"]
     if not isinstance(topology, DelayTopology):

@@ -18,7 +18,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractProcessContext
 from aio_pika.exceptions import MessageProcessError
 from aio_pika.message import ProcessContext
 
-from delayed_retry.policy import Decision
+from delayed_retry.recovery.policy import Decision
 
 __all__ = ["GuardedMessage", "DeferredSettlement"]
 

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from delayed_retry.delivery_limits import warn_about_delivery_limit
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.topology import DelayTopology
-from delayed_retry.work_queues import dead_letter_target
+from delayed_retry.rabbitmq.delivery_limits import warn_about_delivery_limit
+from delayed_retry.rabbitmq.work_queues import dead_letter_target
 
 __all__ = ["AIO_PIKA_CONFIRMS", "ConsumerStart", "check_start"]
 
@@ -47,7 +47,7 @@ def check_start(start: ConsumerStart) -> str | None:
     """Refuse a start that would lose messages and warn about a delivery limit that could.
 
     Returns the dead-letter queue the consumed queue's arguments name
-    (:func:`~delayed_retry.work_queues.work_queue_arguments`), to be declared with its
+    (:func:`~delayed_retry.rabbitmq.work_queues.work_queue_arguments`), to be declared with its
     binding, or ``None``.
     """
     for queue in start.returns_to:

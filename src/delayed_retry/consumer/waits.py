@@ -1,7 +1,7 @@
 """Timed waits of unacked messages that a shutdown can end at once.
 
 A handler keeps a message unacked while it waits: held until its due time
-(:class:`~delayed_retry.consumer.until_due.HeldUntilDue`) or pausing between
+(:class:`~delayed_retry.consumer.hold.HeldUntilDue`) or pausing between
 immediate runs (:class:`~delayed_retry.consumer.immediate.Pauses`). Both need
 the same thing: wait a number of seconds, and let a stopping consumer end every
 wait now so each message goes back to its queue instead of waiting out its time.

@@ -37,9 +37,10 @@ from delayed_retry.amqp.channels import close_quietly, exchange_exists, underlay
 from delayed_retry.amqp.consumers import Consumer, all_in_place, consume_queue
 from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, publish_copy
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.consumer.handover import RequeueBackoff, hand_over, requeue_after_backoff
+from delayed_retry.consumer.hold import HeldUntilDue, hold_until_due
 from delayed_retry.consumer.in_flight import InFlight
-from delayed_retry.consumer.until_due import HeldUntilDue, hold_until_due
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError, DelayedRetryError, PublishError
 from delayed_retry.headers.names import (
@@ -50,8 +51,7 @@ from delayed_retry.headers.names import (
 from delayed_retry.headers.parking_record import parking_headers
 from delayed_retry.headers.retry_state import forwarded_headers, parse_retry_state
 from delayed_retry.headers.values import sanitize_headers
-from delayed_retry.hold import DEFAULT_HOLD, Hold, check_hold, redelay_units
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.recovery.hold import DEFAULT_HOLD, Hold, check_hold, redelay_units
 
 __all__ = ["Forwarder", "ForwardingFailed"]
 
@@ -79,7 +79,7 @@ class Forwarder:
     between the confirm and the ack delivers that message twice, never zero
     times. Use :meth:`start` and :meth:`close`, or ``async with``.
 
-    ``hold`` (default :data:`~delayed_retry.hold.DEFAULT_HOLD`): a message that
+    ``hold`` (default :data:`~delayed_retry.recovery.hold.DEFAULT_HOLD`): a message that
     left the chain a little before its due time (``publish_delayed(...,
     hold=...)``, the front door) is held until due, then forwarded; one more
     than ``hold.limit`` early goes back into the chain. ``None`` holds

@@ -47,6 +47,7 @@ from delayed_retry.amqp.channels import close_quietly, on_scratch_channel, under
 from delayed_retry.amqp.consumers import Consumer, consume_queue
 from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.consumer.handover import RequeueBackoff, hand_over, requeue_after_backoff
 from delayed_retry.consumer.in_flight import InFlight
 from delayed_retry.delivery.forwarder import Forwarder, ForwardingFailed
@@ -60,8 +61,7 @@ from delayed_retry.headers.names import (
     X_ORIGINAL_ROUTING_KEY,
 )
 from delayed_retry.headers.values import sanitize_headers
-from delayed_retry.hold import DEFAULT_HOLD, Hold, chain_units
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.recovery.hold import DEFAULT_HOLD, Hold, chain_units
 
 __all__ = [
     "BadDelay",
@@ -131,7 +131,7 @@ class FrontDoor:
     least once. It declares ``X`` (of ``exchange_type``) when missing,
     ``X.delay``, the queue ``X.delay`` and its parking queue, and runs a
     :class:`~delayed_retry.delivery.forwarder.Forwarder` for ``X``. With ``hold`` (the
-    default :data:`~delayed_retry.hold.DEFAULT_HOLD`) a message leaves the chain
+    default :data:`~delayed_retry.recovery.hold.DEFAULT_HOLD`) a message leaves the chain
     a few milliseconds early and the forwarder holds it until due; ``None``
     rounds delays up in the chain instead. Every forwarder of ``X`` must hold
     when front doors do.
@@ -195,7 +195,7 @@ class FrontDoor:
         An existing ``X`` is left as it is, so that during a migration the
         plugin exchange itself receives what the front door delivers. The
         inbox queue ``X.delay`` gets the delivery limit of every queue the
-        library consumes (:data:`~delayed_retry.topology.DELIVERY_LIMIT`); one
+        library consumes (:data:`~delayed_retry.chain.topology.DELIVERY_LIMIT`); one
         that exists without it (declared by hand, by another tool, or by a
         checkout from before 0.1.0) is used as it is, with a warning.
 

@@ -12,6 +12,7 @@ from aio_pika.abc import AbstractChannel
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.declarer import EXISTS_CACHE_SECONDS, declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.durations import Duration, resolve_due_at, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers.names import (
@@ -20,10 +21,9 @@ from delayed_retry.headers.names import (
     X_ORIGINAL_ROUTING_KEY,
 )
 from delayed_retry.headers.retry_state import scheduled_headers
-from delayed_retry.hold import DEFAULT_HOLD, Hold, chain_units, check_hold
 from delayed_retry.observability.instrumentation import Instrumentation, NoInstrumentation
 from delayed_retry.observability.otel import default_instrumentation
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
+from delayed_retry.recovery.hold import DEFAULT_HOLD, Hold, chain_units, check_hold
 
 __all__ = ["publish_delayed"]
 
@@ -67,10 +67,10 @@ async def publish_delayed(
     or the front door) publishes it: run one. Should ``exchange`` be deleted
     while the message waits, the forwarder parks it with a record.
 
-    ``hold`` (a :class:`~delayed_retry.hold.Hold`, e.g. ``DEFAULT_HOLD``) lets
+    ``hold`` (a :class:`~delayed_retry.recovery.hold.Hold`, e.g. ``DEFAULT_HOLD``) lets
     the message leave the chain before its due time (up to the hold's limit)
     for a consumer that holds it until due: about a millisecond late instead
-    of a few per hop, and a fraction of the hops (see :mod:`delayed_retry.hold`).
+    of a few per hop, and a fraction of the hops (see :mod:`delayed_retry.recovery.hold`).
     With ``exchange`` it is ``DEFAULT_HOLD`` unless given: a
     :class:`~delayed_retry.delivery.forwarder.Forwarder` always consumes
     those, and never forwards a message before it is due. With ``queue`` it

@@ -4,7 +4,7 @@ The test client calls handlers without a broker, so there is no chain to send
 a retry through and no parking queue. What a handler test needs is the
 decision: would this failure be retried (after how long) or parked (why)?
 The middleware runs the handler with its retry state readable as usual,
-asks the same :class:`~delayed_retry.policy.RetryPolicy`, records the
+asks the same :class:`~delayed_retry.recovery.policy.RetryPolicy`, records the
 :class:`InMemoryDecision` on the middleware and, as with a real broker, does
 not raise the failure to FastStream. A later attempt is tested by publishing
 with the retry headers it would carry (``x-retry``).
@@ -22,8 +22,8 @@ from faststream.rabbit.testing import PatchedMessage
 
 from delayed_retry.consumer.retry_state import retry_state, retry_state_scope
 from delayed_retry.durations import utcnow
-from delayed_retry.immediate import ImmediateRetries
-from delayed_retry.policy import RetryPolicy
+from delayed_retry.recovery.immediate import ImmediateRetries
+from delayed_retry.recovery.policy import RetryPolicy
 
 if TYPE_CHECKING:
     from faststream import StreamMessage

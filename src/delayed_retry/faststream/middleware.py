@@ -26,13 +26,14 @@ from faststream.exceptions import (
 from delayed_retry.amqp.chain import publish_into_chain
 from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.declarer import declarer_for
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.consumer.handover import requeue
 from delayed_retry.consumer.options import SubscriberOptions
 from delayed_retry.consumer.settings import RetryOptions, retry_options
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.startup import ConsumerStart, check_start
-from delayed_retry.consumer.throttling import ThrottleControl
+from delayed_retry.consumer.throttle import ThrottleControl
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.faststream.in_memory import InMemoryDecision, is_in_memory, run_in_memory
@@ -43,8 +44,7 @@ from delayed_retry.faststream.subscribers import (
     warn_about_telemetry_order,
     warn_about_unrestorable_queue,
 )
-from delayed_retry.policy import Decision
-from delayed_retry.topology import DelayTopology
+from delayed_retry.recovery.policy import Decision
 
 if TYPE_CHECKING:
     from faststream import ContextRepo, StreamMessage

@@ -26,11 +26,11 @@ import aiormq
 import aiormq.abc
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.observability.metrics import meter_for
 from delayed_retry.observability.spans import MESSAGING_DESTINATION_NAME
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
-from delayed_retry.urls import redact_url
+from delayed_retry.rabbitmq.urls import redact_url
 
 __all__ = ["DELAYED_MESSAGES", "PARKED_MESSAGES", "ChainMonitor", "DepthReading"]
 

@@ -46,7 +46,7 @@ DELAY = "delayed_retry.delay"
 RESOLUTION = "delayed_retry.resolution.duration"
 THROTTLED = "delayed_retry.throttled"
 """Consumers of a queue whose throttle has tripped, now (recorded by
-:mod:`delayed_retry.consumer.throttling`)."""
+:mod:`delayed_retry.consumer.throttle`)."""
 THROTTLE_TRIPS = "delayed_retry.throttle.trips"
 """How often a queue's consumer tripped its throttle."""
 

@@ -21,6 +21,7 @@ import aiormq
 from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, NotFoundError, queue_not_found
 from delayed_retry.parking.moving.actions import PurgeAction, ReplayAction
@@ -45,7 +46,6 @@ from delayed_retry.parking.scan import (
     refuse_counted_reads,
     take,
 )
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
     "ALL_PARKED",

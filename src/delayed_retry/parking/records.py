@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from delayed_retry.chain.topology import DelayTopology, Route
 from delayed_retry.consumer.rejections import newest_death
 from delayed_retry.durations import to_epoch_ms, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.fingerprint import fingerprint_headers
 from delayed_retry.headers.names import (
     X_DUE_AT,
     X_EXCEPTION_MESSAGE,
@@ -43,7 +43,7 @@ from delayed_retry.headers.names import (
 from delayed_retry.headers.retry_state import parse_retry_state, read_epoch_ms, scheduled_headers
 from delayed_retry.headers.text import encode_body_preview
 from delayed_retry.headers.values import header_int
-from delayed_retry.topology import DelayTopology, Route
+from delayed_retry.parking.fingerprint import fingerprint_headers
 
 __all__ = [
     "ALL_PARKED",

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import aiormq.abc
 
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
 from delayed_retry.headers.names import X_PARKED_REFRESHED_AT
 from delayed_retry.headers.values import sanitize_headers
@@ -24,7 +25,6 @@ from delayed_retry.parking.moving.actions import copy_then_ack
 from delayed_retry.parking.moving.engine import MoveRequest, move
 from delayed_retry.parking.moving.report import MoveProgress, MoveReport
 from delayed_retry.parking.records import ParkedFilter
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
     "COMPACTING_VERSION",

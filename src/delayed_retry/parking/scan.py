@@ -19,11 +19,11 @@ import aiormq
 import aiormq.abc
 
 from delayed_retry.amqp.channels import scratch_channel, underlay_channel
-from delayed_retry.broker_versions import broker_major_version
-from delayed_retry.delivery_limits import kept_classic_queue_risk, kept_queue_risk
+from delayed_retry.chain.topology import DelayTopology, amqp_arguments
 from delayed_retry.errors import ConfigurationError, NotFoundError, parking_queue_not_found
 from delayed_retry.parking.records import ParkedRecord, read_record
-from delayed_retry.topology import DelayTopology, amqp_arguments
+from delayed_retry.rabbitmq.delivery_limits import kept_classic_queue_risk, kept_queue_risk
+from delayed_retry.rabbitmq.versions import broker_major_version
 
 __all__ = [
     "own_channel",

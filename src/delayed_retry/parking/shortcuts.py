@@ -16,6 +16,7 @@ from aio_pika.abc import AbstractChannel
 
 from delayed_retry.amqp.channels import scratch_channel, underlay_channel
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.durations import Duration
 from delayed_retry.errors import ConfigurationError, NotFoundError, parking_queue_not_found
 from delayed_retry.parking.lot import (
@@ -26,7 +27,6 @@ from delayed_retry.parking.lot import (
     replay_matching,
 )
 from delayed_retry.parking.scan import parking_name
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
     "ParkedMessage",
@@ -53,7 +53,7 @@ async def peek_parked(
     The messages are fetched unacked on a channel of their own, which is then
     closed, so the broker puts every one of them back. Each such return counts
     as a delivery (RabbitMQ 3.10 and 4.0 alike); the parking queue's delivery
-    limit (:data:`~delayed_retry.topology.DELIVERY_LIMIT`) is out of
+    limit (:data:`~delayed_retry.chain.topology.DELIVERY_LIMIT`) is out of
     reach of any number of peeks. On RabbitMQ 4.x a parking queue declared
     without it (by hand, by another tool, or by a checkout from before 0.1.0)
     has the broker's limit of 20, which peeks would exhaust: peeking it is

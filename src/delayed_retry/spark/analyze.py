@@ -2,7 +2,7 @@
 
 :func:`analyze_archive` runs one PySpark job over one or several archives
 and returns small, plain results (:class:`Analysis`): failure groups by
-fingerprint (:mod:`delayed_retry.fingerprint`), counts, and counts over a
+fingerprint (:mod:`delayed_retry.parking.fingerprint`), counts, and counts over a
 real time axis. :mod:`delayed_retry.spark.report` renders them for a
 terminal and as one HTML file.
 """

@@ -23,6 +23,7 @@ import aiormq
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
 from delayed_retry.amqp.consumers import start_consumer
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import (
     ConfigurationError,
@@ -45,7 +46,6 @@ from delayed_retry.headers.retry_state import parse_retry_state, read_epoch_ms
 from delayed_retry.spark.codec import headers_to_json, message_key
 from delayed_retry.spark.schema import archive_arrow_schema, escape_partition_value
 from delayed_retry.spark.sinks import ArchiveSink, sink_for
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = [
     "ArchiveError",

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers.names import X_SCHEDULE_ID
 from delayed_retry.spark.ledger import ledger_keys
@@ -23,7 +24,6 @@ from delayed_retry.spark.publisher import (
     publishing_partitions,
     run_publish,
 )
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = ["ScheduleResult", "schedule_dataframe"]
 

@@ -1,4 +1,5 @@
-"""The failure fingerprint as Spark columns, computed by :mod:`delayed_retry.fingerprint` itself.
+"""The failure fingerprint as Spark columns, computed by :mod:`delayed_retry.parking.fingerprint`
+itself.
 
 The report groups by these columns and ``spark redrive --where`` can filter
 on them (``fingerprint = 'cea31e990c07'``), so a group in the report is
@@ -29,13 +30,13 @@ def _fingerprint_row(
     traceback: str | None,
     last_error: str | None,
 ) -> tuple[str, str, str, str | None]:
-    from delayed_retry.fingerprint import fingerprint_headers
     from delayed_retry.headers.names import (
         X_EXCEPTION_MESSAGE,
         X_EXCEPTION_TRACEBACK,
         X_EXCEPTION_TYPE,
         X_LAST_ERROR,
     )
+    from delayed_retry.parking.fingerprint import fingerprint_headers
 
     fp = fingerprint_headers(
         {

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from delayed_retry import routing_keys
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
+from delayed_retry.chain import routing_keys
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.durations import from_epoch_ms
 from delayed_retry.errors import DelayOutOfRangeError
-from delayed_retry.topology import DelayTopology
 
 if TYPE_CHECKING:
     from delayed_retry.spark.ledger import LedgerWriter

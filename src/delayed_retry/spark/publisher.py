@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 from delayed_retry.amqp.declarer import declare_topology
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.spark.partition_publish import (
     LEDGER_FAILED,
@@ -25,7 +26,6 @@ from delayed_retry.spark.partition_publish import (
     PublishJob,
     publish_partition,
 )
-from delayed_retry.topology import DelayTopology
 
 __all__ = [
     "PublishOutcome",

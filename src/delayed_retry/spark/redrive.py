@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.durations import from_epoch_ms, to_epoch_ms, utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers.names import X_REDRIVE_ID, X_RETRY
@@ -42,7 +43,6 @@ from delayed_retry.spark.publisher import (
     publishing_partitions,
     run_publish,
 )
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = ["RedriveError", "RedriveResult", "default_redrive_id", "redrive", "where_error"]
 

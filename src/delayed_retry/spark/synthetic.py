@@ -12,12 +12,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.headers.parking_record import parking_headers
 from delayed_retry.headers.retry_state import parse_retry_state
 from delayed_retry.spark.archive import archive_row
 from delayed_retry.spark.schema import archive_arrow_schema, escape_partition_value
 from delayed_retry.spark.sinks import LocalSink
-from delayed_retry.topology import DelayTopology
 
 __all__ = ["parked_headers", "parked_row", "write_archive"]
 

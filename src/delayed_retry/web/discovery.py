@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 
 from delayed_retry.admin.management import ManagementClient, ManagementError
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.errors import ServiceUnavailableError
-from delayed_retry.topology import DelayTopology
 
 __all__ = ["discover_queues", "work_queues_of"]
 

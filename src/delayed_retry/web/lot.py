@@ -23,7 +23,8 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from delayed_retry.amqp.channels import close_quietly, underlay_channel
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
-from delayed_retry.fingerprint import Fingerprint
+from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.parking.fingerprint import Fingerprint
 from delayed_retry.parking.lot import (
     CanaryNews,
     MoveProgress,
@@ -34,7 +35,6 @@ from delayed_retry.parking.lot import (
     purge_matching,
     replay_matching,
 )
-from delayed_retry.topology import DelayTopology
 from delayed_retry.web.records import CommonValues, group_fingerprint
 
 __all__ = ["GroupSummary", "Page", "ParkingLot", "Selection"]

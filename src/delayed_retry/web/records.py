@@ -17,7 +17,7 @@ from typing import Any
 
 from delayed_retry.durations import parse_duration
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.fingerprint import Fingerprint, fill_template, fingerprint, masked_values
+from delayed_retry.parking.fingerprint import Fingerprint, fill_template, fingerprint, masked_values
 from delayed_retry.parking.lot import ParkedFilter, ParkedRecord
 
 __all__ = [

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.topology import DEFAULT_TOPOLOGY, DelayTopology
 
 __all__ = ["Credentials", "WebSettings", "default_audit_log", "parse_credentials"]
 

@@ -15,9 +15,9 @@ from typing import Any, Literal, Protocol
 import aiormq.abc
 
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, copy_properties, publish_confirmed
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.durations import utcnow
 from delayed_retry.parking.records import replay_copy
-from delayed_retry.topology import DelayTopology
 
 __all__ = ["MessageAction", "PurgeAction", "ReplayAction", "copy_then_ack"]
 

@@ -26,6 +26,7 @@ from typing import Any
 import aiormq
 import aiormq.abc
 
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.durations import utcnow
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.parking.moving.actions import MessageAction
@@ -45,7 +46,6 @@ from delayed_retry.parking.scan import (
     refuse_counted_reads,
     take,
 )
-from delayed_retry.topology import DelayTopology
 
 __all__ = ["MAX_IN_FLIGHT", "HandOvers", "MoveRequest", "Pacer", "move"]
 

@@ -3,7 +3,7 @@ defend it against messages the AMQP client cannot decode, and where it dead-lett
 
 Use :func:`work_queue_arguments` when declaring a new work queue and
 :func:`work_queue_policy_command` for one that exists; :func:`dead_letter_target` reads back
-what they set up. The delay chain's own queues are :mod:`delayed_retry.topology`'s.
+what they set up. The delay chain's own queues are :mod:`delayed_retry.chain.topology`'s.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from delayed_retry.broker_policies import BrokerPolicy, regex_literal
+from delayed_retry.chain.topology import DelayTopology, QueueArguments, amqp_arguments
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.topology import DelayTopology, QueueArguments, amqp_arguments
+from delayed_retry.rabbitmq.policies import BrokerPolicy, regex_literal
 
 __all__ = [
     "WORK_QUEUE_DELIVERY_LIMIT",

@@ -11,7 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from delayed_retry import DEFAULT_HOLD, ConfigurationError, DelayTopology, Hold
-from delayed_retry.hold import chain_units, fewest_hops, redelay_units
+from delayed_retry.recovery.hold import chain_units, fewest_hops, redelay_units
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 FINE = DelayTopology(prefix="fine", levels=36)

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, NamedTuple, TypedDict
 
-from delayed_retry import routing_keys
-from delayed_retry.broker_policies import BrokerPolicy, regex_literal
+from delayed_retry.chain import routing_keys
 from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.errors import ConfigurationError, DelayOutOfRangeError
+from delayed_retry.rabbitmq.policies import BrokerPolicy, regex_literal
 
 __all__ = [
     "DEFAULT_TOPOLOGY",

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from delayed_retry import ConfigurationError, DelayOutOfRangeError, DelayTopology
-from delayed_retry.topology import amqp_arguments
+from delayed_retry.chain.topology import amqp_arguments
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -273,7 +273,7 @@ def test_nothing_declared_is_refused_or_deprecated_on_rabbitmq_4_3() -> None:
     ]
     for spec in specs:
         assert "x-queue-mode" not in amqp_arguments(spec.arguments), spec.name
-    package = Path(__file__).parent.parent / "src" / "delayed_retry"
+    package = Path(__file__).parents[2] / "src" / "delayed_retry"
     for path in package.rglob("*.py"):
         text = path.read_text()
         for refused in ("durable=False", "x-queue-mode", "global_=True"):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from delayed_retry.topology import DelayTopology
+    from delayed_retry.chain.topology import DelayTopology
 
 __all__ = [
     "bodies_in_memory_hint",

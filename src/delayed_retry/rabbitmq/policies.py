@@ -4,9 +4,9 @@ A policy changes what an existing queue does without touching its
 arguments, which the broker will not change once the queue exists. The
 library names two: the operator policy that keeps the chain's waiting bodies
 on disk on RabbitMQ 3.10–3.11 (:meth:`DelayTopology.memory_policy
-<delayed_retry.topology.DelayTopology.memory_policy>`) and the one that
+<delayed_retry.chain.topology.DelayTopology.memory_policy>`) and the one that
 gives an existing work queue its defence against undecodable messages
-(:func:`~delayed_retry.work_queues.work_queue_policy_command`). Both are
+(:func:`~delayed_retry.rabbitmq.work_queues.work_queue_policy_command`). Both are
 spelled as ``rabbitmqctl`` commands here, once.
 """
 

@@ -9,7 +9,7 @@ import tenacity
 
 from delayed_retry import ConfigurationError, ParkMessage, RetryAfter, RetryPolicy
 from delayed_retry.headers import RetryState
-from delayed_retry.policy import Decision, call_state
+from delayed_retry.recovery.policy import Decision, call_state
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

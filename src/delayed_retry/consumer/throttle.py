@@ -1,7 +1,7 @@
 """The throttle of one consumer: stop taking messages, probe one at a time, resume.
 
 :class:`ThrottleControl` acts on the transitions of a
-:class:`~delayed_retry.throttle.ThrottleState` for one
+:class:`~delayed_retry.recovery.throttle.ThrottleState` for one
 :class:`~delayed_retry.consumer.handler.RetryingHandler` (the decorator's and
 the FastStream middleware's alike):
 
@@ -25,7 +25,7 @@ Each trip and resume is one WARNING line, moves the
 counter, and sends an event to the alert queue, where
 :class:`~delayed_retry.alerts.ParkingAlerts` passes it to its sinks. While
 throttled, the process consumes the empty marker queue
-(:func:`~delayed_retry.throttle.marker_queue_name`), whose consumer count
+(:func:`~delayed_retry.recovery.throttle.marker_queue_name`), whose consumer count
 ``delayed-retry status`` shows.
 """
 
@@ -45,6 +45,7 @@ from pamqp.commands import Basic
 
 from delayed_retry.amqp.consumers import consume_marker, resume_on_broker
 from delayed_retry.amqp.publish import publish_confirmed
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.consumer.put_back import put_back
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.headers.names import (
@@ -57,14 +58,13 @@ from delayed_retry.headers.names import (
 )
 from delayed_retry.headers.text import exception_name, exception_text
 from delayed_retry.observability.metrics import THROTTLE_TRIPS, THROTTLED, meter_for
-from delayed_retry.throttle import (
+from delayed_retry.recovery.throttle import (
     MARKER_EXPIRES_MS,
     Throttle,
     ThrottleState,
     Transition,
     marker_queue_name,
 )
-from delayed_retry.topology import DelayTopology
 
 __all__ = ["ThrottleControl"]
 
@@ -105,7 +105,7 @@ class _Instruments:
 class ThrottleControl:
     """The throttle of one handler on one queue: its gate, its transitions, its probes.
 
-    Made by the handler when a :class:`~delayed_retry.throttle.Throttle` is
+    Made by the handler when a :class:`~delayed_retry.recovery.throttle.Throttle` is
     configured. The handler calls :meth:`admit` before running a message and
     :meth:`observe` after; :meth:`stop` ends probing (on shutdown).
     """

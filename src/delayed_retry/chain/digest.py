@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from delayed_retry.topology import DelayTopology, amqp_arguments
+from delayed_retry.chain.topology import DelayTopology, amqp_arguments
 
 __all__ = [
     "MARKER_FORMAT",

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from delayed_retry import DelayTopology, declare_topology, publish_delayed, routing_keys
+from delayed_retry import DelayTopology, declare_topology, publish_delayed
+from delayed_retry.chain import routing_keys
 from delayed_retry.headers import X_DUE_AT
 from tests.support.chain import Inbox, Scenario
 

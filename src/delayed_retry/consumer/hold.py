@@ -1,6 +1,6 @@
 """Messages held in memory until their due time: counted, bounded, releasable.
 
-A message that left the chain a little early (see :mod:`delayed_retry.hold`)
+A message that left the chain a little early (see :mod:`delayed_retry.recovery.hold`)
 waits here, unacked, for the rest of its delay. Released on shutdown (or by
 :meth:`HeldUntilDue.release`), it is requeued (``nack``, requeue), so nothing
 is lost; a closed channel returns it anyway. Without a hold, a message a little
@@ -17,11 +17,11 @@ from typing import Literal
 
 from aio_pika.abc import AbstractIncomingMessage
 
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.consumer.handover import requeue
 from delayed_retry.consumer.waits import Waits
 from delayed_retry.durations import utcnow
-from delayed_retry.hold import Hold
-from delayed_retry.topology import DelayTopology
+from delayed_retry.recovery.hold import Hold
 
 __all__ = ["EARLY_TOLERANCE", "HeldUntilDue", "Outcome", "early_tolerance", "hold_until_due"]
 

@@ -21,7 +21,7 @@ from tenacity.wait import wait_base
 
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers import RetryState
-from delayed_retry.policy import RetryPolicy
+from delayed_retry.recovery.policy import RetryPolicy
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 CAP = tenacity.stop_after_attempt(40)

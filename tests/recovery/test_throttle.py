@@ -10,7 +10,7 @@ from tenacity.retry import retry_base
 
 from delayed_retry import ConfigurationError, DelayTopology, Throttle, with_delayed_retry
 from delayed_retry.alerts.grouping import arrival_from, group_arrivals
-from delayed_retry.consumer.throttling import ThrottleControl
+from delayed_retry.consumer.throttle import ThrottleControl
 from delayed_retry.headers import (
     X_EXCEPTION_MESSAGE,
     X_EXCEPTION_TYPE,
@@ -19,8 +19,8 @@ from delayed_retry.headers import (
     X_THROTTLE_EVENT,
     X_THROTTLE_TRIGGER,
 )
+from delayed_retry.recovery.throttle import ThrottleState
 from delayed_retry.testing import FakeChannel, fake_message
-from delayed_retry.throttle import ThrottleState
 
 
 def test_default_trigger_is_five_consecutive_failures_probing_every_second() -> None:

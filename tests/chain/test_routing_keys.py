@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayed_retry import routing_keys
+from delayed_retry.chain import routing_keys
 
 levels_st = st.integers(min_value=1, max_value=48)
 word_st = st.text(

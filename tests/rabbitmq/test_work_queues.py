@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from delayed_retry import WORK_QUEUE_DELIVERY_LIMIT, ConfigurationError, work_queue_arguments
-from delayed_retry.delivery_limits import check_delivery_limit, undecodable_risk
-from delayed_retry.topology import DelayTopology
-from delayed_retry.work_queues import dead_letter_target, work_queue_policy_command
+from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.rabbitmq.delivery_limits import check_delivery_limit, undecodable_risk
+from delayed_retry.rabbitmq.work_queues import dead_letter_target, work_queue_policy_command
 
 
 def test_a_quorum_queue_that_dead_letters_into_its_own_queue_past_the_limit() -> None:

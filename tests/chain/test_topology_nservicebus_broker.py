@@ -32,9 +32,9 @@ from delayed_retry.admin.chain_migration import migrate_chain
 from delayed_retry.admin.other_chains import SourceChain
 from delayed_retry.amqp.channels import exchange_exists
 from delayed_retry.amqp.declarer import declare_topology
-from delayed_retry.chain_digest import markable, markers
+from delayed_retry.chain.digest import markable, markers
+from delayed_retry.chain.topology import amqp_arguments
 from delayed_retry.headers import X_DUE_AT, read_epoch_ms
-from delayed_retry.topology import amqp_arguments
 from harness import RabbitMQNode
 from tests.support.amqp_proxy import FrameCountingProxy
 from tests.support.waiting import WAIT

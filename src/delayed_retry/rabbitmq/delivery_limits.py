@@ -4,7 +4,7 @@ retrying consumer reads.
 
 Use :func:`check_delivery_limit` on a consumed queue's declared arguments and
 :func:`kept_queue_risk` on a parking or unroutable queue that exists without
-:data:`~delayed_retry.topology.DELIVERY_LIMIT`. What counts toward a limit on each RabbitMQ
+:data:`~delayed_retry.chain.topology.DELIVERY_LIMIT`. What counts toward a limit on each RabbitMQ
 version, and why :data:`SAFE_DELIVERY_LIMIT`: docs/reliability.md, "Delivery limits".
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from delayed_retry.broker_versions import broker_major_version
-from delayed_retry.work_queues import (
+from delayed_retry.rabbitmq.versions import broker_major_version
+from delayed_retry.rabbitmq.work_queues import (
     WORK_QUEUE_DELIVERY_LIMIT,
     dead_letter_target,
     work_queue_policy_command,
@@ -140,7 +140,7 @@ def kept_queue_risk(*, queue: str, broker_major: int | None) -> str:
     ``x-delivery-limit`` on it (the broker refuses to change a queue's
     arguments). Returns the warning to log, naming the queue and the fix.
     """
-    from delayed_retry.topology import DELIVERY_LIMIT
+    from delayed_retry.chain.topology import DELIVERY_LIMIT
 
     if broker_major is not None and broker_major >= 4:
         danger = (
@@ -217,7 +217,7 @@ def undecodable_risk(
     Such a message (docs/reliability.md lists them) drops the consumer's
     connection at each delivery, before any consumer code sees it; only the
     broker can move it aside: a quorum queue's delivery limit with a
-    dead-letter target (:func:`~delayed_retry.work_queues.work_queue_arguments`).
+    dead-letter target (:func:`~delayed_retry.rabbitmq.work_queues.work_queue_arguments`).
     ``queue_type``, ``arguments`` and ``policy`` (the effective policy
     definition) are what the management API reports of the queue. Returns the
     warning to show, naming the queue, what happens and the fix.

@@ -30,7 +30,7 @@ from delayed_retry.cli import main
 from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.headers import X_DELIVERY_COUNT
 from delayed_retry.observability.metrics import THROTTLE_TRIPS, THROTTLED
-from delayed_retry.throttle import marker_queue_name
+from delayed_retry.recovery.throttle import marker_queue_name
 from tests.support.chain import Scenario, publish
 from tests.support.telemetry import make_telemetry
 from tests.support.waiting import wait_until

@@ -9,7 +9,7 @@ import tenacity
 
 from delayed_retry import ConfigurationError, RetryPolicy
 from delayed_retry.headers import RetryState
-from delayed_retry.strategies import refuse_exception_classes, retry_strategy
+from delayed_retry.recovery.strategies import refuse_exception_classes, retry_strategy
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 FIRST = RetryState(attempt=1, retries=0, queue="q", original_exchange="", original_routing_key="q")

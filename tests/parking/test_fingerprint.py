@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayed_retry.fingerprint import (
+from delayed_retry.headers import (
+    X_EXCEPTION_MESSAGE,
+    X_EXCEPTION_TRACEBACK,
+    X_EXCEPTION_TYPE,
+    X_LAST_ERROR,
+)
+from delayed_retry.parking.fingerprint import (
     UNKNOWN_TYPE,
     fill_template,
     fingerprint,
@@ -17,12 +23,6 @@ from delayed_retry.fingerprint import (
     masked_values,
     message_template,
     raising_frame,
-)
-from delayed_retry.headers import (
-    X_EXCEPTION_MESSAGE,
-    X_EXCEPTION_TRACEBACK,
-    X_EXCEPTION_TYPE,
-    X_LAST_ERROR,
 )
 
 
@@ -114,7 +114,7 @@ def _raise_in_nested(order: int) -> str:
 def test_raising_frame_is_the_innermost_frame_of_the_last_traceback() -> None:
     text = _raise_in_nested(1)
     assert "During handling" in text  # a chained traceback: the last one raised
-    assert raising_frame(text) == "tests/test_fingerprint.py in handle"
+    assert raising_frame(text) == "parking/test_fingerprint.py in handle"
 
 
 def test_raising_frame_shortens_installed_paths_and_ignores_line_numbers() -> None:
@@ -134,10 +134,10 @@ def test_raising_frame_shortens_installed_paths_and_ignores_line_numbers() -> No
 
 def test_fingerprint_reads_the_frame_from_a_traceback() -> None:
     a = fingerprint(exception_type="TimeoutError", message="x", traceback=_raise_in_nested(1))
-    assert a.frame == "tests/test_fingerprint.py in handle"
+    assert a.frame == "parking/test_fingerprint.py in handle"
     given_frame = fingerprint(exception_type="TimeoutError", message="x", frame="f.py in g")
     assert given_frame.frame == "f.py in g"
-    assert a.label() == "TimeoutError: x [tests/test_fingerprint.py in handle]"
+    assert a.label() == "TimeoutError: x [parking/test_fingerprint.py in handle]"
 
 
 def test_fingerprint_headers_of_a_parking_record() -> None:
@@ -150,7 +150,7 @@ def test_fingerprint_headers_of_a_parking_record() -> None:
     fp = fingerprint_headers(headers)
     assert fp.exception_type == "TimeoutError"
     assert fp.template == "gateway did not answer (order <num>)"
-    assert fp.frame == "tests/test_fingerprint.py in handle"
+    assert fp.frame == "parking/test_fingerprint.py in handle"
     other = dict(headers, **{X_EXCEPTION_MESSAGE: "gateway did not answer (order 7)"})
     assert fingerprint_headers(other).key == fp.key
 

@@ -7,7 +7,7 @@ consumer should stop taking messages (a run of ``consecutive`` failures, or
 a failure ratio over a window of recent handlings), which failures count
 (a tenacity ``retry_if_*`` predicate) and how often it then tries one message
 (``probe_every``). :class:`ThrottleState` is the state machine, with no I/O:
-the consumer's :mod:`delayed_retry.consumer.throttling` acts on its transitions.
+the consumer's :mod:`delayed_retry.consumer.throttle` acts on its transitions.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import tenacity
 from delayed_retry import headers as h
 from delayed_retry.errors import ConfigurationError, ParkMessage, RetryAfter
 from delayed_retry.headers import RetryState
-from delayed_retry.immediate import IMMEDIATE_WAIT_LIMIT, ImmediateRetries
-from delayed_retry.policy import RetryPolicy
+from delayed_retry.recovery.immediate import IMMEDIATE_WAIT_LIMIT, ImmediateRetries
+from delayed_retry.recovery.policy import RetryPolicy
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 POLICY = RetryPolicy(retry=tenacity.retry_if_exception_type(ConnectionError))

@@ -22,7 +22,7 @@ from tenacity.wait import wait_base
 from delayed_retry.durations import to_seconds
 from delayed_retry.errors import ConfigurationError, ParkMessage, RetryAfter
 from delayed_retry.headers.retry_state import RetryState
-from delayed_retry.strategies import refuse_exception_classes, refuse_result_predicates
+from delayed_retry.recovery.strategies import refuse_exception_classes, refuse_result_predicates
 
 __all__ = [
     "DEFAULT_MAX_RETRIES",

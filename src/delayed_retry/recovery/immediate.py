@@ -19,7 +19,7 @@ from tenacity.wait import wait_base
 
 from delayed_retry.errors import ConfigurationError, ParkMessage, RetryAfter
 from delayed_retry.headers.retry_state import RetryState
-from delayed_retry.policy import RetryPolicy
+from delayed_retry.recovery.policy import RetryPolicy
 
 __all__ = ["IMMEDIATE_WAIT_LIMIT", "MAX_IMMEDIATE_RETRIES", "ImmediateRetries"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.errors import ConfigurationError
-from delayed_retry.topology import DelayTopology
 
 __all__ = ["DEFAULT_HOLD", "Hold", "chain_units", "check_hold", "fewest_hops", "redelay_units"]
 

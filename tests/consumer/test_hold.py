@@ -17,14 +17,14 @@ import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import DEFAULT_HOLD, ConfigurationError, Hold
+from delayed_retry.chain.routing_keys import decode_routing_key
+from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.consumer.decorator import with_delayed_retry
 from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.durations import from_epoch_ms, to_epoch_ms, utcnow
 from delayed_retry.headers import X_DUE_AT
 from delayed_retry.observability.instrumentation import NoInstrumentation
-from delayed_retry.routing_keys import decode_routing_key
 from delayed_retry.testing import FakeChannel, fake_message
-from delayed_retry.topology import DelayTopology
 
 QUEUE = "work"
 TOPOLOGY = DelayTopology(prefix="fake", levels=20, unit=timedelta(milliseconds=1))

@@ -1,0 +1,1 @@
+"""Tests of ``delayed_retry.rabbitmq``: work queues, delivery limits, policies."""

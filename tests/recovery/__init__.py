@@ -1,0 +1,2 @@
+"""Tests of ``delayed_retry.recovery``: the retry policy, immediate retries, the hold, the
+throttle."""
