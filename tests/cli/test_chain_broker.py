@@ -17,6 +17,7 @@ from delayed_retry.cli import main
 from delayed_retry.delivery.front_door import FrontDoor
 from harness import RabbitMQNode
 from harness.ports import free_port
+from tests.support.queues import declare_queue
 
 pytestmark = pytest.mark.broker
 
@@ -33,13 +34,6 @@ def management_node() -> Iterator[tuple[str, str]]:
         yield node.url, f"http://127.0.0.1:{port}"
 
 
-async def _declare(url: str, queue: str) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        await channel.declare_queue(queue, durable=True)
-
-
 def test_a_queue_bound_to_another_chain_is_refused_and_a_missing_prefix_found(
     management_node: tuple[str, str],
     unique: str,
@@ -49,7 +43,7 @@ def test_a_queue_bound_to_another_chain_is_refused_and_a_missing_prefix_found(
     url, management = management_node
     monkeypatch.setenv("RABBITMQ_MANAGEMENT_URL", management)
     monkeypatch.delenv("DELAYED_RETRY_PREFIX", raising=False)
-    asyncio.run(_declare(url, unique))
+    asyncio.run(declare_queue(url, unique))
     ours = ["--prefix", f"{unique}-a", "--levels", "6"]
     assert main(["--url", url, "declare", *ours, "--bind", unique]) == 0
     assert main(["--url", url, "declare", "--prefix", f"{unique}-b", "--levels", "6"]) == 0

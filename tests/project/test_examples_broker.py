@@ -12,6 +12,8 @@ from pathlib import Path
 import aio_pika
 import pytest
 
+from tests.support.queues import delete_all
+
 pytestmark = pytest.mark.broker
 
 USE = Path(__file__).resolve().parents[2] / "examples" / "use.py"
@@ -43,15 +45,6 @@ async def _until_consuming(url: str) -> None:
             await asyncio.sleep(0.1)
 
 
-async def _delete_orders(url: str) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        await channel.queue_delete("orders")
-        await channel.queue_delete("orders.parking")
-        await channel.queue_delete("orders.dead-letter")
-
-
 def test_the_use_program_consumes_and_stops_on_sigint(rabbitmq_url: str) -> None:
     env = {**os.environ, "RABBITMQ_URL": rabbitmq_url}
     proc = subprocess.Popen(
@@ -72,7 +65,9 @@ def test_the_use_program_consumes_and_stops_on_sigint(rabbitmq_url: str) -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        asyncio.run(_delete_orders(rabbitmq_url))
+        asyncio.run(
+            delete_all(rabbitmq_url, queues=["orders", "orders.parking", "orders.dead-letter"])
+        )
 
 
 FASTSTREAM_APP = USE.parent / "faststream_app.py"
@@ -97,14 +92,6 @@ async def _publish_when_consumed(url: str, queue: str, bodies: list[bytes]) -> N
                 if not channel.is_closed:
                     await channel.close()
             await asyncio.sleep(0.1)
-
-
-async def _delete(url: str, *queues: str) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        for queue in queues:
-            await channel.queue_delete(queue)
 
 
 def test_the_faststream_app_retries_and_parks(rabbitmq_url: str) -> None:
@@ -133,4 +120,4 @@ def test_the_faststream_app_retries_and_parks(rabbitmq_url: str) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        asyncio.run(_delete(rabbitmq_url, "fs-orders", "fs-orders.parking"))
+        asyncio.run(delete_all(rabbitmq_url, queues=["fs-orders", "fs-orders.parking"]))
