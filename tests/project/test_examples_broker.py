@@ -25,33 +25,14 @@ def test_the_readme_use_snippet_is_the_example_program() -> None:
     assert body in readme, "README's Use section must show examples/use.py as it is"
 
 
-async def _until_consuming(url: str) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        while True:
-            channel = await connection.channel()
-            try:
-                queue = await channel.declare_queue("orders", passive=True)
-                if queue.declaration_result.consumer_count:
-                    await channel.default_exchange.publish(
-                        aio_pika.Message(b"order-1"), routing_key="orders"
-                    )
-                    return
-            except aio_pika.exceptions.ChannelNotFoundEntity:
-                pass
-            finally:
-                if not channel.is_closed:
-                    await channel.close()
-            await asyncio.sleep(0.1)
-
-
 def test_the_use_program_consumes_and_stops_on_sigint(rabbitmq_url: str) -> None:
     env = {**os.environ, "RABBITMQ_URL": rabbitmq_url}
     proc = subprocess.Popen(
         [sys.executable, str(USE)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     try:
-        asyncio.run(asyncio.wait_for(_until_consuming(rabbitmq_url), 120))
+        publish = _publish_when_consumed(rabbitmq_url, "orders", [b"order-1"])
+        asyncio.run(asyncio.wait_for(publish, 120))
         assert proc.stdout is not None
         lines = []
         for raw in proc.stdout:
@@ -74,6 +55,7 @@ FASTSTREAM_APP = USE.parent / "faststream_app.py"
 
 
 async def _publish_when_consumed(url: str, queue: str, bodies: list[bytes]) -> None:
+    """Publish ``bodies`` to ``queue`` once the example program consumes it."""
     connection = await aio_pika.connect(url)
     async with connection:
         while True:
