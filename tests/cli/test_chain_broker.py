@@ -15,8 +15,7 @@ import pytest
 from delayed_retry import DelayTopology
 from delayed_retry.cli import main
 from delayed_retry.delivery.front_door import FrontDoor
-from harness import RabbitMQNode
-from harness.ports import free_port
+from tests.support.nodes import private_node_with_management
 from tests.support.queues import declare_queue
 
 pytestmark = pytest.mark.broker
@@ -25,12 +24,7 @@ pytestmark = pytest.mark.broker
 @pytest.fixture(scope="module")
 def management_node() -> Iterator[tuple[str, str]]:
     """(AMQP URL, management URL) of a private node with the management plugin."""
-    port = free_port()
-    node = RabbitMQNode(
-        plugins=("rabbitmq_management",),
-        config={"management.tcp.port": str(port), "management.tcp.ip": "127.0.0.1"},
-    )
-    with node:
+    for node, port in private_node_with_management():
         yield node.url, f"http://127.0.0.1:{port}"
 
 

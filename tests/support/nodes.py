@@ -3,12 +3,14 @@ naming rule by which a fixture says it starts a node of its own, and the one way
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from harness import BrokerHarnessError, RabbitMQNode
+from harness import BrokerHarnessError, RabbitMQNode, free_port, release_port
+from harness.ports import listening
 
 
 def starts_own_node(fixture: str) -> bool:
@@ -45,3 +47,23 @@ def private_node(**options: Any) -> Iterator[RabbitMQNode]:
         yield started
     finally:
         started.close()
+
+
+def private_node_with_management(**options: Any) -> Iterator[tuple[RabbitMQNode, int]]:
+    """:func:`private_node` with the management plugin on a free loopback port: the node and
+    that port, once the API listens. Never enable the plugin on the shared broker.
+
+    For fixtures named ``*_node``: ``for node, port in private_node_with_management(): yield
+    node, f"http://127.0.0.1:{port}"``.
+    """
+    port = free_port()
+    config = {"management.tcp.port": str(port), "management.tcp.ip": "127.0.0.1"}
+    try:
+        for node in private_node(plugins=["rabbitmq_management"], config=config, **options):
+            deadline = time.monotonic() + 60
+            while not listening(port):
+                assert time.monotonic() < deadline, f"the management API on port {port} is down"
+                time.sleep(0.2)
+            yield node, port
+    finally:
+        release_port(port)
