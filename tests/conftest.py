@@ -1,5 +1,6 @@
 """Shared fixtures: a real broker (`rabbitmq_url`, `connection`), names, delay-chain
-scenarios (`scenario`, `quorum`), a local cluster.
+scenarios (`scenario`, `quorum`; `lot`, with a work queue and its parking queue), a chain of
+a test's own (`topology`), the OpenTelemetry SDK in memory (`telemetry`), a local cluster.
 
 A missing broker fails the tests that need one, with the reason; nothing is skipped.
 """
@@ -15,9 +16,12 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
+from delayed_retry import DelayTopology
 from harness import BrokerHarnessError, RabbitMQCluster, broker_url
 from tests.support.chain import Scenario, open_scenario
 from tests.support.nodes import CONFIRM_TIMEOUT_MS, starts_own_node
+from tests.support.queues import cleaned
+from tests.support.telemetry import Telemetry, make_telemetry
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -90,6 +94,41 @@ async def quorum(
     """A :class:`~tests.support.chain.Scenario` on a quorum chain of its own."""
     async with open_scenario(connection, unique, rabbitmq_url, "quorum") as opened:
         yield opened
+
+
+@pytest.fixture
+async def lot(
+    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
+) -> AsyncIterator[Scenario]:
+    """A classic 16-level chain (delays up to 65 s) of its own with the work queue
+    ``<unique>.orders``, its parking queue cleaned up after: the parking lot of the web view's
+    and the parking tools' tests."""
+    async with open_scenario(connection, unique, rabbitmq_url, "classic") as scenario:
+        scenario.track_queue(scenario.name("orders"), scenario.name("orders") + ".parking")
+        yield scenario
+
+
+@pytest.fixture
+async def topology(
+    connection: AbstractRobustConnection, unique: str
+) -> AsyncIterator[DelayTopology]:
+    """A classic chain of 16 levels (delays up to about 65 s) named after the test, deleted
+    after it with the queues ``<unique>.q`` and ``<unique>.other`` the test may consume.
+
+    For a test that declares its own queues; :func:`scenario` and :func:`quorum` make the
+    queues and channels too.
+    """
+    topo = DelayTopology(prefix=unique, levels=16, queue_type="classic")
+    async with cleaned(connection, topo, [f"{unique}.q", f"{unique}.other"]):
+        yield topo
+
+
+@pytest.fixture
+def telemetry() -> Iterator[Telemetry]:
+    """An OpenTelemetry SDK recording spans and metrics in memory, shut down after the test."""
+    made = make_telemetry()
+    yield made
+    made.shutdown()
 
 
 @pytest.fixture(scope="session")

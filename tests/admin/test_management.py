@@ -7,7 +7,6 @@ this module starts (no broker): it answers what each test tells it to.
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 import threading
 import time
@@ -32,6 +31,7 @@ from delayed_retry.cli.chain import bound_chains
 from delayed_retry.errors import ConfigurationError, DelayedRetryError
 from delayed_retry.rabbitmq.urls import vhost_of
 from delayed_retry.web.discovery import discover_queues
+from harness import free_port
 
 
 @pytest.mark.parametrize(
@@ -143,13 +143,6 @@ def api() -> Iterator[Api]:
         yield state
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port  # nothing listens there once the socket is closed
-
-
 def _json(value: object) -> tuple[int, bytes]:
     return 200, json.dumps(value).encode()
 
@@ -226,7 +219,7 @@ async def test_a_late_answer_times_out_naming_the_wait(api: Api) -> None:
 async def test_a_refused_connection_says_how_the_address_was_chosen(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    port = _closed_port()
+    port = free_port()  # claimed, so nothing listens there
     given = ManagementClient(f"http://admin:s3cret@127.0.0.1:{port}/")
     with pytest.raises(ManagementError) as caught:
         await given.queue_names()

@@ -28,7 +28,7 @@ from delayed_retry.headers import (
     X_DELAY,
 )
 from harness.node import RabbitMQNode
-from harness.ports import free_port, listening
+from tests.support.nodes import private_node_with_management
 
 pytestmark = [pytest.mark.private_node, pytest.mark.timeout(180)]
 
@@ -38,15 +38,7 @@ TOPOLOGY = DelayTopology(prefix="mig", levels=12)
 @pytest.fixture(scope="module")
 def node() -> Iterator[tuple[RabbitMQNode, str]]:
     """A private node with rabbitmq_management; never the shared broker."""
-    port = free_port()
-    with RabbitMQNode(
-        plugins=["rabbitmq_management"],
-        config={"management.tcp.port": str(port), "management.tcp.ip": "127.0.0.1"},
-    ) as started:
-        deadline = time.monotonic() + 60
-        while not listening(port):
-            assert time.monotonic() < deadline, "management API did not start"
-            time.sleep(0.2)
+    for started, port in private_node_with_management():
         yield started, f"http://guest:guest@127.0.0.1:{port}"
 
 

@@ -9,7 +9,6 @@ import shlex
 from datetime import timedelta
 
 import aio_pika
-import aiormq
 import pytest
 from aio_pika.abc import AbstractRobustConnection
 
@@ -18,37 +17,9 @@ from delayed_retry.admin.teardown import plan_teardown, tear_down
 from delayed_retry.amqp.declarer import declare_topology
 from delayed_retry.cli import main
 from delayed_retry.delivery.front_door import FrontDoor
-from tests.support.queues import cleaned, delete_all, depth, wait_for_depth
+from tests.support.queues import cleaned, delete_all, depth, exists, wait_for_depth
 
 pytestmark = pytest.mark.broker
-
-
-async def _exists(url: str, queue: str) -> bool:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        try:
-            await channel.declare_queue(queue, passive=True)
-            return True
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return False
-
-
-async def _exchange_exists(url: str, name: str) -> bool:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        try:
-            await channel.declare_exchange(name, passive=True)
-            return True
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return False
-
-
-async def _delete(url: str, topology: DelayTopology, queues: list[str]) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        await delete_all(connection, topology=topology, queues=queues)
 
 
 async def _schedule_one(url: str, topology: DelayTopology, queue: str) -> None:
@@ -71,7 +42,7 @@ def test_declare_creates_the_queue_it_binds_and_teardown_removes_an_empty_chain(
         assert f"queue {unique!r} does not exist" in capsys.readouterr().err
         assert main([*url, "declare", *topo, "--bind", unique, "--create"]) == 0
         assert f"created queue {unique!r} (classic)" in capsys.readouterr().out
-        assert asyncio.run(_exists(rabbitmq_url, unique))
+        assert asyncio.run(exists(rabbitmq_url, unique))
 
         # A waiting message blocks the teardown, which names the queue and removes nothing.
         asyncio.run(_schedule_one(rabbitmq_url, topology, unique))
@@ -82,7 +53,7 @@ def test_declare_creates_the_queue_it_binds_and_teardown_removes_an_empty_chain(
         assert f"chain {unique!r} is not empty ({unique}.level.21); nothing removed" in (
             captured.err
         )
-        assert asyncio.run(_exists(rabbitmq_url, f"{unique}.level.00"))
+        assert asyncio.run(exists(rabbitmq_url, f"{unique}.level.00"))
 
         connection_purge = asyncio.run(_purge(rabbitmq_url, f"{unique}.level.21"))
         assert connection_purge == 1
@@ -92,7 +63,7 @@ def test_declare_creates_the_queue_it_binds_and_teardown_removes_an_empty_chain(
         assert f"{unique}.parking" in plan["queues"]  # declared with the binding
         assert f"{unique}.level.23" in plan["queues"] and plan["not_empty"] == {}
         assert len(plan["exchanges"]) == 4 + 24
-        assert asyncio.run(_exists(rabbitmq_url, f"{unique}.level.23"))
+        assert asyncio.run(exists(rabbitmq_url, f"{unique}.level.23"))
 
         # Not a terminal and no --yes: a usage error, nothing removed.
         assert main(teardown) == 2
@@ -102,14 +73,14 @@ def test_declare_creates_the_queue_it_binds_and_teardown_removes_an_empty_chain(
 
         assert main([*teardown, "--yes"]) == 0
         assert f"removed chain {unique!r}: 28 queue(s), 28 exchange(s)" in (capsys.readouterr().out)
-        assert not asyncio.run(_exists(rabbitmq_url, f"{unique}.level.00"))
-        assert not asyncio.run(_exchange_exists(rabbitmq_url, f"{unique}.delivery-24"))
-        assert asyncio.run(_exists(rabbitmq_url, unique))  # the consumers' queue stays
+        assert not asyncio.run(exists(rabbitmq_url, f"{unique}.level.00"))
+        assert not asyncio.run(exists(rabbitmq_url, f"{unique}.delivery-24", kind="exchange"))
+        assert asyncio.run(exists(rabbitmq_url, unique))  # the consumers' queue stays
 
         assert main([*teardown, "--yes"]) == 0
         assert "nothing to remove" in capsys.readouterr().out
     finally:
-        asyncio.run(_delete(rabbitmq_url, topology, [unique]))
+        asyncio.run(delete_all(rabbitmq_url, topology=topology, queues=[unique]))
 
 
 async def _purge(url: str, queue: str) -> int:
@@ -156,7 +127,7 @@ def test_a_quorum_chain_is_torn_down_once_what_blocks_it_is_emptied_as_the_refus
         assert f"✗ queue {alerts!r} holds 1 message(s): add --purge-alerts" in captured.out
         assert len(captured.err.strip().splitlines()) == 1 and "holds" not in captured.err
         assert "cannot reach" not in captured.err
-        assert asyncio.run(_exists(rabbitmq_url, topology.level_name(0)))
+        assert asyncio.run(exists(rabbitmq_url, topology.level_name(0)))
 
         # The command the refusal gives for the unroutable queue empties it.
         purge = re.search(r"'delayed-retry (parking purge [^']*)'", captured.out)
@@ -168,10 +139,10 @@ def test_a_quorum_chain_is_torn_down_once_what_blocks_it_is_emptied_as_the_refus
         out = capsys.readouterr().out
         assert f"removed chain {unique!r}: 9 queue(s), 10 exchange(s)" in out
         for name in (topology.level_name(5), topology.level_name(0), unroutable, alerts):
-            assert not asyncio.run(_exists(rabbitmq_url, name)), name
-        assert not asyncio.run(_exchange_exists(rabbitmq_url, topology.level_name(0)))
+            assert not asyncio.run(exists(rabbitmq_url, name)), name
+        assert not asyncio.run(exists(rabbitmq_url, topology.level_name(0), kind="exchange"))
     finally:
-        asyncio.run(_delete(rabbitmq_url, topology, []))
+        asyncio.run(delete_all(rabbitmq_url, topology=topology))
 
 
 async def test_a_quorum_queue_that_receives_a_message_after_the_plan_stops_the_teardown(
@@ -200,8 +171,8 @@ async def test_a_quorum_queue_that_receives_a_message_after_the_plan_stops_the_t
         assert outcome.queues == [topology.level_name(3)] and outcome.exchanges == []
         assert await depth(connection, topology.level_name(2)) == 1  # kept, with its message
         assert await depth(connection, topology.level_name(0)) == 0  # the queues after it too
-        assert not await _queue_missing(connection, topology.alerts_queue)
-        assert await _queue_missing(connection, topology.level_name(3))
+        assert await exists(connection, topology.alerts_queue)
+        assert not await exists(connection, topology.level_name(3))
 
 
 async def test_a_queue_with_consumers_blocks_the_teardown(
@@ -239,18 +210,6 @@ async def test_a_broker_refusal_is_reported_as_a_refusal_not_as_an_unreachable_b
     assert "refused an operation of this command: RESOURCE_LOCKED" in err[0]
     assert f"locked queue '{locked.name}'" in err[0]
     assert "cannot reach" not in err[0] and "check the host and port" not in err[0]
-
-
-async def _queue_missing(connection: AbstractRobustConnection, name: str) -> bool:
-    channel = await connection.channel()
-    try:
-        await channel.declare_queue(name, passive=True)
-        return False
-    except aiormq.exceptions.ChannelNotFoundEntity:
-        return True
-    finally:
-        if not channel.is_closed:
-            await channel.close()
 
 
 async def _open_front_door(url: str, topology: DelayTopology, exchange: str) -> None:
@@ -298,7 +257,7 @@ def test_teardown_removes_forwarding_when_named_and_discards_waiting_messages_wh
         err = capsys.readouterr().err
         assert "discarding the 1 message(s) still waiting in it (never delivered)" in err
         assert "add --yes" in err
-        assert asyncio.run(_exists(rabbitmq_url, f"{unique}.level.21"))
+        assert asyncio.run(exists(rabbitmq_url, f"{unique}.level.21"))
 
         assert main([*both, "--dry-run"]) == 0
         out = capsys.readouterr().out
@@ -311,15 +270,9 @@ def test_teardown_removes_forwarding_when_named_and_discards_waiting_messages_wh
         out = capsys.readouterr().out
         assert f"removed chain {unique!r}: 31 queue(s), 29 exchange(s)" in out
         for name in [topology.level_name(21), *forwarding]:
-            assert not asyncio.run(_exists(rabbitmq_url, name)), name
-        assert not asyncio.run(_exchange_exists(rabbitmq_url, f"{exchange}.delay"))
-        assert asyncio.run(_exchange_exists(rabbitmq_url, exchange))  # the application's
+            assert not asyncio.run(exists(rabbitmq_url, name)), name
+        assert not asyncio.run(exists(rabbitmq_url, f"{exchange}.delay", kind="exchange"))
+        assert asyncio.run(exists(rabbitmq_url, exchange, kind="exchange"))  # the application's
     finally:
-        asyncio.run(_delete(rabbitmq_url, topology, forwarding))
-        asyncio.run(_delete_exchanges(rabbitmq_url, [exchange, f"{exchange}.delay"]))
-
-
-async def _delete_exchanges(url: str, names: list[str]) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        await delete_all(connection, exchanges=names)
+        asyncio.run(delete_all(rabbitmq_url, topology=topology, queues=forwarding))
+        asyncio.run(delete_all(rabbitmq_url, exchanges=[exchange, f"{exchange}.delay"]))

@@ -36,7 +36,7 @@ from delayed_retry.alerts import (
 from delayed_retry.cli.alerts_cmd import run_alerts
 from delayed_retry.cli.main import build_parser
 from delayed_retry.observability.instrumentation import NoInstrumentation
-from tests.support.queues import cleaned, depth
+from tests.support.queues import depth
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
@@ -82,15 +82,6 @@ async def webhook() -> AsyncIterator[Webhook]:
         yield hook
     finally:
         await runner.cleanup()
-
-
-@pytest.fixture
-async def topology(
-    connection: AbstractRobustConnection, unique: str
-) -> AsyncIterator[DelayTopology]:
-    topo = DelayTopology(prefix=unique, levels=4, queue_type="classic")
-    async with cleaned(connection, topo, [f"{unique}.q", f"{unique}.other"]):
-        yield topo
 
 
 async def park(

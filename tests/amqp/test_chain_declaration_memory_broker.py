@@ -7,7 +7,6 @@ argument are used as they are (test_chain_declaration_broker.py).
 
 from __future__ import annotations
 
-import contextlib
 import shlex
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -21,7 +20,8 @@ from delayed_retry.rabbitmq.versions import (
     broker_version,
     keeps_bodies_in_memory,
 )
-from harness import BrokerHarnessError, RabbitMQNode
+from harness import RabbitMQNode
+from tests.support.nodes import private_node
 
 
 @pytest.mark.parametrize(
@@ -58,13 +58,7 @@ def test_only_3_10_and_3_11_keep_bodies_in_memory() -> None:
 @pytest.fixture(scope="module")
 def node() -> Iterator[RabbitMQNode]:
     """A private node of its own: the test sets an operator policy on its vhost."""
-    started = RabbitMQNode()
-    with contextlib.closing(started):
-        try:
-            started.start()
-        except BrokerHarnessError as exc:
-            pytest.fail(f"could not start a private RabbitMQ node: {exc}", pytrace=False)
-        yield started
+    yield from private_node()
 
 
 def _operator_policy(node: RabbitMQNode, queue: str) -> str:

@@ -15,8 +15,8 @@ import pytest
 from delayed_retry import DelayTopology
 from delayed_retry.cli import main
 from delayed_retry.delivery.front_door import FrontDoor
-from harness import RabbitMQNode
-from harness.ports import free_port
+from tests.support.nodes import private_node_with_management
+from tests.support.queues import declare_queue
 
 pytestmark = pytest.mark.broker
 
@@ -24,20 +24,8 @@ pytestmark = pytest.mark.broker
 @pytest.fixture(scope="module")
 def management_node() -> Iterator[tuple[str, str]]:
     """(AMQP URL, management URL) of a private node with the management plugin."""
-    port = free_port()
-    node = RabbitMQNode(
-        plugins=("rabbitmq_management",),
-        config={"management.tcp.port": str(port), "management.tcp.ip": "127.0.0.1"},
-    )
-    with node:
+    for node, port in private_node_with_management():
         yield node.url, f"http://127.0.0.1:{port}"
-
-
-async def _declare(url: str, queue: str) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        await channel.declare_queue(queue, durable=True)
 
 
 def test_a_queue_bound_to_another_chain_is_refused_and_a_missing_prefix_found(
@@ -49,7 +37,7 @@ def test_a_queue_bound_to_another_chain_is_refused_and_a_missing_prefix_found(
     url, management = management_node
     monkeypatch.setenv("RABBITMQ_MANAGEMENT_URL", management)
     monkeypatch.delenv("DELAYED_RETRY_PREFIX", raising=False)
-    asyncio.run(_declare(url, unique))
+    asyncio.run(declare_queue(url, unique))
     ours = ["--prefix", f"{unique}-a", "--levels", "6"]
     assert main(["--url", url, "declare", *ours, "--bind", unique]) == 0
     assert main(["--url", url, "declare", "--prefix", f"{unique}-b", "--levels", "6"]) == 0

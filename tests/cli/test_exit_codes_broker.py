@@ -12,13 +12,13 @@ import asyncio
 import sys
 from pathlib import Path
 
-import aio_pika
 import pytest
 
 from delayed_retry.cli.main import main
 from delayed_retry.cli.output import EXIT_FAILURE
 from delayed_retry.errors import parking_queue_not_found, queue_not_found
 from tests.cli.test_usage import COMMANDS, NOWHERE
+from tests.support.queues import declare_queue
 
 
 def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -74,13 +74,6 @@ def test_every_command_that_names_a_queue_is_checked_for_a_missing_one() -> None
     assert naming == set(MISSING_QUEUE_CASES) | set(NOT_AN_ERROR)
 
 
-async def _declare_queue(url: str, queue: str) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        await channel.declare_queue(queue, durable=True)
-
-
 @pytest.mark.parametrize("path", sorted(MISSING_QUEUE_CASES), ids=" ".join)
 def test_a_queue_that_does_not_exist_is_exit_1_worded_one_way(
     path: tuple[str, ...],
@@ -91,7 +84,7 @@ def test_a_queue_that_does_not_exist_is_exit_1_worded_one_way(
 ) -> None:
     # A chain that exists, with a queue bound to it: only the named queue is missing.
     there = f"{unique}-there"
-    asyncio.run(_declare_queue(rabbitmq_url, there))
+    asyncio.run(declare_queue(rabbitmq_url, there))
     topology = ["--prefix", unique, "--levels", "4"]
     assert main(["--url", rabbitmq_url, "declare", *topology, "--bind", there]) == 0
     capsys.readouterr()

@@ -16,6 +16,7 @@ import pytest
 from delayed_retry.cli import main
 from delayed_retry.cli.demo import DEMO_QUEUE, DEMO_TOPOLOGY
 from delayed_retry.rabbitmq.urls import redact_url
+from tests.support.queues import declare_queue, delete_all, exists
 
 pytestmark = pytest.mark.broker
 
@@ -40,7 +41,7 @@ def test_redact_url_hides_the_password_and_keeps_the_rest(url: str, shown: str) 
 def test_declare_status_and_mismatch(
     rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    asyncio.run(_declare_queue(rabbitmq_url, unique))
+    asyncio.run(declare_queue(rabbitmq_url, unique))
     topo = ["--prefix", unique, "--levels", "8"]
     assert main(["--url", rabbitmq_url, "declare", *topo, "--bind", unique]) == 0
     out = capsys.readouterr().out
@@ -68,7 +69,7 @@ def test_declare_status_and_mismatch(
 def test_status_and_replay_refuse_a_chain_that_is_not_there(
     rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    asyncio.run(_declare_queue(rabbitmq_url, unique))
+    asyncio.run(declare_queue(rabbitmq_url, unique))
     assert main(["--url", rabbitmq_url, "declare", "--prefix", unique, "--levels", "6"]) == 0
     capsys.readouterr()
     assert main(["--url", rabbitmq_url, "status", "--prefix", unique, "--levels", "10"]) == 1
@@ -98,7 +99,7 @@ def test_status_and_replay_refuse_a_chain_that_is_not_there(
 def test_status_shows_the_work_queue_and_what_is_due_when(
     rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    asyncio.run(_declare_queue(rabbitmq_url, unique))
+    asyncio.run(declare_queue(rabbitmq_url, unique))
     topo = ["--prefix", unique, "--levels", "24", "--unit-ms", "1000"]
     assert main(["--url", rabbitmq_url, "declare", *topo, "--bind", unique]) == 0
     code = main(
@@ -198,31 +199,9 @@ def test_demo_runs_on_the_given_broker(
         assert words[0] == "delayed-retry", command
         assert main(["--url", rabbitmq_url, *words[1:]]) == 0, command
     assert commands[2] == f"rabbitmqctl delete_queue -p / {DEMO_QUEUE}"
-    asyncio.run(_delete_queue(rabbitmq_url, DEMO_QUEUE))
+    asyncio.run(delete_all(rabbitmq_url, queues=[DEMO_QUEUE]))
     names = [spec.name for spec in DEMO_TOPOLOGY.queues()] + [f"{DEMO_QUEUE}.parking"]
-    assert asyncio.run(_existing_queues(rabbitmq_url, names)) == []
-
-
-async def _delete_queue(url: str, name: str) -> None:
-    async with await aio_pika.connect(url) as connection:
-        await (await connection.channel()).queue_delete(name)
-
-
-async def _existing_queues(url: str, names: list[str]) -> list[str]:
-    """Those of ``names`` that exist on the broker at ``url``."""
-    found = []
-    async with await aio_pika.connect(url) as connection:
-        for name in names:
-            channel = await connection.channel()
-            try:
-                await channel.declare_queue(name, passive=True)
-                found.append(name)
-            except aio_pika.exceptions.ChannelNotFoundEntity:
-                continue
-            finally:
-                if not channel.is_closed:
-                    await channel.close()
-    return found
+    assert [name for name in names if asyncio.run(exists(rabbitmq_url, name))] == []
 
 
 def test_bad_input_is_one_line_with_the_fix(
@@ -272,20 +251,13 @@ def test_archive_refuses_a_work_queue_without_force(
     assert code == 2 and "is not a parking queue" in err and "--force" in err
 
 
-async def _declare_queue(url: str, name: str) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        await channel.declare_queue(name, durable=True)
-
-
 def test_publish_reads_the_body_from_stdin_and_the_message_arrives_when_due(
     rabbitmq_url: str,
     unique: str,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    asyncio.run(_declare_queue(rabbitmq_url, unique))
+    asyncio.run(declare_queue(rabbitmq_url, unique))
     topo = ["--prefix", unique, "--levels", "10"]
     assert main(["--url", rabbitmq_url, "declare", *topo]) == 0
     capsys.readouterr()

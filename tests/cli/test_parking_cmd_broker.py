@@ -262,13 +262,8 @@ def test_an_unfiltered_replay_of_the_whole_lot_asks_first_like_purge(
     try:
         _replay_asks(rabbitmq_url, unique, topo, capsys, monkeypatch)
     finally:
-        asyncio.run(_delete(rabbitmq_url, DelayTopology(prefix=unique, levels=4), [unique]))
-
-
-async def _delete(url: str, topology: DelayTopology, queues: list[str]) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        await delete_all(connection, topology=topology, queues=queues)
+        topology = DelayTopology(prefix=unique, levels=4)
+        asyncio.run(delete_all(rabbitmq_url, topology=topology, queues=[unique]))
 
 
 def _replay_asks(

@@ -7,7 +7,6 @@ restarts it), real HTTP on loopback.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 import secrets
@@ -19,7 +18,8 @@ import pytest
 
 from delayed_retry import DEFAULT_HOLD, DelayTopology, declare_topology, publish_delayed
 from delayed_retry.cli.service import CLOSE_ALLOWANCE
-from harness import BrokerHarnessError, RabbitMQNode, free_port
+from harness import RabbitMQNode, free_port
+from tests.support.nodes import private_node
 from tests.support.services import get, metric, start_command, stop, wait_status
 
 pytestmark = pytest.mark.private_node
@@ -34,13 +34,7 @@ STOP_TIMEOUT = 5.0
 @pytest.fixture(scope="module")
 def node() -> Iterator[RabbitMQNode]:
     """A private node this module may stop and restart."""
-    started = RabbitMQNode()
-    with contextlib.closing(started):
-        try:
-            started.start()
-        except BrokerHarnessError as exc:
-            pytest.fail(f"could not start a private RabbitMQ node: {exc}", pytrace=False)
-        yield started
+    yield from private_node()
 
 
 @pytest.fixture

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
 from delayed_retry.cli.main import main
+from harness import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -18,12 +18,6 @@ def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("Spark was started before the inputs were checked")
 
     monkeypatch.setattr("delayed_retry.spark.session.get_spark", refuse)
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_analyze_reports_a_missing_archive_before_spark(
@@ -40,7 +34,7 @@ def test_redrive_reports_a_missing_archive_and_a_dead_broker_before_spark(
     assert main(["spark", "redrive", str(tmp_path / "nope"), "--dry-run"]) == 1
     assert "does not exist" in capsys.readouterr().err
     (tmp_path / "arch").mkdir()
-    url = f"amqp://guest:secret@127.0.0.1:{_closed_port()}/"
+    url = f"amqp://guest:secret@127.0.0.1:{free_port()}/"  # nothing listens there
     assert main(["--url", url, "spark", "redrive", str(tmp_path / "arch")]) == 1
     err = capsys.readouterr().err
     assert "cannot connect to the broker" in err or "cannot reach the broker" in err

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import aio_pika
 import pytest
@@ -16,6 +12,7 @@ from delayed_retry.admin.live_chain import LiveQueue
 from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.cli.startup import Startup, startup_line, stranded_forward_queues
 from tests.support.chain import Scenario
+from tests.support.services import lines_until_running, start_command
 
 
 def test_the_start_up_line_names_the_chain_and_what_is_consumed() -> None:
@@ -65,9 +62,9 @@ async def test_a_forwarder_warns_of_a_missing_exchange_and_an_unserved_inbox(
     await s.wait_for_depth(inbox, 1)
     args = ["--url", rabbitmq_url, "forwarder", "--exchange", exchange]
     args += ["--prefix", s.topology.prefix, "--levels", str(s.topology.levels)]
-    proc = _spawn(args)
+    proc = start_command(args)
     try:
-        lines = await asyncio.to_thread(_lines_until_running, proc)
+        lines = await asyncio.to_thread(lines_until_running, proc)
         proc.send_signal(signal.SIGTERM)
         await asyncio.to_thread(proc.wait, timeout=60)
     finally:
@@ -80,24 +77,3 @@ async def test_a_forwarder_warns_of_a_missing_exchange_and_an_unserved_inbox(
     assert f"warning: exchange {exchange!r} does not exist" in text
     assert f"warning: queue {inbox!r} holds 1 message(s) and nothing consumes it" in text
     assert proc.returncode == 0
-
-
-def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
-    """The installed ``delayed-retry`` command with ``args``, its output in one pipe."""
-    command = str(Path(sys.executable).parent / "delayed-retry")
-    return subprocess.Popen(
-        [command, *args],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def _lines_until_running(proc: subprocess.Popen[bytes]) -> list[str]:
-    assert proc.stdout is not None
-    lines = []
-    for raw in proc.stdout:
-        lines.append(raw.decode().rstrip())
-        if "running" in lines[-1]:
-            break
-    return lines

@@ -8,7 +8,6 @@ broker with the API pointed at a closed port.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 from collections.abc import Iterator
@@ -19,7 +18,8 @@ import pytest
 
 from delayed_retry import DelayTopology, publish_delayed
 from delayed_retry.cli import main
-from harness import BrokerHarnessError, RabbitMQNode, free_port
+from harness import RabbitMQNode, free_port
+from tests.support.nodes import private_node_with_management
 from tests.support.queues import delete_all
 
 pytestmark = pytest.mark.broker
@@ -28,16 +28,7 @@ pytestmark = pytest.mark.broker
 @pytest.fixture(scope="module")
 def management_node() -> Iterator[tuple[RabbitMQNode, str]]:
     """A private node with the management plugin, and its API's URL."""
-    port = free_port()
-    node = RabbitMQNode(
-        plugins=["rabbitmq_management"],
-        config={"management.tcp.port": str(port), "management.tcp.ip": "127.0.0.1"},
-    )
-    with contextlib.closing(node):
-        try:
-            node.start()
-        except BrokerHarnessError as exc:
-            pytest.fail(f"could not start a node with the management plugin: {exc}")
+    for node, port in private_node_with_management():
         yield node, f"http://guest:guest@127.0.0.1:{port}/"
 
 

@@ -21,6 +21,7 @@ from delayed_retry.admin.management import ManagementClient
 from delayed_retry.cli import main
 from delayed_retry.rabbitmq.work_queues import work_queue_policy_command
 from harness import RabbitMQNode, free_port
+from tests.support.queues import declare_queue, delete_all, wait_for_depth
 from tests.support.undecodable import microseconds_now
 from tests.support.waiting import wait_until
 
@@ -49,13 +50,6 @@ def api(
     monkeypatch.setenv("RABBITMQ_MANAGEMENT_URL", url)
     monkeypatch.delenv("DELAYED_RETRY_PREFIX", raising=False)
     return node, ManagementClient.for_broker(node.url, management_url=url)
-
-
-async def _declare(url: str, queue: str, arguments: dict[str, object] | None = None) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        await channel.declare_queue(queue, durable=True, arguments=arguments)  # type: ignore[arg-type]
 
 
 def test_create_makes_a_defended_queue_and_its_dead_letter_queue(
@@ -96,7 +90,7 @@ def test_a_classic_work_queue_is_warned_about_by_declare_and_status(
     api: tuple[RabbitMQNode, ManagementClient], unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     node, _ = api
-    asyncio.run(_declare(node.url, unique))
+    asyncio.run(declare_queue(node.url, unique))
     prefix = ["--prefix", unique, *CHAIN]
     assert main(["--url", node.url, "declare", *prefix, "--bind", unique]) == 0
     err = capsys.readouterr().err
@@ -113,7 +107,7 @@ def test_the_policy_the_warning_names_defends_an_existing_quorum_queue(
     api: tuple[RabbitMQNode, ManagementClient], unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     node, client = api
-    asyncio.run(_declare(node.url, unique, {"x-queue-type": "quorum"}))
+    asyncio.run(declare_queue(node.url, unique, arguments={"x-queue-type": "quorum"}))
     prefix = ["--prefix", unique, *CHAIN]
     assert main(["--url", node.url, "declare", *prefix, "--bind", unique]) == 0
     capsys.readouterr()
@@ -144,7 +138,8 @@ def test_a_limit_without_a_dead_letter_exchange_is_warned_about(
     api: tuple[RabbitMQNode, ManagementClient], unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     node, _ = api
-    asyncio.run(_declare(node.url, unique, {"x-queue-type": "quorum", "x-delivery-limit": 7}))
+    arguments = {"x-queue-type": "quorum", "x-delivery-limit": 7}
+    asyncio.run(declare_queue(node.url, unique, arguments=arguments))
     prefix = ["--prefix", unique, *CHAIN]
     assert main(["--url", node.url, "declare", *prefix, "--bind", unique]) == 0
     err = capsys.readouterr().err
@@ -164,7 +159,7 @@ def test_without_the_management_api_the_check_says_it_was_not_made(
     try:
         assert main(["--url", rabbitmq_url, "declare", *prefix, "--bind", unique, "--create"]) == 0
         capsys.readouterr()
-        asyncio.run(_delete(rabbitmq_url, f"{unique}.dead-letter"))
+        asyncio.run(delete_all(rabbitmq_url, queues=[f"{unique}.dead-letter"]))
         assert main(["--url", rabbitmq_url, "declare", *prefix, "--bind", unique]) == 0
         out, err = capsys.readouterr()
         # Its arguments are work_queue_arguments' (an AMQP declaration with them is accepted):
@@ -177,7 +172,7 @@ def test_without_the_management_api_the_check_says_it_was_not_made(
         assert "not checked" not in capsys.readouterr().err
     finally:
         assert main(["--url", rabbitmq_url, "teardown", *prefix, "--queue", unique, "--yes"]) == 0
-        asyncio.run(_delete(rabbitmq_url, unique, f"{unique}.dead-letter"))
+        asyncio.run(delete_all(rabbitmq_url, queues=[unique, f"{unique}.dead-letter"]))
 
 
 async def _poison_then_ordinary(url: str, queue: str, *, prefix: str) -> list[bytes]:
@@ -202,27 +197,11 @@ async def _poison_then_ordinary(url: str, queue: str, *, prefix: str) -> list[by
         )
         await publisher.default_exchange.publish(aio_pika.Message(b"after"), routing_key=queue)
         await wait_until(lambda: b"after" in handled, timeout=60, what="the ordinary message")
-        await wait_until(
-            lambda: _depth_is(publisher, f"{queue}.dead-letter", 1),
-            timeout=30,
-            what="the poison dead-lettered by the policy",
-        )
+        # The poison, dead-lettered by the policy.
+        await wait_for_depth(other, f"{queue}.dead-letter", 1, timeout=30)
     return handled
-
-
-async def _depth_is(channel: aio_pika.abc.AbstractChannel, queue: str, n: int) -> bool:
-    declared = await channel.declare_queue(queue, passive=True)
-    return declared.declaration_result.message_count == n
 
 
 async def _policy_shown(client: ManagementClient, queue: str) -> bool:
     info = await client.queue(queue)
     return bool(info.get("effective_policy_definition"))
-
-
-async def _delete(url: str, *queues: str) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        for queue in queues:
-            await channel.queue_delete(queue)

@@ -4,7 +4,7 @@ header parsing, and declarations already made on the connection."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,11 +27,7 @@ from delayed_retry import (
 from delayed_retry.headers import X_RETRY
 from delayed_retry.observability.instrumentation import AttemptScope
 from delayed_retry.observability.otel import OpenTelemetryInstrumentation
-from tests.support.queues import cleaned
-
-
-class Flaky(Exception):
-    """A failure worth retrying."""
+from tests.support.failures import Flaky
 
 
 class Switchable:
@@ -69,15 +65,6 @@ def test_opentelemetry_is_enabled_only_when_a_provider_records() -> None:
     )
     assert traced.enabled()
     assert not NoInstrumentation().enabled()
-
-
-@pytest.fixture
-async def topology(
-    connection: AbstractRobustConnection, unique: str
-) -> AsyncIterator[DelayTopology]:
-    topo = DelayTopology(prefix=unique, levels=12, queue_type="classic")
-    async with cleaned(connection, topo, [f"{unique}.q"]):
-        yield topo
 
 
 @pytest.mark.broker

@@ -20,7 +20,7 @@ from delayed_retry import (
 from delayed_retry import headers as h
 from delayed_retry.headers import RetryState
 from tests.support.chain import Inbox, Scenario, publish
-from tests.support.telemetry import make_telemetry
+from tests.support.telemetry import Telemetry
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
@@ -60,10 +60,9 @@ async def start(scenario: Scenario, handler: Any) -> tuple[Any, Inbox, str]:
 
 
 async def test_failing_twice_then_succeeding_is_handled_within_one_delivery(
-    scenario: Scenario,
+    scenario: Scenario, telemetry: Telemetry
 ) -> None:
     runs = Runs()
-    telemetry = make_telemetry()
 
     @with_delayed_retry(
         immediate_retries=2,
@@ -95,7 +94,6 @@ async def test_failing_twice_then_succeeding_is_handled_within_one_delivery(
     ]
     assert len({s.context.span_id for s in spans if s.context}) == 3
     assert parked.pending() == 0
-    telemetry.shutdown()
 
 
 async def test_each_delivery_runs_again_and_the_record_says_how_often(quorum: Scenario) -> None:

@@ -54,8 +54,8 @@ from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.headers import X_RETRY
 from harness import RabbitMQNode
 from tests.consumer.test_decorator_broker import Calls
-from tests.reliability._support import private_node
 from tests.support.chain import Scenario, open_scenario, publish
+from tests.support.nodes import private_node
 from tests.support.waiting import WAIT, wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.private_node]

@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import traceback
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import AbstractIncomingMessage
 from tenacity import wait_fixed
 
 import delayed_retry
 from delayed_retry import DelayTopology, NoInstrumentation, consume, with_delayed_retry
-from tests.support.queues import cleaned
+from tests.support.failures import Flaky
 
 pytestmark = pytest.mark.broker
 
@@ -35,10 +34,6 @@ MAX_LIBRARY_FRAMES = 6
 """At most this many frames of the library from the handler's failure to the publish."""
 
 PACKAGE = Path(delayed_retry.__file__).parent
-
-
-class Flaky(Exception):
-    """A failure worth retrying."""
 
 
 def library_frames(stack: traceback.StackSummary) -> list[str]:
@@ -50,15 +45,6 @@ def library_frames(stack: traceback.StackSummary) -> list[str]:
             module = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
             frames.append(f"{module}:{frame.name}")
     return frames
-
-
-@pytest.fixture
-async def topology(
-    connection: AbstractRobustConnection, unique: str
-) -> AsyncIterator[DelayTopology]:
-    topo = DelayTopology(prefix=unique, levels=8, queue_type="classic")
-    async with cleaned(connection, topo, [f"{unique}.q"]):
-        yield topo
 
 
 async def stack_at_publish(

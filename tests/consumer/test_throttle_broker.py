@@ -32,7 +32,7 @@ from delayed_retry.headers import X_DELIVERY_COUNT
 from delayed_retry.observability.metrics import THROTTLE_TRIPS, THROTTLED
 from delayed_retry.recovery.throttle import marker_queue_name
 from tests.support.chain import Scenario, publish
-from tests.support.telemetry import make_telemetry
+from tests.support.telemetry import Telemetry
 from tests.support.waiting import wait_until
 
 MESSAGES = 40
@@ -109,12 +109,11 @@ async def consumers_of(queue: AbstractQueue | str, scenario: Scenario) -> int:
 
 
 async def test_throttle_stops_the_consumer_probes_and_resumes(
-    scenario: Scenario, rabbitmq_url: str
+    scenario: Scenario, rabbitmq_url: str, telemetry: Telemetry
 ) -> None:
     ch = scenario.ch
     await ch.set_qos(prefetch_count=PREFETCH)
     queue = await scenario.queue(queue_type=scenario.topology.queue_type)
-    telemetry = make_telemetry()
     dependency = Dependency()
     handler = with_delayed_retry(
         queue=queue.name,

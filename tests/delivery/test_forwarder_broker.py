@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -27,6 +23,7 @@ from delayed_retry.headers import (
     forwarded_headers,
 )
 from tests.support.chain import Inbox, Scenario
+from tests.support.services import lines_until_running, start_command
 from tests.support.waiting import wait_until
 
 
@@ -255,7 +252,7 @@ async def test_forwarder_command_forwards_and_stops_on_sigterm(
     await q.bind(exchange)
     inbox = Inbox()
     await q.consume(inbox)
-    proc = _spawn(
+    proc = start_command(
         [
             "--url",
             rabbitmq_url,
@@ -269,7 +266,7 @@ async def test_forwarder_command_forwards_and_stops_on_sigterm(
         ]
     )
     try:
-        await asyncio.to_thread(_wait_running, proc)
+        await asyncio.to_thread(lines_until_running, proc)
         await publish_delayed(
             s.ch,
             aio_pika.Message(b"cli"),
@@ -282,27 +279,8 @@ async def test_forwarder_command_forwards_and_stops_on_sigterm(
         proc.send_signal(signal.SIGTERM)
         out, _ = await asyncio.to_thread(proc.communicate, timeout=60)
         assert proc.returncode == 0, out
-        assert b"forwarded 1, parked 0" in out
+        assert "forwarded 1, parked 0" in out
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-
-
-def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
-    """Run the installed ``delayed-retry`` command with ``args``, output piped."""
-    command = str(Path(sys.executable).parent / "delayed-retry")
-    return subprocess.Popen(
-        [command, *args],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def _wait_running(proc: subprocess.Popen[bytes]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if b"running" in line:
-            return
-    raise AssertionError(f"the command exited with {proc.wait()} before running")

@@ -5,14 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -33,6 +30,7 @@ from delayed_retry.headers import (
     X_PARKED_REASON,
 )
 from tests.support.chain import Inbox, Scenario
+from tests.support.services import lines_until_running, start_command
 from tests.support.waiting import wait_until
 
 
@@ -252,14 +250,13 @@ async def test_bad_and_too_long_delays_are_parked_with_a_record(
 @pytest.fixture
 def front_door_process(quorum: Scenario, rabbitmq_url: str) -> Iterator[Any]:
     """Start ``delayed-retry front-door`` as a subprocess; returns a starter; kills leftovers."""
-    started: list[subprocess.Popen[bytes]] = []
+    started: list[subprocess.Popen[str]] = []
     exchange = quorum.name("door")
     _track_door(quorum, exchange)
 
-    def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
+    def start() -> subprocess.Popen[str]:
+        proc = start_command(
             [
-                str(Path(sys.executable).parent / "delayed-retry"),
                 "--url",
                 rabbitmq_url,
                 "front-door",
@@ -271,10 +268,7 @@ def front_door_process(quorum: Scenario, rabbitmq_url: str) -> Iterator[Any]:
                 str(quorum.topology.levels),
                 "--prefetch",
                 "20",
-            ],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            ]
         )
         started.append(proc)
         return proc
@@ -287,14 +281,6 @@ def front_door_process(quorum: Scenario, rabbitmq_url: str) -> Iterator[Any]:
         proc.wait(timeout=30)
 
 
-def _wait_running(proc: subprocess.Popen[bytes]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if b"running" in line:
-            return
-    raise AssertionError(f"front door exited with {proc.wait()} before running")
-
-
 @pytest.mark.timeout(180)
 async def test_front_door_loses_nothing_under_kill_9(
     quorum: Scenario, front_door_process: Any, rabbitmq_url: str
@@ -302,7 +288,7 @@ async def test_front_door_loses_nothing_under_kill_9(
     s = quorum
     exchange = front_door_process.exchange
     first = front_door_process()
-    await asyncio.to_thread(_wait_running, first)
+    await asyncio.to_thread(lines_until_running, first)
     q = await s.queue()
     await q.bind(exchange, routing_key="#")
     inbox = Inbox()
@@ -326,7 +312,7 @@ async def test_front_door_loses_nothing_under_kill_9(
     # The kill left work behind (unacked messages back in the queues), or it proves nothing.
     await wait_until(left_behind, what="messages left in X.delay or the forward queue")
     second = front_door_process()
-    await asyncio.to_thread(_wait_running, second)
+    await asyncio.to_thread(lines_until_running, second)
     deadline = time.monotonic() + 60
     while len(seen) < n:  # duplicates allowed, losses not
         assert time.monotonic() < deadline, f"only {len(seen)} of {n} arrived after kill -9"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from faststream.rabbit import RabbitBroker
@@ -14,16 +13,9 @@ from tenacity import wait_fixed
 from delayed_retry.faststream import CurrentRetryState, DelayedRetry
 from tests.faststream.test_middleware_broker import queue_of, running
 from tests.support.chain import Scenario
-from tests.support.telemetry import Telemetry, make_telemetry
+from tests.support.telemetry import Telemetry
 
 pytestmark = pytest.mark.broker
-
-
-@pytest.fixture
-def telemetry() -> Iterator[Telemetry]:
-    made = make_telemetry()
-    yield made
-    made.shutdown()
 
 
 async def test_one_trace_per_message_and_its_retries_without_duplicate_spans(

@@ -17,6 +17,7 @@ from harness.chroot import (
     ensure_chroot,
     write_files,
 )
+from tests.support.nodes import private_node
 
 
 @pytest.fixture
@@ -125,16 +126,7 @@ def test_build_writes_the_extra_files_before_marking_the_chroot_ready(
 
 @pytest.fixture(scope="module")
 def chroot_node() -> Iterator[RabbitMQNode]:
-    node = RabbitMQNode(version="4.3")
-    try:
-        node.start()
-    except BrokerHarnessError as exc:
-        node.close()
-        pytest.fail(f"could not start a RabbitMQ 4.3 node: {exc}", pytrace=False)
-    try:
-        yield node
-    finally:
-        node.close()
+    yield from private_node(version="4.3")
 
 
 @pytest.mark.broker

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aio_pika
@@ -19,35 +18,15 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.observability.gauges import DELAYED_MESSAGES, PARKED_MESSAGES, ChainMonitor
-from tests.support.queues import cleaned
-from tests.support.telemetry import Telemetry, make_telemetry
+from tests.support.failures import Flaky
+from tests.support.telemetry import Telemetry
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
 
-class Flaky(Exception):
-    """Retried."""
-
-
 class Fatal(Exception):
     """Not retried: parks at once."""
-
-
-@pytest.fixture
-def telemetry() -> Iterator[Telemetry]:
-    t = make_telemetry()
-    yield t
-    t.shutdown()
-
-
-@pytest.fixture
-async def topology(
-    connection: AbstractRobustConnection, unique: str
-) -> AsyncIterator[DelayTopology]:
-    topo = DelayTopology(prefix=unique, levels=16, queue_type="classic")
-    async with cleaned(connection, topo, [f"{unique}.q"]):
-        yield topo
 
 
 def points(telemetry: Telemetry, name: str) -> list[Any]:
@@ -113,7 +92,7 @@ async def test_counters_and_histograms_of_retries_successes_and_parking(
     )
     assert value(telemetry, "delayed_retry.attempts", **{"delayed_retry.outcome": "retry"}) == 4
     assert value(telemetry, "delayed_retry.attempts", **{"delayed_retry.outcome": "parked"}) == 2
-    flaky = f"{__name__}.Flaky"
+    flaky = f"{Flaky.__module__}.Flaky"
     fatal = f"{__name__}.Fatal"
     assert value(telemetry, "delayed_retry.retries", **q, **{"error.type": flaky}) == 4
     assert value(telemetry, "delayed_retry.successes_after_retry", **q) == 1

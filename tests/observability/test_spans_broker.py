@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aio_pika
@@ -31,30 +30,10 @@ from delayed_retry.observability.otel import OpenTelemetryInstrumentation, defau
 from delayed_retry.observability.spans import (
     HeaderGetter,
 )
-from tests.support.queues import cleaned
-from tests.support.telemetry import Telemetry, make_telemetry
+from tests.support.failures import Flaky
+from tests.support.telemetry import Telemetry
 
 pytestmark = pytest.mark.broker
-
-
-class Flaky(Exception):
-    """A failure worth retrying."""
-
-
-@pytest.fixture
-def telemetry() -> Iterator[Telemetry]:
-    t = make_telemetry()
-    yield t
-    t.shutdown()
-
-
-@pytest.fixture
-async def topology(
-    connection: AbstractRobustConnection, unique: str
-) -> AsyncIterator[DelayTopology]:
-    topo = DelayTopology(prefix=unique, levels=12, queue_type="classic")
-    async with cleaned(connection, topo, [f"{unique}.q"]):
-        yield topo
 
 
 def consumer_spans(spans: list[ReadableSpan]) -> list[ReadableSpan]:
@@ -170,7 +149,7 @@ async def test_retries_are_spans_of_the_publishers_trace_with_links_and_attribut
     assert retry_publish["delayed_retry.publish.kind"] == "retry"
     assert retry_publish["messaging.operation.type"] == "send"
     # A retry due within the hold's limit enters at the delivery exchange (no hop).
-    assert retry_publish["messaging.destination.name"] == f"{unique}.delivery-12"
+    assert retry_publish["messaging.destination.name"] == topology.delivery_exchange
     assert retry_publish["messaging.message.id"] == "m-1"
     assert retry_publish["delayed_retry.queue"] == queue.name
 

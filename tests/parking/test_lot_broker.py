@@ -41,7 +41,7 @@ from delayed_retry.parking.lot import (
 from delayed_retry.parking.moving import canary as parking_canary
 from delayed_retry.parking.moving.report import CANARY_CONFIRMED, CANARY_PARKED_AGAIN
 from delayed_retry.parking.shortcuts import replay_parked
-from tests.support.queues import wait_for_depth
+from tests.support.queues import exists, wait_for_depth
 
 pytestmark = pytest.mark.broker
 
@@ -76,18 +76,6 @@ async def _lot(
         kind = "billing.CardDeclined" if n < 3 else "TimeoutError"
         await _park(channel, unique, ident=f"m-{n}", exception=kind, body=f"order {n}".encode())
     return channel, topology, work
-
-
-async def _queue_exists(connection: AbstractRobustConnection, name: str) -> bool:
-    channel = await connection.channel()
-    try:
-        await channel.declare_queue(name, passive=True)
-        return True
-    except aio_pika.exceptions.ChannelNotFoundEntity:
-        return False
-    finally:
-        if not channel.is_closed:
-            await channel.close()
 
 
 async def _ids(channel: AbstractChannel, queue: str, topology: DelayTopology) -> list[str]:
@@ -225,7 +213,7 @@ async def test_a_canary_that_parks_again_stops_the_replay(
     assert report.done == 1 and report.canary_ids == ("m-0",)
     assert watches and all(w is not None for w in watches)
     for watch in watches:  # the canary's watch queue is gone with the replay
-        assert watch is not None and not await _queue_exists(connection, watch._name)
+        assert watch is not None and not await exists(connection, watch._name)
     records = [r async for r in iter_parked(channel, queue=unique, topology=topology)]
     assert sorted(r.id for r in records) == [f"m-{n}" for n in range(5)]
     again = next(r for r in records if r.id == "m-0")

@@ -9,7 +9,6 @@ a private node with a small write-ahead log.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
@@ -46,7 +45,8 @@ from delayed_retry.parking.moving import actions as actions_module
 from delayed_retry.parking.records import replay_headers
 from delayed_retry.parking.refresh import refresh_headers, refresh_needed, refresh_parked
 from delayed_retry.rabbitmq.versions import broker_version
-from harness import BrokerHarnessError, RabbitMQNode
+from harness import RabbitMQNode
+from tests.support.nodes import private_node
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -221,13 +221,7 @@ def small_wal_node() -> Iterator[RabbitMQNode]:
     version = os.environ.get("DELAYED_RETRY_TEST_RABBITMQ") or None
     # 4.3 sizes the quorum queues' WAL with its own key; 3.10 and 4.0 know only raft.*.
     key = "quorum_queue.wal_max_size_bytes" if version == "4.3" else "raft.wal_max_size_bytes"
-    started = RabbitMQNode(config={key: str(WAL_BYTES)})
-    with contextlib.closing(started):
-        try:
-            started.start()
-        except BrokerHarnessError as exc:
-            pytest.fail(f"could not start a private RabbitMQ node: {exc}", pytrace=False)
-        yield started
+    yield from private_node(config={key: str(WAL_BYTES)})
 
 
 def _quorum_dir(node: RabbitMQNode) -> Path:

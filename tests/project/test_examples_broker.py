@@ -12,6 +12,8 @@ from pathlib import Path
 import aio_pika
 import pytest
 
+from tests.support.queues import delete_all
+
 pytestmark = pytest.mark.broker
 
 USE = Path(__file__).resolve().parents[2] / "examples" / "use.py"
@@ -23,42 +25,14 @@ def test_the_readme_use_snippet_is_the_example_program() -> None:
     assert body in readme, "README's Use section must show examples/use.py as it is"
 
 
-async def _until_consuming(url: str) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        while True:
-            channel = await connection.channel()
-            try:
-                queue = await channel.declare_queue("orders", passive=True)
-                if queue.declaration_result.consumer_count:
-                    await channel.default_exchange.publish(
-                        aio_pika.Message(b"order-1"), routing_key="orders"
-                    )
-                    return
-            except aio_pika.exceptions.ChannelNotFoundEntity:
-                pass
-            finally:
-                if not channel.is_closed:
-                    await channel.close()
-            await asyncio.sleep(0.1)
-
-
-async def _delete_orders(url: str) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        await channel.queue_delete("orders")
-        await channel.queue_delete("orders.parking")
-        await channel.queue_delete("orders.dead-letter")
-
-
 def test_the_use_program_consumes_and_stops_on_sigint(rabbitmq_url: str) -> None:
     env = {**os.environ, "RABBITMQ_URL": rabbitmq_url}
     proc = subprocess.Popen(
         [sys.executable, str(USE)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     try:
-        asyncio.run(asyncio.wait_for(_until_consuming(rabbitmq_url), 120))
+        publish = _publish_when_consumed(rabbitmq_url, "orders", [b"order-1"])
+        asyncio.run(asyncio.wait_for(publish, 120))
         assert proc.stdout is not None
         lines = []
         for raw in proc.stdout:
@@ -72,13 +46,16 @@ def test_the_use_program_consumes_and_stops_on_sigint(rabbitmq_url: str) -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        asyncio.run(_delete_orders(rabbitmq_url))
+        asyncio.run(
+            delete_all(rabbitmq_url, queues=["orders", "orders.parking", "orders.dead-letter"])
+        )
 
 
 FASTSTREAM_APP = USE.parent / "faststream_app.py"
 
 
 async def _publish_when_consumed(url: str, queue: str, bodies: list[bytes]) -> None:
+    """Publish ``bodies`` to ``queue`` once the example program consumes it."""
     connection = await aio_pika.connect(url)
     async with connection:
         while True:
@@ -97,14 +74,6 @@ async def _publish_when_consumed(url: str, queue: str, bodies: list[bytes]) -> N
                 if not channel.is_closed:
                     await channel.close()
             await asyncio.sleep(0.1)
-
-
-async def _delete(url: str, *queues: str) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        for queue in queues:
-            await channel.queue_delete(queue)
 
 
 def test_the_faststream_app_retries_and_parks(rabbitmq_url: str) -> None:
@@ -133,4 +102,4 @@ def test_the_faststream_app_retries_and_parks(rabbitmq_url: str) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        asyncio.run(_delete(rabbitmq_url, "fs-orders", "fs-orders.parking"))
+        asyncio.run(delete_all(rabbitmq_url, queues=["fs-orders", "fs-orders.parking"]))

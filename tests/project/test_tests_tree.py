@@ -82,7 +82,7 @@ def test_every_file_with_a_broker_test_ends_in_broker() -> None:
     )
 
 
-NODE_STARTERS = {"RabbitMQNode", "RabbitMQCluster", "private_node"}
+NODE_STARTERS = {"RabbitMQNode", "RabbitMQCluster", "private_node", "private_node_with_management"}
 """What starts a RabbitMQ node of a test's own."""
 
 

@@ -1,7 +1,6 @@
-"""Helpers of the reliability tests: a ledger of sent, handled and parked ids; publish, drain;
-private nodes to break.
+"""Helpers of the reliability tests: a ledger of sent, handled and parked ids; publish, drain.
 
-Waiting, queue depths and clean-up come from :mod:`tests.support`.
+Waiting, queue depths, clean-up and private nodes to break come from :mod:`tests.support`.
 """
 
 from __future__ import annotations
@@ -9,16 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import aio_pika
-import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from pamqp.common import FieldTable
-
-from harness import BrokerHarnessError, RabbitMQNode
 
 QUORUM: FieldTable = {"x-queue-type": "quorum"}
 
@@ -96,20 +91,3 @@ async def drain_ids(channel: AbstractChannel, queue: str) -> list[int]:
         ids.append(body_id(message))
         await message.ack()
     return ids
-
-
-def private_node(**options: Any) -> Iterator[RabbitMQNode]:
-    """Start a :class:`RabbitMQNode` with ``options``, yield it, close it; fail if it won't start.
-
-    For module fixtures: ``yield from private_node(...)``.
-    """
-    started = RabbitMQNode(**options)
-    try:
-        started.start()
-    except BrokerHarnessError as exc:
-        started.close()
-        pytest.fail(f"could not start a private RabbitMQ node: {exc}", pytrace=False)
-    try:
-        yield started
-    finally:
-        started.close()

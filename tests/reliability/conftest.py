@@ -9,8 +9,7 @@ import pytest
 from aio_pika.abc import AbstractChannel
 
 from harness import RabbitMQNode
-
-from ._support import private_node
+from tests.support.nodes import private_node
 
 
 @pytest.fixture(scope="module")

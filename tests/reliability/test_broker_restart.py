@@ -18,11 +18,11 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry import DelayTopology, declare_topology, publish_delayed
 from harness import RabbitMQNode
-from tests.support.nodes import CONFIRM_TIMEOUT_MS
+from tests.support.nodes import CONFIRM_TIMEOUT_MS, private_node
 from tests.support.queues import depth
 from tests.support.waiting import wait_until
 
-from ._support import QUORUM, Ledger, private_node
+from ._support import QUORUM, Ledger
 
 MESSAGES = 2000
 

@@ -176,11 +176,4 @@ async def test_tiny_delivery_limit_does_not_cut_retries_short_and_is_warned_abou
         assert attempts == {1: 6, 2: 6}
         assert ledger.report("delivery-limit-2-max-retries-5")["lost"] == 0
     finally:
-        await delete_all(
-            channel,
-            queues=[
-                queue,
-                topology.default_parking_queue(queue),
-                *(spec.name for spec in topology.queues()),
-            ],
-        )
+        await delete_all(channel, topology=topology, queues=[queue])

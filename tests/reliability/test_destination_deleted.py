@@ -82,11 +82,4 @@ async def test_messages_of_a_deleted_queue_are_kept_as_unroutable(
         assert counts["lost"] == 0
         assert counts["parked"] == MESSAGES
     finally:
-        await delete_all(
-            channel,
-            queues=[
-                queue,
-                topology.default_parking_queue(queue),
-                *(spec.name for spec in topology.queues()),
-            ],
-        )
+        await delete_all(channel, topology=topology, queues=[queue])

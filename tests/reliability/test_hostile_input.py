@@ -113,14 +113,7 @@ async def start_consumer(
     try:
         yield start
     finally:
-        await delete_all(
-            channel,
-            queues=[
-                queue,
-                topology.default_parking_queue(queue),
-                *(spec.name for spec in topology.queues()),
-            ],
-        )
+        await delete_all(channel, topology=topology, queues=[queue])
 
 
 async def fail_first(message: AbstractIncomingMessage, attempt: int) -> None:

@@ -24,9 +24,10 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from harness import RabbitMQNode, TLSFiles
+from tests.support.nodes import private_node
 from tests.support.waiting import wait_until
 
-from ._support import QUORUM, Ledger, private_node
+from ._support import QUORUM, Ledger
 
 pytestmark = pytest.mark.broker
 

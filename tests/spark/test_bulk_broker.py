@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import pyarrow.dataset as pads
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
@@ -28,8 +27,7 @@ from delayed_retry.spark import (
 )
 from delayed_retry.spark.synthetic import parked_row, write_archive
 from harness import RabbitMQNode
-from tests.support.queues import depth
-from tests.support.waiting import wait_until
+from tests.support.queues import declare_queue, drain, wait_for_depth
 
 pytestmark = pytest.mark.spark
 
@@ -133,7 +131,7 @@ def test_broker_gone_mid_redrive_records_only_confirmed_sends(
     write_archive(tmp_path / "arch", "work.parking", rows)
     key_of = {row["body"]: row["message_key"] for row in rows}
     with RabbitMQNode() as node:
-        asyncio.run(_declare(node.url, "work"))
+        asyncio.run(declare_queue(node.url, "work"))
         outcome: dict[str, Any] = {}
 
         def run() -> None:
@@ -146,7 +144,7 @@ def test_broker_gone_mid_redrive_records_only_confirmed_sends(
 
         worker = threading.Thread(target=run)
         worker.start()
-        asyncio.run(_wait_for_depth(node.url, "work", total // 10))
+        asyncio.run(wait_for_depth(node.url, "work", total // 10, at_least=True, timeout=120))
         node.kill()
         worker.join(120)
         assert not worker.is_alive()
@@ -158,43 +156,12 @@ def test_broker_gone_mid_redrive_records_only_confirmed_sends(
         ledger = pads.dataset(str(tmp_path / "arch" / "_ledger"), format="parquet").to_table()
         recorded = set(ledger.column("message_key").to_pylist())
         assert 0 < len(recorded) < total
-        in_queue = asyncio.run(_drain(node.url, "work"))
+        in_queue = [m.body for m in asyncio.run(drain(node.url, "work"))]
         # Every send the ledger records is really in the queue (confirmed means stored).
         assert recorded <= {key_of[body] for body in in_queue}
 
         again = redrive(spark, str(tmp_path / "arch"), url=node.url, topology=topology)
         assert again.already_sent == len(recorded)
         assert again.sent == total - len(recorded)
-        in_queue += asyncio.run(_drain(node.url, "work"))
+        in_queue += [m.body for m in asyncio.run(drain(node.url, "work"))]
         assert {key_of[body] for body in in_queue} == set(key_of.values())
-
-
-async def _declare(url: str, queue: str) -> None:
-    connection = await aio_pika.connect(url)
-    channel = await connection.channel()
-    await channel.declare_queue(queue, durable=True)
-    await connection.close()
-
-
-async def _wait_for_depth(url: str, queue: str, n: int) -> None:
-    connection = await aio_pika.connect(url)
-
-    async def enough() -> bool:
-        return await depth(connection, queue) >= n
-
-    try:
-        await wait_until(enough, timeout=120, what=f"{n} messages in {queue!r}")
-    finally:
-        await connection.close()
-
-
-async def _drain(url: str, queue: str) -> list[bytes]:
-    """Every body in ``queue`` (durable: they survived the crash)."""
-    connection = await aio_pika.connect(url)
-    channel = await connection.channel()
-    source = await channel.declare_queue(queue, passive=True)
-    bodies = []
-    while (message := await source.get(fail=False, no_ack=True)) is not None:
-        bodies.append(message.body)
-    await connection.close()
-    return bodies

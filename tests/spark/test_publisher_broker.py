@@ -21,6 +21,7 @@ from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.spark import ArchiveSinkError, PublishRunError, schedule_dataframe
 from delayed_retry.spark.partition_publish import PUBLISH_COLUMNS, PublishJob, publish_attempt
 from delayed_retry.spark.redrive import _spread
+from tests.support.queues import drain
 
 pytestmark = pytest.mark.spark
 
@@ -69,17 +70,6 @@ def _batches(
         yield pa.RecordBatch.from_pydict({c: columns[c] for c in PUBLISH_COLUMNS})
 
 
-async def _drain(url: str, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
-    connection = await aio_pika.connect(url)
-    channel = await connection.channel()
-    source = await channel.declare_queue(queue, passive=True)
-    messages = []
-    while (message := await source.get(fail=False, no_ack=True)) is not None:
-        messages.append(message)
-    await connection.close()
-    return messages
-
-
 async def _declare(url: str, topology: DelayTopology, queue: str) -> None:
     connection = await aio_pika.connect(url)
     channel = await connection.channel()
@@ -110,7 +100,7 @@ def test_a_retried_task_sends_only_what_its_failed_attempt_did_not_record(
     assert second.column("error")[0].as_py() is None
     assert second.column("sent")[0].as_py() == 12
 
-    messages = asyncio.run(_drain(rabbitmq_url, unique))
+    messages = asyncio.run(drain(rabbitmq_url, unique))
     assert sorted(m.body.decode() for m in messages) == keys  # each once
     assert {m.headers["x-tenant"] for m in messages} == {"t1"}
     ledger = pads.dataset(str(tmp_path / "ledger"), format="parquet").to_table()
@@ -152,7 +142,7 @@ def test_a_ledger_the_driver_cannot_see_is_an_error(
     with pytest.raises(PublishRunError, match="not visible to the driver") as info:
         _schedule_six(spark, rabbitmq_url, unique, "mock:///ledger")
     assert "Nothing was sent" in str(info.value) and "\n" not in str(info.value)
-    assert asyncio.run(_drain(rabbitmq_url, unique)) == []
+    assert asyncio.run(drain(rabbitmq_url, unique)) == []
 
 
 def test_an_unwritable_ledger_fails_before_sending(
@@ -161,7 +151,7 @@ def test_an_unwritable_ledger_fails_before_sending(
     (tmp_path / "a-file").write_text("not a folder")
     with pytest.raises(ArchiveSinkError, match="cannot create the folder"):
         _schedule_six(spark, rabbitmq_url, unique, str(tmp_path / "a-file" / "ledger"))
-    assert asyncio.run(_drain(rabbitmq_url, unique)) == []
+    assert asyncio.run(drain(rabbitmq_url, unique)) == []
 
 
 def test_a_ledger_that_fails_mid_run_stops_the_partition_and_says_what_is_unrecorded(
@@ -196,7 +186,7 @@ def test_a_ledger_that_fails_mid_run_stops_the_partition_and_says_what_is_unreco
     error = result.column("error")[0].as_py()
     assert error.startswith("the ledger cannot be written")
     assert "re-run sends them again" in error
-    sent = len(asyncio.run(_drain(rabbitmq_url, unique)))
+    sent = len(asyncio.run(drain(rabbitmq_url, unique)))
     assert 0 < sent < len(keys)  # it stopped early; what it sent is in the queue
     assert result.column("sent")[0].as_py() < sent  # some confirmed sends went unrecorded
     outcome = PublishOutcome(
@@ -265,7 +255,7 @@ def test_an_anchored_partition_agrees_once_after_it_is_ready_then_counts_from_th
     async def collect() -> None:
         deadline = time.monotonic() + 30
         while len(messages) < len(keys) and time.monotonic() < deadline:
-            messages.extend(await _drain(rabbitmq_url, unique))
+            messages.extend(await drain(rabbitmq_url, unique))
             await asyncio.sleep(0.1)
 
     asyncio.run(collect())

@@ -8,7 +8,6 @@ fast. The screenshots are kept in ``tests/artifacts/`` (not committed).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from delayed_retry.spark.analyze import Analysis, ErrorGroup, Example
 from delayed_retry.spark.report import format_table, sparkline, write_html_report
 from delayed_retry.spark.timeline import choose_bucket, fill, floor_to, thin_ticks
+from tests.support.browser import CHROMIUM_ARGS, chromium
 
 T0 = datetime(2026, 3, 1, 6, 0, tzinfo=UTC)
 ARTIFACTS = Path(__file__).parents[1] / "artifacts"
@@ -173,13 +173,6 @@ def test_terminal_summary_is_compact_and_actionable() -> None:
     assert "reasons:    max-retries" in text
 
 
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        pytest.fail("chromium is not installed; run scripts/bootstrap (apt-get install chromium)")
-    return found
-
-
 @pytest.mark.browser
 def test_html_report_in_headless_chromium(tmp_path: Path) -> None:
     from PIL import Image
@@ -194,14 +187,9 @@ def test_html_report_in_headless_chromium(tmp_path: Path) -> None:
     shot.unlink(missing_ok=True)
     result = subprocess.run(
         [
-            _chromium(),
+            chromium(),
             "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
+            *CHROMIUM_ARGS,
             f"--user-data-dir={tmp_path / 'profile'}",
             "--hide-scrollbars",
             "--window-size=1280,1600",

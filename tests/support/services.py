@@ -36,6 +36,20 @@ def start_command(
     )
 
 
+def lines_until_running(proc: subprocess.Popen[str]) -> list[str]:
+    """The lines a command from :func:`start_command` prints up to the one that says it is
+    running; fails with the exit code if it exits first. Reads from the pipe: call it with
+    ``asyncio.to_thread`` from a test that serves the command meanwhile."""
+    assert proc.stdout is not None, "start the command with start_command: its output is piped"
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        if "running" in line:
+            return lines
+    output = "\n".join(lines)
+    raise AssertionError(f"the command exited with {proc.wait()} before running:\n{output}")
+
+
 def get(port: int, path: str, *, host: str = "127.0.0.1") -> tuple[int | None, str]:
     """(status, body) of ``GET http://host:port/path``; status ``None`` when nothing answers."""
     try:

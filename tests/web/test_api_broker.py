@@ -10,32 +10,20 @@ import asyncio
 import base64
 import json
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aio_pika
 import aiohttp
 import pytest
-from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.web import WebSettings, parse_credentials
-from tests.support.chain import Scenario, open_scenario
+from tests.support.chain import Scenario
 from tests.support.retrying import fail_with_retries, park_after_retries
 from tests.support.waiting import wait_until
 from tests.support.web import ids_in, park, park_forever, serve
 
 pytestmark = pytest.mark.broker
-
-
-@pytest.fixture
-async def lot(
-    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
-) -> AsyncIterator[Scenario]:
-    """A classic 16-level chain of its own with queue ``<unique>.orders``, cleaned up after."""
-    async with open_scenario(connection, unique, rabbitmq_url, "classic") as scenario:
-        scenario.track_queue(scenario.name("orders"), scenario.name("orders") + ".parking")
-        yield scenario
 
 
 def _settings(lot: Scenario, tmp_path: Path, **extra: Any) -> WebSettings:

@@ -4,33 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 import uvicorn
-from aio_pika.abc import AbstractRobustConnection
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from delayed_retry.web import WebSettings
 from delayed_retry.web.asgi import asgi_app
 from harness import free_port, release_port
-from tests.support.chain import Scenario, open_scenario
+from tests.support.chain import Scenario
 from tests.support.waiting import wait_until
 from tests.support.web import ids_in, park
 
 pytestmark = pytest.mark.broker
-
-
-@pytest.fixture
-async def lot(
-    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
-) -> AsyncIterator[Scenario]:
-    async with open_scenario(connection, unique, rabbitmq_url, "classic") as scenario:
-        scenario.track_queue(scenario.name("orders"), scenario.name("orders") + ".parking")
-        yield scenario
 
 
 async def test_mounted_in_starlette_under_a_path(

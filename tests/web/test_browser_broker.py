@@ -27,6 +27,7 @@ from playwright.async_api import (
 from delayed_retry import publish_delayed
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.web import WebSettings
+from tests.support.browser import CHROMIUM_ARGS, chromium
 from tests.support.chain import Scenario, open_scenario
 from tests.support.retrying import fail_with_retries, park_after_retries
 from tests.support.waiting import wait_until
@@ -34,29 +35,15 @@ from tests.support.web import ids_in, park, serve
 
 pytestmark = [pytest.mark.broker, pytest.mark.browser]
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "web"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-def _require_chromium() -> None:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: run scripts/bootstrap (apt-get install chromium)")
 
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Browser]:
     """Headless chromium from Debian's package (scripts/bootstrap installs it)."""
-    _require_chromium()
+    executable = chromium()
     async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        launched = await playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         try:
             yield launched
         finally:

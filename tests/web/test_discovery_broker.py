@@ -11,7 +11,8 @@ import pytest
 from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.web.discovery import discover_queues
-from harness import BrokerHarnessError, RabbitMQNode, free_port, release_port
+from harness import RabbitMQNode
+from tests.support.nodes import private_node_with_management
 
 pytestmark = pytest.mark.broker
 
@@ -19,20 +20,8 @@ pytestmark = pytest.mark.broker
 @pytest.fixture(scope="module")
 def management_node() -> Iterator[tuple[RabbitMQNode, str]]:
     """A private node with rabbitmq_management on a free loopback port."""
-    port = free_port()
-    node = RabbitMQNode(
-        plugins=["rabbitmq_management"],
-        config={"management.tcp.port": str(port), "management.tcp.ip": "127.0.0.1"},
-    )
-    try:
-        try:
-            node.start()
-        except BrokerHarnessError as exc:
-            pytest.fail(f"could not start a node with the management plugin: {exc}")
+    for node, port in private_node_with_management():
         yield node, f"http://127.0.0.1:{port}"
-    finally:
-        node.close()
-        release_port(port)
 
 
 async def test_discovery_lists_work_queues_that_have_a_parking_queue(

@@ -8,29 +8,16 @@ the rest was replayed must still be reported.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
-from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.parking.lot import CanaryNews, replay_matching
 from delayed_retry.parking.moving.report import CANARY_PARKED_AFTER_THE_REST, CANARY_PARKED_AGAIN
-from tests.support.chain import Scenario, open_scenario
+from tests.support.chain import Scenario
 from tests.support.retrying import fail_with_retries, park_after_retries
 from tests.support.waiting import wait_until
 from tests.support.web import ids_in
 
 pytestmark = pytest.mark.broker
-
-
-@pytest.fixture
-async def lot(
-    connection: AbstractRobustConnection, unique: str, rabbitmq_url: str
-) -> AsyncIterator[Scenario]:
-    """A classic 16-level chain (delays up to 65 s) with queue ``<unique>.orders``."""
-    async with open_scenario(connection, unique, rabbitmq_url, "classic") as scenario:
-        scenario.track_queue(scenario.name("orders"), scenario.name("orders") + ".parking")
-        yield scenario
 
 
 async def test_the_derived_canary_wait_covers_the_retries_and_keeps_the_rest_parked(
