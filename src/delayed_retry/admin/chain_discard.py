@@ -239,52 +239,23 @@ async def _take_out(
     if report.action == "discard":
         await own.basic_ack(got.delivery_tag or 0)
         return
+    if message.destination is None:
+        where = "no parking queue to go to" if report.action == "park" else "nowhere to go now"
+        raise ConfigurationError(
+            f"waiting message {message.id} has routing key {got.routing_key!r}, which names no "
+            f"destination queue, so it has {where}; let it come due, or discard it without --park"
+        )
+    headers = got.header.properties.headers
     if report.action == "expedite":
-        await _deliver_now(own, got, message, topology, publish_timeout, report)
-        return
-    if message.destination is None:
-        raise ConfigurationError(
-            f"waiting message {message.id} has routing key {got.routing_key!r}, which names no "
-            "destination queue, so it has no parking queue to go to; discard it without --park"
-        )
-    parking = topology.default_parking_queue(message.destination)
-    # A queue scheduled to with publish_delayed may never have had a parking queue.
-    await declarer_for(own.connection).parking(own.connection, topology, message.destination)
+        to, sent_to = message.destination, report.delivered_to
+        copy = expedited_headers(headers, now=utcnow())
+    else:
+        to, sent_to = topology.default_parking_queue(message.destination), report.parked_to
+        copy = discarded_headers(headers, destination=message.destination, now=utcnow())
+        # A queue scheduled to with publish_delayed may never have had a parking queue.
+        await declarer_for(own.connection).parking(own.connection, topology, message.destination)
     await copy_then_ack(
-        own,
-        got,
-        exchange="",
-        routing_key=parking,
-        headers=discarded_headers(
-            got.header.properties.headers, destination=message.destination, now=utcnow()
-        ),
-        timeout=publish_timeout,
+        own, got, exchange="", routing_key=to, headers=copy, timeout=publish_timeout
     )
-    if parking not in report.parked_to:
-        report.parked_to.append(parking)
-
-
-async def _deliver_now(
-    own: aiormq.abc.AbstractChannel,
-    got: aiormq.abc.DeliveredMessage,
-    message: WaitingMessage,
-    topology: DelayTopology,
-    publish_timeout: float,
-    report: DiscardReport,
-) -> None:
-    """Copy ``got`` to its destination queue, due now, confirmed, then ack it."""
-    if message.destination is None:
-        raise ConfigurationError(
-            f"waiting message {message.id} has routing key {got.routing_key!r}, which names no "
-            "destination queue, so it cannot be delivered now; let it come due, or discard it"
-        )
-    await copy_then_ack(
-        own,
-        got,
-        exchange="",
-        routing_key=message.destination,
-        headers=expedited_headers(got.header.properties.headers, now=utcnow()),
-        timeout=publish_timeout,
-    )
-    if message.destination not in report.delivered_to:
-        report.delivered_to.append(message.destination)
+    if to not in sent_to:
+        sent_to.append(to)

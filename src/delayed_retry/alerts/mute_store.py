@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from types import TracebackType
-from typing import Self
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
@@ -128,23 +126,14 @@ class MuteFollower:
         channel, self._channel = self._channel, None
         await close_quietly(channel)
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
 
 async def read_mutes(
     connection: AbstractConnection, *, topology: DelayTopology, timeout: float = 30.0
 ) -> MuteTable:
     """Every mute recorded so far, read once."""
     follower = MuteFollower(connection, topology=topology, timeout=timeout)
-    async with follower:
+    await follower.start()
+    try:
         return follower.table
+    finally:
+        await follower.stop()

@@ -153,6 +153,13 @@ def _who() -> str | None:
         return None
 
 
+def _progress(args: argparse.Namespace, action: str) -> Any:
+    """The progress bar of a move: messages looked at of the queue's depth, and acted on."""
+    past = {"replay": "replayed", "purge": "purged", "refresh": "refreshed"}[action]
+    enabled = None if not args.json else False
+    return progress_bar(action, total=None, enabled=enabled, counts="looked at", acted=past)
+
+
 def _reporter(args: argparse.Namespace, update: Any) -> Any:
     def progress(step: MoveProgress) -> None:
         update(step.scanned, step.depth, acted=step.done)
@@ -256,13 +263,7 @@ async def _replay(args: argparse.Namespace) -> int:
             if not confirm(question, assume_yes=args.yes):
                 print("nothing replayed", file=sys.stderr)
                 return 1
-        with progress_bar(
-            "replay",
-            total=None,
-            enabled=None if not args.json else False,
-            counts="looked at",
-            acted="replayed",
-        ) as bar:
+        with _progress(args, "replay") as bar:
             report = await replay_matching(
                 channel,
                 queue=args.queue,
@@ -314,13 +315,7 @@ async def _purge(args: argparse.Namespace) -> int:
             if not confirm(question, assume_yes=args.yes):
                 print("nothing purged", file=sys.stderr)
                 return 1
-        with progress_bar(
-            "purge",
-            total=None,
-            enabled=None if not args.json else False,
-            counts="looked at",
-            acted="purged",
-        ) as bar:
+        with _progress(args, "purge") as bar:
             # The count the operator agreed to, never more (a message parked meanwhile stays).
             report = await purge_matching(
                 channel,
@@ -349,13 +344,7 @@ async def _refresh(args: argparse.Namespace) -> int:
                 "long-held messages itself; refreshing frees no disk there",
                 file=sys.stderr,
             )
-        with progress_bar(
-            "refresh",
-            total=None,
-            enabled=None if not args.json else False,
-            counts="looked at",
-            acted="refreshed",
-        ) as bar:
+        with _progress(args, "refresh") as bar:
             report = await refresh_parked(
                 channel,
                 queue=args.queue,
