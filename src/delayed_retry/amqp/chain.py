@@ -1,74 +1,201 @@
-"""Publish a copy into the delay topology, its declarations ensured and healed.
+"""Send a message into the delay chain: the one call every sender makes.
 
-The one way the library puts a message into the chain (a retry, a redelay of
-an early message, a front-door delay, ``publish_delayed``) or one of the
-topology's other exchanges (the unroutable exchange): the topology is
-declared first (cached per connection), and when the broker answers that an
-exchange is missing (the chain was deleted by hand, or by a mistaken
-teardown), the connection forgets its declarations so the next try declares
-the chain again. The caller's hand-over does that next try.
+Decide, then send: whoever moves a message on (a retry, a redelay of an
+early message, the front door, the forwarder, ``publish_delayed``,
+FastStream's put-back) decides its due time and destination and calls
+:func:`send_into_chain`; :func:`keep_unroutable` is the same publish to the
+chain's unroutable exchange. No other module publishes into the chain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from contextlib import AbstractContextManager, nullcontext
+from datetime import datetime
+from typing import Any, NamedTuple, Protocol
 
 import aiormq
 import aiormq.abc
 
-from delayed_retry.amqp.declarer import declarer_for
+from delayed_retry.amqp.declarer import EXISTS_CACHE_SECONDS, declarer_for
 from delayed_retry.amqp.publish import (
     DEFAULT_PUBLISH_TIMEOUT,
     Copyable,
     Publisher,
-    copy_properties,
     publish_confirmed,
+    publish_copy,
 )
 from delayed_retry.chain.topology import DelayTopology, Route
+from delayed_retry.durations import utcnow
 from delayed_retry.errors import PublishError
+from delayed_retry.headers.names import X_FORWARD_ROUTING_KEY
+from delayed_retry.recovery.hold import Hold, chain_units, redelay_units
 
-__all__ = ["publish_into_chain"]
+__all__ = ["Observe", "ToExchange", "ToQueue", "keep_unroutable", "send_into_chain"]
 
 
-async def publish_into_chain(
+class ToQueue(NamedTuple):
+    """A queue at the chain's end: its binding (and parking queue) declared before the send.
+
+    ``declare=False`` for a queue the message just came out of the chain to:
+    its binding exists. ``with_parking=False`` when nobody consumes it through
+    the library (a scheduled message), so it gets no parking queue.
+    """
+
+    name: str
+    parking_queue: str | None = None
+    with_parking: bool = True
+    declare: bool = True
+
+
+class ToExchange(NamedTuple):
+    """An exchange and routing key: the message waits in the exchange's forward queue.
+
+    A forwarder publishes it to ``name`` with ``routing_key`` once due.
+    ``check_exists`` refuses an exchange that does not exist (a producer's
+    mistake); a retry returning to the exchange it came from skips the check.
+    """
+
+    name: str
+    routing_key: str
+    check_exists: bool = False
+
+
+class Observe(Protocol):
+    """What wraps the publish for tracing, given the route: an attempt scope's ``publishing``."""
+
+    def __call__(
+        self, headers: dict[str, Any], *, exchange: str, routing_key: str
+    ) -> AbstractContextManager[None]: ...
+
+
+async def send_into_chain(
     channel: aiormq.abc.AbstractChannel,
     message: Copyable,
     *,
     topology: DelayTopology,
-    route: Route | tuple[str, str],
-    headers: Mapping[str, Any],
+    to: ToQueue | ToExchange,
+    due_at: datetime,
+    headers: dict[str, Any],
+    now: datetime | None = None,
+    hold: Hold | None = None,
+    early: bool = False,
+    straight_when_due: bool = False,
+    observe: Observe | None = None,
     timeout: float = DEFAULT_PUBLISH_TIMEOUT,
     keep_delivery_mode: bool = False,
     publish: Publisher = publish_confirmed,
-) -> None:
-    """Publish a persistent copy of ``message`` to ``route`` (exchange, key); wait for the confirm.
+) -> Route:
+    """Publish a copy of ``message`` that reaches ``to`` at ``due_at``; return its route.
 
-    ``keep_delivery_mode`` keeps the producer's delivery mode instead (see
-    :func:`~delayed_retry.amqp.publish.copy_properties`). ``publish`` is the
-    consumer's publisher (see :class:`~delayed_retry.amqp.publish.Publisher`).
-
-    Raises :class:`~delayed_retry.errors.PublishError` like
-    :func:`~delayed_retry.amqp.publish.publish_confirmed`; after a missing-exchange
-    refusal the next call re-declares ``topology`` before publishing.
+    Turns the due time into a route, declares what ``to`` needs (cached per
+    connection), publishes with confirms; after a missing-exchange refusal the
+    next call declares the chain again. ``hold``: the message may leave early
+    for a consumer that holds it until due; ``early``: it came out before
+    ``due_at`` and must wait in the chain; ``straight_when_due``: a message due
+    already goes to its queue through the default exchange. ``headers`` gets
+    the forward routing key (:class:`ToExchange`) and ``observe``'s trace context.
+    Raises :class:`~delayed_retry.errors.DelayOutOfRangeError` before any I/O,
+    :class:`~delayed_retry.errors.PublishError` when not confirmed.
     """
-    exchange, routing_key = route[0], route[1]
+    now = now or utcnow()
+    queue = to.name if isinstance(to, ToQueue) else topology.forward_queue(to.name)
+    units = (redelay_units if early else chain_units)(topology, due_at, now=now, hold=hold)
+    route = topology.route(units, queue)
+    await _declare(channel.connection, topology, to)
+    if isinstance(to, ToExchange):
+        headers[X_FORWARD_ROUTING_KEY] = to.routing_key
+    if straight_when_due and isinstance(to, ToQueue) and due_at <= now:
+        route = Route("", queue, 0)
+    observed = _QUIET if observe is None else observe
+    with observed(headers, exchange=route.exchange, routing_key=route.routing_key):
+        if route.exchange:
+            await _publish(
+                channel, message, topology, route, headers, timeout, keep_delivery_mode, publish
+            )
+        else:  # the default exchange: nothing of the chain to declare or heal
+            await publish_copy(
+                channel,
+                message,
+                exchange="",
+                routing_key=route.routing_key,
+                headers=headers,
+                timeout=timeout,
+                publish=publish,
+            )
+    return route
+
+
+async def keep_unroutable(
+    channel: aiormq.abc.AbstractChannel,
+    message: Copyable,
+    *,
+    topology: DelayTopology,
+    routing_key: str,
+    headers: dict[str, Any],
+    timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+) -> None:
+    """Publish a copy of ``message`` to the chain's unroutable exchange, declared and healed.
+
+    For a message that must not be routed anywhere (the router's unknown
+    queue): it is kept in ``<prefix>.unroutable`` with its record.
+    """
+    route = Route(topology.unroutable_exchange, routing_key, 0)
+    await _publish(channel, message, topology, route, headers, timeout, False, publish_confirmed)
+
+
+async def _declare(
+    connection: aiormq.abc.AbstractConnection,
+    topology: DelayTopology,
+    to: ToQueue | ToExchange,
+) -> None:
+    """Declare what ``to`` needs at the chain's end (cached per connection)."""
+    declarer = declarer_for(connection)
+    if isinstance(to, ToExchange):
+        if to.check_exists:
+            await declarer.exchange_exists(connection, to.name, cache=EXISTS_CACHE_SECONDS)
+        await declarer.forward_queue(connection, topology, to.name)
+    elif to.declare:
+        await declarer.destination(
+            connection, topology, to.name, to.parking_queue, with_parking=to.with_parking
+        )
+
+
+async def _publish(
+    channel: aiormq.abc.AbstractChannel,
+    message: Copyable,
+    topology: DelayTopology,
+    route: Route,
+    headers: dict[str, Any],
+    timeout: float,
+    keep_delivery_mode: bool,
+    publish: Publisher,
+) -> None:
+    """The low-level chain publish: topology declared, copy confirmed, a lost exchange forgotten."""
     connection = channel.connection
     declarer = declarer_for(connection)
     await declarer.topology(connection, topology)
     try:
-        # The copy is made here and published in one call: this frame is on every retry's path.
-        await publish(
+        await publish_copy(
             channel,
-            exchange=exchange,
-            routing_key=routing_key,
-            body=message.body,
-            properties=copy_properties(
-                message.properties, headers, keep_delivery_mode=keep_delivery_mode
-            ),
+            message,
+            exchange=route.exchange,
+            routing_key=route.routing_key,
+            headers=headers,
             timeout=timeout,
+            keep_delivery_mode=keep_delivery_mode,
+            publish=publish,
         )
     except PublishError as err:
         if isinstance(err.__cause__, aiormq.exceptions.ChannelNotFoundEntity):
             declarer.forget(topology)
         raise
+
+
+def _quiet(
+    headers: dict[str, Any], *, exchange: str, routing_key: str
+) -> AbstractContextManager[None]:
+    return _NOTHING
+
+
+_NOTHING: AbstractContextManager[None] = nullcontext()
+_QUIET: Observe = _quiet

@@ -196,34 +196,8 @@ async def publish_confirmed(
                 # aiormq's Channel takes ``wait``; its abstract interface does not say so.
                 **({} if wait_for_write else _NO_WAIT),
             )
-    except TimeoutError as exc:
-        raise PublishTimeoutError(
-            f"no publisher confirm within {timeout} s for a publish to exchange {exchange!r}"
-        ) from exc
-    except aiormq.exceptions.PublishError as exc:
-        raise PublishNotConfirmedError(
-            f"exchange {exchange!r} returned the message as unroutable (key {routing_key!r})"
-        ) from exc
-    except aiormq.exceptions.DeliveryError as exc:
-        raise PublishNotConfirmedError(
-            f"the broker nacked a publish to exchange {exchange!r} (a full queue with "
-            "reject-publish overflow, or an internal error)"
-        ) from exc
-    except (
-        aiormq.exceptions.AMQPError,
-        asyncio.CancelledError,
-        ConnectionError,
-        RuntimeError,
-    ) as exc:
-        if isinstance(exc, asyncio.CancelledError):
-            raise
-        raise PublishError(
-            f"publish to exchange {exchange!r} failed before a confirm: {exc!r}"
-        ) from exc
-    except (TypeError, ValueError, struct.error, OverflowError) as exc:
-        raise PublishError(
-            f"the message could not be encoded for exchange {exchange!r}: {exc}"
-        ) from exc
+    except _NOT_PUBLISHED as exc:
+        raise _why_not_published(exc, exchange, routing_key, timeout) from exc
     if isinstance(result, spec.Basic.Ack):
         return
     if isinstance(result, spec.Basic.Nack):
@@ -232,6 +206,41 @@ async def publish_confirmed(
         f"exchange {exchange!r} returned the message as unroutable (key {routing_key!r}); "
         "is its alternate exchange missing?"
     )
+
+
+_NOT_PUBLISHED = (
+    TimeoutError,
+    aiormq.exceptions.AMQPError,
+    ConnectionError,
+    RuntimeError,
+    TypeError,
+    ValueError,
+    struct.error,
+    OverflowError,
+)
+"""What a publish raises when the message did not reach the broker, or was refused."""
+
+
+def _why_not_published(
+    exc: BaseException, exchange: str, routing_key: str, timeout: float
+) -> PublishError:
+    """The :class:`PublishError` that says why a publish to ``exchange`` got no confirm."""
+    if isinstance(exc, TimeoutError):
+        return PublishTimeoutError(
+            f"no publisher confirm within {timeout} s for a publish to exchange {exchange!r}"
+        )
+    if isinstance(exc, aiormq.exceptions.PublishError):
+        return PublishNotConfirmedError(
+            f"exchange {exchange!r} returned the message as unroutable (key {routing_key!r})"
+        )
+    if isinstance(exc, aiormq.exceptions.DeliveryError):
+        return PublishNotConfirmedError(
+            f"the broker nacked a publish to exchange {exchange!r} (a full queue with "
+            "reject-publish overflow, or an internal error)"
+        )
+    if isinstance(exc, aiormq.exceptions.AMQPError | ConnectionError | RuntimeError):
+        return PublishError(f"publish to exchange {exchange!r} failed before a confirm: {exc!r}")
+    return PublishError(f"the message could not be encoded for exchange {exchange!r}: {exc}")
 
 
 class Publisher(Protocol):
@@ -274,14 +283,17 @@ async def publish_copy(
     headers: Mapping[str, Any],
     timeout: float = DEFAULT_PUBLISH_TIMEOUT,
     keep_delivery_mode: bool = False,
+    publish: Publisher = publish_confirmed,
 ) -> None:
     """Publish a persistent copy of ``message`` with ``headers`` and wait for its confirm.
 
-    The copy keeps the body and properties (see :func:`copy_properties`, which
-    also says when to pass ``keep_delivery_mode``); it raises like
-    :func:`publish_confirmed`.
+    The one way a copy is built: it keeps the body and properties (see
+    :func:`copy_properties`, which also says when to pass
+    ``keep_delivery_mode``). ``publish`` is the consumer's publisher; it raises
+    like :func:`publish_confirmed`. Into the chain, use
+    :func:`~delayed_retry.amqp.chain.send_into_chain` instead.
     """
-    await publish_confirmed(
+    await publish(
         channel,
         exchange=exchange,
         routing_key=routing_key,

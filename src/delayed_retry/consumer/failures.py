@@ -19,9 +19,9 @@ from typing import Any, Literal, cast
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.chain import ToExchange, ToQueue, send_into_chain
 from delayed_retry.amqp.declarer import declarer_for
-from delayed_retry.amqp.publish import Publisher, copy_properties, publish_confirmed
+from delayed_retry.amqp.publish import Publisher, publish_confirmed, publish_copy
 from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.consumer.handover import (
     DEFAULT_TIMING,
@@ -34,12 +34,12 @@ from delayed_retry.consumer.handover import (
 from delayed_retry.consumer.hooks import FailureEvent, FailureHooks
 from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import DelayOutOfRangeError, PublishError
-from delayed_retry.headers.names import X_DUE_AT, X_FORWARD_ROUTING_KEY, X_PARKED_NOTE
+from delayed_retry.headers.names import X_DUE_AT, X_PARKED_NOTE
 from delayed_retry.headers.parking_record import parking_headers
 from delayed_retry.headers.retry_state import RetryState, failure_headers
 from delayed_retry.headers.values import sanitize_headers
 from delayed_retry.observability.instrumentation import AttemptScope, NoInstrumentation
-from delayed_retry.recovery.hold import Hold, chain_units, redelay_units
+from delayed_retry.recovery.hold import Hold
 from delayed_retry.recovery.policy import Decision, ParkReason
 
 __all__ = ["FailureHandling"]
@@ -82,12 +82,14 @@ class FailureHandling:
         """Send a message that arrived before its due time back for the rest of its wait."""
 
         async def publish() -> bool:
-            units = redelay_units(self.topology, due_at, now=utcnow(), hold=self.hold)
-            await publish_into_chain(
+            await send_into_chain(
                 message.channel,
                 message,
                 topology=self.topology,
-                route=self.topology.route(units, self.queue),
+                to=ToQueue(self.queue, declare=False),
+                due_at=due_at,
+                hold=self.hold,
+                early=True,
                 headers=sanitize_headers(message.headers),
                 timeout=self.publish_timeout,
                 publish=self.publish,
@@ -174,97 +176,89 @@ class FailureHandling:
         decision: Decision,
         scope: AttemptScope,
     ) -> Decision:
-        """Publish the retry copy or the parking record; return the decision carried out.
-
-        One frame from the hand-over to the publisher: every retry passes here.
-        """
+        """Publish the retry copy or the parking record; return the decision carried out."""
         now = utcnow()
         if decision.action == "retry":
-            target, forward_key = await self._retry_target(message)
-            try:
-                due_at = now + timedelta(seconds=decision.delay)
-                # Handlers and forwarders hold a message that leaves the chain early until due.
-                units = chain_units(self.topology, due_at, now=now, hold=self.hold)
-                route = self.topology.route(units, target)
-            except (DelayOutOfRangeError, OverflowError):
-                decision = Decision.park("delay-out-of-range")
-            else:
-                exchange, routing_key = route.exchange, route.routing_key
-                if forward_key is None and self.consumed_from_queue and due_at <= now:
-                    # Due already (zero delay): straight back to the queue through the
-                    # default exchange, as a hand-rolled retry does, instead of through two
-                    # topic exchanges on a long key. Never early: nothing waits. The queue
-                    # holds the unacked original, so it exists; if it is deleted meanwhile,
-                    # the mandatory publish is returned and the original stays unacked
-                    # (nothing to catch in the unroutable queue: the queue's own messages
-                    # went with it).
-                    exchange, routing_key = "", target
-                headers = failure_headers(
-                    message.headers,
-                    state,
-                    exc,
-                    now=now,
-                    retries=state.retries + 1,
-                    runs=self._runs(state),
-                )
-                headers[X_DUE_AT] = to_epoch_ms(due_at)
-                if forward_key is not None:
-                    headers[X_FORWARD_ROUTING_KEY] = forward_key
-                try:
-                    with scope.publishing(
-                        headers, kind="retry", exchange=exchange, routing_key=routing_key
-                    ):
-                        if exchange:
-                            await publish_into_chain(
-                                message.channel,
-                                message,
-                                topology=self.topology,
-                                route=(exchange, routing_key),
-                                headers=headers,
-                                timeout=self.publish_timeout,
-                                publish=self.publish,
-                            )
-                        else:
-                            await self.publish(
-                                message.channel,
-                                exchange=exchange,
-                                routing_key=routing_key,
-                                body=message.body,
-                                properties=copy_properties(message.properties, headers),
-                                timeout=self.publish_timeout,
-                            )
-                except PublishError as err:
-                    if not _unencodable(err):
-                        raise
-                    # No retry can ever carry these headers; parking keeps the record.
-                    log.error(
-                        "message %s on queue %r cannot be re-published for a retry (%s); "
-                        "parking it",
-                        message.message_id,
-                        self.queue,
-                        err,
-                    )
-                    decision = Decision.park("unencodable")
-                else:
-                    log.info(
-                        "message %s on queue %r failed (attempt %d, %s); retrying in %.3f s",
-                        message.message_id,
-                        self.queue,
-                        state.attempt,
-                        type(exc).__name__,
-                        decision.delay,
-                    )
-                    return decision
+            decision = await self._retry(message, state, exc, decision, scope, now)
+            if decision.action == "retry":
+                return decision
         assert decision.reason is not None
         await self._park(message, state, exc, decision.reason, scope, now)
         return decision
+
+    async def _retry(
+        self,
+        message: AbstractIncomingMessage,
+        state: RetryState,
+        exc: Exception,
+        decision: Decision,
+        scope: AttemptScope,
+        now: datetime,
+    ) -> Decision:
+        """Send the retry copy into the chain; a decision to park when no copy can go."""
+        try:
+            due_at = now + timedelta(seconds=decision.delay)
+        except OverflowError:
+            return Decision.park("delay-out-of-range")
+        try:
+            await send_into_chain(
+                message.channel,
+                message,
+                topology=self.topology,
+                to=self._retry_destination(message),
+                due_at=due_at,
+                now=now,
+                hold=self.hold,  # handlers and forwarders hold what leaves the chain early
+                headers=self._retry_headers(message, state, exc, now, due_at),
+                straight_when_due=self.consumed_from_queue,
+                observe=functools.partial(scope.publishing, kind="retry"),
+                timeout=self.publish_timeout,
+                publish=self.publish,
+            )
+        except (DelayOutOfRangeError, OverflowError):
+            return Decision.park("delay-out-of-range")
+        except PublishError as err:
+            if not _unencodable(err):
+                raise
+            # No retry can ever carry these headers; parking keeps the record.
+            log.error(
+                "message %s on queue %r cannot be re-published for a retry (%s); parking it",
+                message.message_id,
+                self.queue,
+                err,
+            )
+            return Decision.park("unencodable")
+        log.info(
+            "message %s on queue %r failed (attempt %d, %s); retrying in %.3f s",
+            message.message_id,
+            self.queue,
+            state.attempt,
+            type(exc).__name__,
+            decision.delay,
+        )
+        return decision
+
+    def _retry_headers(
+        self,
+        message: AbstractIncomingMessage,
+        state: RetryState,
+        exc: Exception,
+        now: datetime,
+        due_at: datetime,
+    ) -> dict[str, Any]:
+        """The retry copy's headers: its retry state one higher, and its due time."""
+        headers = failure_headers(
+            message.headers, state, exc, now=now, retries=state.retries + 1, runs=self._runs(state)
+        )
+        headers[X_DUE_AT] = to_epoch_ms(due_at)
+        return headers
 
     def _runs(self, state: RetryState) -> int | None:
         """Handler runs in this delivery, for the copy's record; ``None``: not recorded."""
         return state.immediate_retries + 1 if self.record_runs else None
 
-    async def _retry_target(self, message: AbstractIncomingMessage) -> tuple[str, str | None]:
-        """(chain destination, forward routing key or None) of a retry of ``message``.
+    def _retry_destination(self, message: AbstractIncomingMessage) -> ToQueue | ToExchange:
+        """Where a retry of ``message`` goes: back to ``queue``, or to its delivery's exchange.
 
         With ``return_to="exchange"`` a retry goes to the exchange and key of
         the delivery itself (broker-set, not read from headers), through its
@@ -272,20 +266,13 @@ class FailureHandling:
         out of the chain have no such exchange and return to the queue.
         """
         exchange = message.exchange
-        connection = message.channel.connection
         if (
             self.return_to != "exchange"
             or not exchange
             or self.topology.is_chain_exchange(exchange)
         ):
-            # Cached per connection; again after the chain was found missing and forgotten
-            # (amqp/chain.py), so the retry finds the queue's binding at the chain's end.
-            await declarer_for(connection).destination(
-                connection, self.topology, self.queue, self.parking_queue
-            )
-            return self.queue, None
-        queue = await declarer_for(connection).forward_queue(connection, self.topology, exchange)
-        return queue, message.routing_key or ""
+            return ToQueue(self.queue, self.parking_queue)
+        return ToExchange(exchange, message.routing_key or "")
 
     async def _park(
         self,
@@ -311,23 +298,24 @@ class FailureHandling:
             headers.update(extra)
         exchange = self.topology.parking_exchange
         publish = functools.partial(
-            self.publish,
+            publish_copy,
             message.channel,
+            message,
             exchange=exchange,
             routing_key=self.queue,
-            body=message.body,
             timeout=self.publish_timeout,
+            publish=self.publish,
         )
         try:
             with scope.publishing(headers, kind="park", exchange=exchange, routing_key=self.queue):
-                await publish(properties=copy_properties(message.properties, headers))
+                await publish(headers=headers)
         except PublishError as err:
             if not _unencodable(err):
                 raise
             # The original headers cannot be encoded: park with the record alone.
             record = parking_headers({}, state, exc, now=now, reason=reason, runs=self._runs(state))
             record[X_PARKED_NOTE] = f"original headers dropped: {err}"
-            await publish(properties=copy_properties(message.properties, record))
+            await publish(headers=record)
         log.warning(
             "message %s on queue %r parked (%s) after %d attempt(s): %s",
             message.message_id,

@@ -1,12 +1,11 @@
 """The handler ``@with_delayed_retry`` makes: one delivery from arrival to settlement.
 
-:class:`RetryingHandler` declares what its queue needs on first use per
-connection, holds a message that left the chain early until due, runs the
-handler (immediate retries included), acks on success and, on failure, lets
-:class:`~delayed_retry.consumer.failures.FailureHandling` carry out the
-policy's decision (publish the copy with confirms, then ack). The whole
-delivery runs in :meth:`RetryingHandler.__call__`, one frame: the success path
-pays for every frame, and a retry reaches ``basic_publish`` in a few.
+:meth:`RetryingHandler.__call__` runs a delivery in named steps: the
+preflight (declare on first use per connection, the crash guard, hold until
+due, the throttle), the attempt (the handler, with immediate retries inside
+it), and its outcome: success (ack), or a failure that
+:class:`~delayed_retry.consumer.failures.FailureHandling` retries through
+the chain or parks (the copy confirmed, then the ack).
 """
 
 from __future__ import annotations
@@ -81,6 +80,8 @@ class RetryingHandler(Generic[P]):
             if options.throttle is not None and options.queue is not None
             else None
         )
+        # A crash guard or a throttle sees every delivery before the handler does.
+        self._guarded = options.crash_guard is not None or self.throttle is not None
         # Built at the first failure, then kept: every failure of this queue uses it.
         self._failure_handling: FailureHandling | None = None
 
@@ -148,6 +149,28 @@ class RetryingHandler(Generic[P]):
         return self.options.queue
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Handle one delivery: the preflight, then the attempt and its outcome.
+
+        A failure of the library itself (not of the handler) is rescued: the
+        message is parked, else requeued after a backoff; nothing is lost.
+        """
+        message = self._message_of(args)
+        queue = self._queue()
+        # Read from the headers only when something needs it: the success path parses nothing.
+        cell = LazyRetryState(message, queue)
+        try:
+            if self._needs_preflight(message) and not await self._preflight(message, queue, cell):
+                return
+            await self._attempt(message, queue, cell, args[:-1], kwargs)
+        except asyncio.CancelledError as exc:
+            if _cancelling():
+                raise  # shutting down: the channel closes and the broker redelivers it
+            await rescue(message, exc, failures=self._failures(queue), read_state=cell.get)
+        except Exception as exc:
+            await rescue(message, exc, failures=self._failures(queue), read_state=cell.get)
+
+    def _message_of(self, args: tuple[Any, ...]) -> AbstractIncomingMessage:
+        """The delivery this call handles: the last positional argument, unsettled."""
         message = args[-1] if args else None
         if isinstance(message, GuardedMessage):  # stacked decorators: settle the real message
             message = message.message
@@ -161,147 +184,223 @@ class RetryingHandler(Generic[P]):
                 "no_ack=True, so a failure could not be retried without losing it; consume with "
                 "no_ack=False (aio-pika's default)"
             )
-        queue = self._queue()
+        return message
+
+    def _needs_preflight(self, message: AbstractIncomingMessage) -> bool:
+        """Whether :meth:`_preflight` has anything to do: checked on every delivery, no await."""
+        declared = self._declared_on
+        return (
+            self._guarded
+            or declared is None
+            or declared() is not message.channel.connection
+            or self.options.topology.is_chain_exchange(message.exchange)
+        )
+
+    async def _preflight(
+        self, message: AbstractIncomingMessage, queue: str, cell: LazyRetryState
+    ) -> bool:
+        """Before the handler: declare, guard against crashes, hold until due, throttle.
+
+        ``False`` when the message was settled (or put back) here and must not run.
+        """
+        connection = message.channel.connection
+        if self._declared_on is None or self._declared_on() is not connection:
+            # First use on this connection. A failure is requeued after a backoff (rescue).
+            await self._declare_on(connection, queue)
+            self._declared_on = weakref.ref(connection)
+        opts = self.options
+        if opts.crash_guard is not None and not await self._guard_crashes(message, queue, cell):
+            return False
+        if opts.topology.is_chain_exchange(message.exchange):
+            due_at = cell.get().due_at
+            if due_at is not None and not await self._wait_until_due(message, due_at, queue):
+                return False
+        # Throttled: put back at the tail of its queue, unhandled.
+        return self.throttle is None or await self.throttle.admit(message)
+
+    async def _guard_crashes(
+        self, message: AbstractIncomingMessage, queue: str, cell: LazyRetryState
+    ) -> bool:
+        """Put back a message that arrives while stopping; judge one a crashed consumer held."""
+        opts = self.options
+        assert opts.crash_guard is not None
+        if opts.held.stopping:  # shutting down: back to the queue, not counted as a crash
+            await cancel_consumer_of(message)
+            await self._put_back(message, queue)
+            return False
+        if message.redelivered:  # its last consumer went away holding it
+            await guard_redelivery(
+                message, cell.get(), guard=opts.crash_guard, failures=self._failures(queue)
+            )
+            return False
+        return True
+
+    async def _attempt(
+        self,
+        message: AbstractIncomingMessage,
+        queue: str,
+        cell: LazyRetryState,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        """Run the handler, again at once while immediate retries allow; then its outcome."""
+        opts = self.options
         guarded = GuardedMessage(message)
-        call_args: tuple[Any, ...] = (*args[:-1], guarded)
-        # Read from the headers only when something needs it: the success path parses nothing.
-        cell = LazyRetryState(message, queue)
-        # One frame from here to the hand-over: the success path pays for every frame, and
-        # every frame is one more to read on a retry's way to the broker.
-        try:
-            opts = self.options
-            connection = message.channel.connection
-            if self._declared_on is None or self._declared_on() is not connection:
-                # First use on this connection: declare what we need. A failure is requeued
-                # after a backoff (rescue): nothing is lost, nothing spins.
-                await self._declare_on(connection, queue)
-                self._declared_on = weakref.ref(connection)
-            if opts.crash_guard is not None:
-                if opts.held.stopping:  # shutting down: back to the queue, not counted as a crash
-                    await cancel_consumer_of(message)
-                    await self._put_back(message, queue)
-                    return
-                if message.redelivered:  # its last consumer went away holding it
-                    await guard_redelivery(
-                        message, cell.get(), guard=opts.crash_guard, failures=self._failures(queue)
-                    )
-                    return
-            if opts.topology.is_chain_exchange(message.exchange):
-                due_at = cell.get().due_at
-                if due_at is not None and not await self._wait_until_due(message, due_at, queue):
-                    return
-            throttle = self.throttle
-            if throttle is not None and not await throttle.admit(message):
-                return  # throttled: put back at the tail of its queue, unhandled
-            immediate = opts.immediate
-            started = time.monotonic() if immediate is not None else 0.0
-            paused = 0.0
-            while True:
-                pause: float | None = None
-                observed: contextlib.AbstractContextManager[AttemptScope] = (
-                    opts.instrumentation.attempt(message, cell.get(), queue=queue)
-                    if self._telemetry_on()
-                    else QUIET_SCOPE
-                )
-                with observed as scope:
-                    # Inline, not a helper coroutine: the success path pays for every frame.
-                    token = CURRENT_STATE.set(cell)
+        call_args: tuple[Any, ...] = (*args, guarded)
+        started = time.monotonic() if opts.immediate is not None else 0.0
+        paused = 0.0
+        while True:
+            with self._scope(message, cell, queue) as scope:
+                token = CURRENT_STATE.set(cell)
+                try:
+                    await self.fn(*call_args, **kwargs)
                     failure: Exception | None = None
-                    try:
-                        await self.fn(*call_args, **kwargs)
-                    except asyncio.CancelledError as exc:
-                        task = asyncio.current_task()
-                        if task is not None and task.cancelling():
-                            raise
-                        failure = HandlerCancelledError(
-                            f"handler {self!r} raised CancelledError without being cancelled"
-                        )
-                        failure.__cause__ = exc
-                    except Exception as exc:
-                        failure = exc
-                    finally:
-                        CURRENT_STATE.reset(token)
-                    if failure is None:
-                        opts.requeue_backoff.reset()
-                        if throttle is not None:
-                            throttle.observe(message, None)
-                        if guarded.deferred is not None:
-                            # The handler rejected or nacked without raising: its explicit choice.
-                            await guarded.send_deferred()
-                            scope.finish("error", reason="settled-by-handler")
-                            return
-                        if opts.ack_on_success and not message.processed:
-                            # Handled: a failed ack means a redelivery (a duplicate), never a park.
-                            await ack(message, queue)
-                        scope.finish("success")
-                        return
-                    if guarded.acked or message.processed:
-                        log.error(
-                            "handler %r acked message %s itself and then raised %r; the ack "
-                            "stands, so it is neither retried nor parked",
-                            self,
-                            message.message_id,
-                            failure,
-                        )
-                        scope.finish("error", exc=failure, reason="settled-by-handler")
-                        return
-                    # A reject or nack the handler asked for on its way out (message.process())
-                    # is dropped: the failure is retried or parked like any other.
-                    state = cell.get()
-                    if immediate is not None:
-                        pause = immediate.next_pause(
-                            opts.policy,
-                            state,
-                            failure,
-                            now=utcnow(),
-                            running_for=time.monotonic() - started,
-                            paused=paused,
-                        )
-                    if pause is None:
-                        if throttle is not None:  # a delivery's failure, immediate retries spent
-                            throttle.observe(message, failure)
-                        decision, failure = self._decide(message, state, failure)
-                        try:
-                            guarded.handed_over = await self._failures(queue).failed(
-                                message, state, failure, decision, scope
-                            )
-                        finally:
-                            # The failure's traceback holds this frame, and this frame the
-                            # failure: a cycle per failed message for the collector to find.
-                            failure = None
-                        return
-                    scope.finish("immediate-retry", delay=pause, exc=failure)
-                log.info(
-                    "message %s on queue %r failed (%s); running it again at once (immediate retry "
-                    "%d of %d)",
-                    message.message_id,
-                    queue,
-                    type(failure).__name__,
-                    state.immediate_retries + 1,
-                    immediate.times if immediate is not None else 0,
-                )
-                if not await pause_before_rerun(
-                    opts.pauses,
-                    message,
-                    pause,
-                    queue=queue,
-                    put_back=(
-                        None
-                        if opts.crash_guard is None
-                        else functools.partial(self._put_back, queue=queue)
-                    ),
-                ):
+                except asyncio.CancelledError as exc:
+                    failure = self._cancelled(exc)
+                except Exception as exc:
+                    failure = exc
+                finally:
+                    CURRENT_STATE.reset(token)
+                if failure is None:
+                    await self._succeeded(message, queue, guarded, scope)
                     return
-                paused += pause
-                guarded.deferred = None  # the failed run's reject or nack was dropped
-                cell.rerun()
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # shutting down: the channel closes and the broker redelivers it
-            await rescue(message, exc, failures=self._failures(queue), read_state=cell.get)
-        except Exception as exc:
-            await rescue(message, exc, failures=self._failures(queue), read_state=cell.get)
+                if self._settled_by_handler(message, guarded, failure, scope):
+                    return
+                pause = self._immediate_pause(cell, failure, started, paused)
+                if pause is None:
+                    try:
+                        await self._failed(message, queue, guarded, cell, failure, scope)
+                    finally:
+                        # The failure's traceback holds this frame, and this frame the
+                        # failure: a cycle per failed message for the collector to find.
+                        failure = None
+                    return
+                scope.finish("immediate-retry", delay=pause, exc=failure)
+            if not await self._pause_before_rerun(message, queue, cell, failure, pause):
+                return
+            paused += pause
+            guarded.deferred = None  # the failed run's reject or nack was dropped
+            cell.rerun()
+
+    def _scope(
+        self, message: AbstractIncomingMessage, cell: LazyRetryState, queue: str
+    ) -> contextlib.AbstractContextManager[AttemptScope]:
+        """The instrumentation's scope of one handler run; a free one while nothing records."""
+        if self._telemetry_on():
+            return self.options.instrumentation.attempt(message, cell.get(), queue=queue)
+        return QUIET_SCOPE
+
+    def _cancelled(self, exc: asyncio.CancelledError) -> Exception:
+        """The failure of a handler that raised ``CancelledError``; re-raised when cancelled."""
+        if _cancelling():
+            raise exc
+        failure = HandlerCancelledError(
+            f"handler {self!r} raised CancelledError without being cancelled"
+        )
+        failure.__cause__ = exc
+        return failure
+
+    async def _succeeded(
+        self,
+        message: AbstractIncomingMessage,
+        queue: str,
+        guarded: GuardedMessage,
+        scope: AttemptScope,
+    ) -> None:
+        """The outcome of a success: ack, or the reject or nack the handler asked for."""
+        opts = self.options
+        opts.requeue_backoff.reset()
+        if self.throttle is not None:
+            self.throttle.observe(message, None)
+        if guarded.deferred is not None:
+            # The handler rejected or nacked without raising: its explicit choice.
+            await guarded.send_deferred()
+            scope.finish("error", reason="settled-by-handler")
+            return
+        if opts.ack_on_success and not message.processed:
+            # Handled: a failed ack means a redelivery (a duplicate), never a park.
+            await ack(message, queue)
+        scope.finish("success")
+
+    def _settled_by_handler(
+        self,
+        message: AbstractIncomingMessage,
+        guarded: GuardedMessage,
+        failure: Exception,
+        scope: AttemptScope,
+    ) -> bool:
+        """Whether the handler acked its message and then raised: the ack stands, logged."""
+        if not (guarded.acked or message.processed):
+            return False
+        log.error(
+            "handler %r acked message %s itself and then raised %r; the ack stands, so it "
+            "is neither retried nor parked",
+            self,
+            message.message_id,
+            failure,
+        )
+        scope.finish("error", exc=failure, reason="settled-by-handler")
+        return True
+
+    def _immediate_pause(
+        self, cell: LazyRetryState, failure: Exception, started: float, paused: float
+    ) -> float | None:
+        """The pause before running the handler again at once; ``None``: no immediate retry."""
+        opts = self.options
+        if opts.immediate is None:
+            return None
+        return opts.immediate.next_pause(
+            opts.policy,
+            cell.get(),
+            failure,
+            now=utcnow(),
+            running_for=time.monotonic() - started,
+            paused=paused,
+        )
+
+    async def _failed(
+        self,
+        message: AbstractIncomingMessage,
+        queue: str,
+        guarded: GuardedMessage,
+        cell: LazyRetryState,
+        failure: Exception,
+        scope: AttemptScope,
+    ) -> None:
+        """The outcome of a failure, immediate retries spent: a retry through the chain, or parking.
+
+        A reject or nack the handler asked for on its way out (``message.process()``)
+        is dropped: the failure is retried or parked like any other.
+        """
+        if self.throttle is not None:  # a delivery's failure
+            self.throttle.observe(message, failure)
+        state = cell.get()
+        decision, failure = self._decide(message, state, failure)
+        guarded.handed_over = await self._failures(queue).failed(
+            message, state, failure, decision, scope
+        )
+
+    async def _pause_before_rerun(
+        self,
+        message: AbstractIncomingMessage,
+        queue: str,
+        cell: LazyRetryState,
+        failure: Exception,
+        pause: float,
+    ) -> bool:
+        """Wait ``pause`` before an immediate retry; ``False`` when the message was put back."""
+        log.info(
+            "message %s on queue %r failed (%s); running it again at once (immediate retry "
+            "%d of %d)",
+            message.message_id,
+            queue,
+            type(failure).__name__,
+            cell.get().immediate_retries + 1,
+            self.options.immediate.times if self.options.immediate is not None else 0,
+        )
+        return await pause_before_rerun(
+            self.options.pauses, message, pause, queue=queue, put_back=self._put_back_for(queue)
+        )
 
     def _decide(
         self, message: AbstractIncomingMessage, state: RetryState, failure: Exception
@@ -320,6 +419,14 @@ class RetryingHandler(Generic[P]):
             )
             policy_exc.__context__ = failure  # the record shows both tracebacks
             return Decision.park("internal-error"), policy_exc
+
+    def _put_back_for(
+        self, queue: str
+    ) -> Callable[[AbstractIncomingMessage], Awaitable[None]] | None:
+        """How a held message goes back to ``queue`` as new; ``None`` without a crash guard."""
+        if self.options.crash_guard is None:
+            return None
+        return functools.partial(self._put_back, queue=queue)
 
     async def _put_back(self, message: AbstractIncomingMessage, queue: str) -> None:
         await put_back(
@@ -363,9 +470,7 @@ class RetryingHandler(Generic[P]):
             due_at,
             max_delay=opts.topology.max_delay,
             tolerance=early_tolerance(opts.topology),
-            put_back=(
-                None if opts.crash_guard is None else functools.partial(self._put_back, queue=queue)
-            ),
+            put_back=self._put_back_for(queue),
         )
         if outcome != "early":
             return outcome == "due"
@@ -375,3 +480,9 @@ class RetryingHandler(Generic[P]):
 
 def _always() -> bool:
     return True
+
+
+def _cancelling() -> bool:
+    """Whether the running task is being cancelled (not a handler's stray ``CancelledError``)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -1,27 +1,18 @@
 """The one at-least-once hand-over: confirm the copy, then ack the original.
 
 Every consumer the library runs (the decorator, the router, the forwarder,
-the front door) moves a message on through :func:`hand_over`:
-
-1. ``publish`` puts the message's next home in place (a retry copy in the
-   chain, a parking record, a delivery to an exchange) and returns once the
-   broker confirmed it;
-2. only then is the original acked. If the process dies in between, the
-   original is redelivered and the copy also arrives: a duplicate, never a loss.
-
-While the publish is not confirmed (a nack, a timeout, a channel error, a
-missing exchange), the original stays unacked and the publish is tried again
-after a pause that doubles (``0.5 s`` … ``8 s``) for up to
-:data:`HANDOVER_RETRY_WINDOW` seconds; only then is the message requeued
-(:func:`requeue`: ``nack`` with requeue), at most once per window: never in a
-tight loop. Each requeue is one delivery toward a quorum queue's delivery limit,
-which is why every queue the library consumes is declared with
-:data:`~delayed_retry.chain.topology.DELIVERY_LIMIT`. See ``docs/reliability.md``.
+the front door) moves a message on through :func:`hand_over`: the copy's
+publish must be confirmed before the original is acked. An unconfirmed
+publish is tried again, the original unacked, with tenacity's bounded
+exponential backoff (:class:`HandOverTiming`); past its window the message
+is requeued, never in a tight loop. Why, and what the broker counts, is in
+``docs/reliability.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +20,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import aiormq
+import tenacity
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry.errors import PublishError
@@ -66,6 +58,9 @@ RETRYABLE: tuple[type[BaseException], ...] = (
 )
 """Failures of a publish that may pass: the hand-over tries again."""
 
+_NO_CALL = tenacity.Retrying()
+"""The retry object tenacity's call states name; the hand-over's tries are its own loop."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class HandOverTiming:
@@ -82,6 +77,23 @@ class HandOverTiming:
     max_pause: float = HANDOVER_MAX_PAUSE
     requeue_first_pause: float = REQUEUE_FIRST_PAUSE
     requeue_max_pause: float = REQUEUE_MAX_PAUSE
+
+    @functools.cached_property
+    def pause(self) -> tenacity.wait.wait_base:
+        """The pause before the next try of an unconfirmed hand-over: doubling, bounded."""
+        return tenacity.wait_exponential(multiplier=self.first_pause, max=self.max_pause)
+
+    @functools.cached_property
+    def give_up(self) -> tenacity.stop.stop_base:
+        """Whether to stop trying a hand-over: its next pause would end past ``window``."""
+        return tenacity.stop_before_delay(self.window)
+
+    @functools.cached_property
+    def requeue_pause(self) -> tenacity.wait.wait_base:
+        """The pause before a requeue, by messages requeued in a row: doubling, bounded."""
+        return tenacity.wait_exponential(
+            multiplier=self.requeue_first_pause, max=self.requeue_max_pause
+        )
 
 
 DEFAULT_TIMING = HandOverTiming()
@@ -106,12 +118,17 @@ async def hand_over(
     message). Any other exception of ``publish`` propagates, the message
     unsettled: the caller requeues it after a pause (:func:`requeue_after_backoff`).
     """
-    started = time.monotonic()
-    pause = timing.first_pause
+    tries: tenacity.RetryCallState | None = None
     while True:
         try:
             result = await publish()
         except RETRYABLE as err:
+            if tries is None:  # built at the first failure: a confirmed publish needs none
+                tries = tenacity.RetryCallState(_NO_CALL, None, (), {})
+            else:
+                tries.attempt_number += 1
+            tries.outcome_timestamp = time.monotonic()
+            tries.upcoming_sleep = pause = timing.pause(tries)
             if not channel_open(message):
                 log.warning(
                     "hand-over of message %s from queue %r failed (%s) and its channel is "
@@ -121,7 +138,7 @@ async def hand_over(
                     err,
                 )
                 return None
-            if time.monotonic() - started + pause > timing.window:
+            if timing.give_up(tries):
                 log.error(
                     "could not hand over message %s from queue %r (%s); returning it to the queue",
                     message.message_id,
@@ -139,7 +156,6 @@ async def hand_over(
                 pause,
             )
             await asyncio.sleep(pause)
-            pause = min(pause * 2, timing.max_pause)
             continue
         await ack(message, queue)
         return result
@@ -160,11 +176,10 @@ class RequeueBackoff:
 
     def next_pause(self, timing: HandOverTiming = DEFAULT_TIMING) -> float:
         """The pause before the next requeue; counts it."""
-        pause = min(
-            timing.requeue_first_pause * 2.0 ** min(self.in_a_row, 30), timing.requeue_max_pause
-        )
+        requeues = tenacity.RetryCallState(_NO_CALL, None, (), {})
+        requeues.attempt_number = self.in_a_row + 1
         self.in_a_row += 1
-        return pause
+        return timing.requeue_pause(requeues)
 
 
 async def requeue_after_backoff(

@@ -14,7 +14,7 @@ from typing import Any, Unpack
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.chain import keep_unroutable
 from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.consumers import Consumer, consume_queue
 from delayed_retry.amqp.declarer import declarer_for
@@ -177,14 +177,13 @@ class RetryRouter:
         headers[X_PARKED_AT] = to_epoch_ms(utcnow())
         if rejection.claimed_queue is not None:
             headers[X_CLAIMED_QUEUE] = rejection.claimed_queue
-        exchange = self.topology.unroutable_exchange
 
         async def publish() -> bool:
-            await publish_into_chain(
+            await keep_unroutable(
                 message.channel,
                 message,
                 topology=self.topology,
-                route=(exchange, message.routing_key or ""),
+                routing_key=message.routing_key or "",
                 headers=headers,
                 timeout=self.publish_timeout,
             )

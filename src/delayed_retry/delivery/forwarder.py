@@ -32,7 +32,7 @@ import aiormq
 import aiormq.abc
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
-from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.chain import ToQueue, send_into_chain
 from delayed_retry.amqp.channels import close_quietly, exchange_exists, underlay_connection
 from delayed_retry.amqp.consumers import Consumer, all_in_place, consume_queue
 from delayed_retry.amqp.declarer import declarer_for
@@ -51,7 +51,7 @@ from delayed_retry.headers.names import (
 from delayed_retry.headers.parking_record import parking_headers
 from delayed_retry.headers.retry_state import forwarded_headers, parse_retry_state
 from delayed_retry.headers.values import sanitize_headers
-from delayed_retry.recovery.hold import DEFAULT_HOLD, Hold, check_hold, redelay_units
+from delayed_retry.recovery.hold import DEFAULT_HOLD, Hold, check_hold
 
 __all__ = ["Forwarder", "ForwardingFailed"]
 
@@ -271,12 +271,14 @@ class Forwarder:
 
         # Too early to hold: back into the chain for the rest of the wait.
         async def redelay() -> bool:
-            units = redelay_units(self.topology, due_at, now=utcnow(), hold=self.hold)
-            await publish_into_chain(
+            await send_into_chain(
                 await self.publish_channel(),
                 message,
                 topology=self.topology,
-                route=self.topology.route(units, queue),
+                to=ToQueue(queue, declare=False),
+                due_at=due_at,
+                hold=self.hold,
+                early=True,
                 headers=sanitize_headers(message.headers),
                 timeout=self._publish_timeout,
                 keep_delivery_mode=True,

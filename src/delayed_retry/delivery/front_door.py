@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
-from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.chain import ToQueue, send_into_chain
 from delayed_retry.amqp.channels import close_quietly, on_scratch_channel, underlay_connection
 from delayed_retry.amqp.consumers import Consumer, consume_queue
 from delayed_retry.amqp.declarer import declarer_for
@@ -61,7 +61,7 @@ from delayed_retry.headers.names import (
     X_ORIGINAL_ROUTING_KEY,
 )
 from delayed_retry.headers.values import sanitize_headers
-from delayed_retry.recovery.hold import DEFAULT_HOLD, Hold, chain_units
+from delayed_retry.recovery.hold import DEFAULT_HOLD, Hold
 
 __all__ = [
     "BadDelay",
@@ -319,12 +319,13 @@ class FrontDoor:
         async def into_chain() -> bool:
             # Out of the chain a lead early when forwarders hold messages until due;
             # computed at each try, so a later try waits less in the chain.
-            units = chain_units(self.topology, due_at, now=utcnow(), hold=self.forwarder.hold)
-            await publish_into_chain(
+            await send_into_chain(
                 await self.forwarder.publish_channel(),
                 message,
                 topology=self.topology,
-                route=self.topology.route(units, self.forward_queue),
+                to=ToQueue(self.forward_queue, declare=False),
+                due_at=due_at,
+                hold=self.forwarder.hold,
                 headers=out,
                 timeout=self._publish_timeout,
                 keep_delivery_mode=True,

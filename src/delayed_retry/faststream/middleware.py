@@ -23,9 +23,8 @@ from faststream.exceptions import (
     StopConsume,
 )
 
-from delayed_retry.amqp.chain import publish_into_chain
+from delayed_retry.amqp.chain import ToQueue, send_into_chain
 from delayed_retry.amqp.channels import close_quietly
-from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.consumer.handover import requeue
@@ -348,18 +347,15 @@ async def _send_back_through_chain(
             queue,
             REFUSED_REDELIVERY,
         )
-    now = utcnow()
-    units = topology.units_until(now + REFUSED_REDELIVERY, now=now)
     try:
-        connection = raw.channel.connection
-        await declarer_for(connection).destination(connection, topology, queue, with_parking=False)
-        channel = await connection.channel(publisher_confirms=True)
+        channel = await raw.channel.connection.channel(publisher_confirms=True)
         try:
-            await publish_into_chain(
+            await send_into_chain(
                 channel,
                 raw,
                 topology=topology,
-                route=topology.route(units, queue),
+                to=ToQueue(queue, with_parking=False),
+                due_at=utcnow() + REFUSED_REDELIVERY,
                 headers=dict(raw.headers or {}),
             )
         finally:
