@@ -26,7 +26,7 @@ CORE_FOLDERS = ("consumer", "amqp", "delivery", "faststream")
 MAX_LINES = 60
 """The longest a function in :data:`CORE_FOLDERS` may be, signature and docstring included."""
 
-LONGER_ALLOWED = frozenset({"consumer/settings.py:retry_options"})
+LONGER_ALLOWED: frozenset[str] = frozenset()
 """Functions still over :data:`MAX_LINES`, each in a file whose rework is under way; emptied as
 they are split, never added to."""
 
