@@ -237,3 +237,50 @@ async def test_faststreams_log_says_what_became_of_a_failed_message(
         f"{failed}retried: back in {queue.name!r} in 300 ms through the delay chain"
     )
     assert said[retried + 1] == "Processed"
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def test_the_librarys_lines_about_a_delivery_are_written_as_faststreams(
+    quorum: Scenario, rabbitmq_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Under FastStream the retry and park lines were bare text on an unconfigured logger, and a
+    # retry's "Received" read as a second one of the first delivery.
+    caplog.set_level(logging.INFO, logger="delayed_retry")
+    seen = _Records()
+    logger = logging.getLogger(f"faststream-test-{quorum.unique}-lines")
+    logger.addHandler(seen)
+    logger.setLevel(logging.INFO)
+    broker = RabbitBroker(rabbitmq_url, logger=logger, middlewares=[retrier(quorum, max_retries=1)])
+    queue = queue_of(quorum, "lines")
+    parking = quorum.topology.default_parking_queue(queue.name)
+
+    @broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        raise Transient("card service down")
+
+    async with running(broker):
+        await broker.publish("x", queue.name, message_id="lines-1")
+        await quorum.wait_for_depth(parking, 1)
+    said = [r.getMessage() for r in seen.records]
+    received = [i for i, text in enumerate(said) if text == "Received"]
+    retrying = next(i for i, text in enumerate(said) if "retrying in 0.300 s" in text)
+    attempt = said.index("attempt 2: retry 1 of this message")
+    assert received[0] < retrying < received[1] < attempt, said
+    parked = [
+        r for r in seen.records if "parked (max-retries) after 2 attempt(s)" in r.getMessage()
+    ]
+    assert [r.levelno for r in parked] == [logging.WARNING]
+    # With FastStream's context, as its own lines are written.
+    assert {getattr(seen.records[i], "message_id", None) for i in (retrying, attempt)} == {
+        "lines-1"
+    }
+    assert getattr(parked[0], "message_id", None) == "lines-1"
+    assert not [r for r in caplog.records if r.name == "delayed_retry.consumer.failures"]

@@ -23,6 +23,7 @@ from delayed_retry.amqp.chain import ToExchange, ToQueue, send_into_chain
 from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.amqp.publish import Publisher, publish_confirmed, publish_copy
 from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.consumer.delivery_log import log_delivery
 from delayed_retry.consumer.handover import (
     DEFAULT_TIMING,
     HandOverTiming,
@@ -221,14 +222,18 @@ class FailureHandling:
             if not _unencodable(err):
                 raise
             # No retry can ever carry these headers; parking keeps the record.
-            log.error(
+            log_delivery(
+                log,
+                logging.ERROR,
                 "message %s on queue %r cannot be re-published for a retry (%s); parking it",
                 message.message_id,
                 self.queue,
                 err,
             )
             return Decision.park("unencodable")
-        log.info(
+        log_delivery(
+            log,
+            logging.INFO,
             "message %s on queue %r failed (attempt %d, %s); retrying in %.3f s",
             message.message_id,
             self.queue,
@@ -316,7 +321,9 @@ class FailureHandling:
             record = parking_headers({}, state, exc, now=now, reason=reason, runs=self._runs(state))
             record[X_PARKED_NOTE] = f"original headers dropped: {err}"
             await publish(headers=record)
-        log.warning(
+        log_delivery(
+            log,
+            logging.WARNING,
             "message %s on queue %r parked (%s) after %d attempt(s): %s",
             message.message_id,
             self.queue,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Unpack
@@ -26,6 +27,7 @@ from faststream.exceptions import (
 from delayed_retry.amqp.chain import ToQueue, send_into_chain
 from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.consumer.delivery_log import DELIVERY_LOG
 from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.consumer.handover import requeue
 from delayed_retry.consumer.options import SubscriberOptions
@@ -43,6 +45,8 @@ from delayed_retry.faststream.subscribers import (
     warn_about_telemetry_order,
     warn_about_unrestorable_queue,
 )
+from delayed_retry.headers.names import X_RETRY
+from delayed_retry.headers.values import header_int
 from delayed_retry.recovery.policy import Decision
 
 if TYPE_CHECKING:
@@ -292,7 +296,11 @@ class _RetryMiddleware(BaseMiddleware):
         if is_in_memory(raw):
             return await self._in_memory(call_next, msg, served.queue)
         attempt = _Attempt()
-        await served.handler(call_next, msg, attempt, raw)
+        token = DELIVERY_LOG.set(self._delivery_log(raw))
+        try:
+            await served.handler(call_next, msg, attempt, raw)
+        finally:
+            DELIVERY_LOG.reset(token)
         if attempt.signal is not None:
             raise attempt.signal
         if attempt.failed or not attempt.called:
@@ -308,6 +316,26 @@ class _RetryMiddleware(BaseMiddleware):
                 )
             )
         return attempt.result
+
+    def _delivery_log(self, raw: Any) -> Callable[[int, str], None] | None:
+        """The library's lines about this delivery, written through FastStream's logger.
+
+        With FastStream's context (``| queue | id -``), like its own "Received" and
+        "Processed"; a retry's delivery says first which attempt it is, so its "Received"
+        is not taken for a second one of the message it retries.
+        """
+        logger = self.context.get_local("logger")
+        if not isinstance(logger, logging.Logger):
+            return None
+        extra = self.context.get_local("log_context", {})
+
+        def write(level: int, text: str) -> None:
+            logger.log(level, text, extra=extra)
+
+        retries = header_int((raw.headers or {}).get(X_RETRY))
+        if retries:
+            write(logging.INFO, f"attempt {retries + 1}: retry {retries} of this message")
+        return write
 
     async def _in_memory(self, call_next: AsyncFuncAny, msg: StreamMessage[Any], queue: str) -> Any:
         options = self.retrier.options
