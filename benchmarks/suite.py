@@ -35,11 +35,12 @@ from delayed_retry import DelayTopology
 from harness import RabbitMQNode
 
 PEER_SUBJECTS = peer_workers.SUBJECTS
-OPT_IN = ("peer-success", "capacity", "broker-cost", "hop-anatomy")
+OPT_IN = ("peer-success", "capacity", "broker-cost", "hop-anatomy", "cluster")
 """Workloads run only when named with --only (peer-success: eight worker starts, noisy;
 capacity: a million messages take many minutes; broker-cost: a node of its own with the
 management plugin, two minutes; hop-anatomy: six subjects taking the one-hop retry
-apart, an analysis rather than a target)."""
+apart, an analysis rather than a target; cluster: a private 3-node cluster of its own,
+about five minutes)."""
 
 WORKLOADS = (
     "overhead",
@@ -55,6 +56,7 @@ WORKLOADS = (
     "capacity",
     "broker-cost",
     "hop-anatomy",
+    "cluster",
 )
 
 
@@ -162,6 +164,12 @@ async def _run(
         )
     if "broker-cost" in args.only:
         rows += await _broker_cost(args)
+    if "cluster" in args.only:
+        import cluster
+
+        print("cluster: the chain's leaders on one node, then spread, on a 3-node cluster ...")
+        measured = await cluster.run(seconds=5.0 if args.quick else 20.0, stop=not args.quick)
+        rows += cluster.suite_rows(measured)
     rows += await _peer_workloads(url, args)
     return rows
 
