@@ -169,6 +169,11 @@ async def stream(
         await connection.close()
     if stop:
         await asyncio.to_thread(cluster.ensure_all_running)
+    # The stopped node may have been the admin connection's: clean up over a new one.
+    with contextlib.suppress(Exception):
+        await admin.close()
+    admin = await aio_pika.connect(cluster.urls[0])
+    channel = await admin.channel()
     await delete_topology(channel, topology)
     await channel.queue_delete(name)
     await channel.queue_delete(f"{name}.parking")
@@ -207,6 +212,7 @@ async def run(
     kinds: tuple[str, ...] = ("unheld", "held"),
     stop: bool = False,
     version: str | None = None,
+    placements: tuple[str, ...] = ("one-node", "spread"),
 ) -> list[dict[str, Any]]:
     """Every placement and kind on one private 3-node cluster; prints each row as measured."""
     cluster = RabbitMQCluster(
@@ -217,7 +223,7 @@ async def run(
     await asyncio.to_thread(cluster.start)
     rows: list[dict[str, Any]] = []
     try:
-        for spread in (False, True):
+        for spread in [placement == "spread" for placement in placements]:
             for kind in kinds:
                 row = await stream(
                     cluster, spread=spread, hold=kind == "held", rate=rate, seconds=seconds
@@ -278,6 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--kinds", nargs="+", default=["unheld", "held"], choices=["unheld", "held"]
     )
+    parser.add_argument(
+        "--placements", nargs="+", default=["one-node", "spread"], choices=["one-node", "spread"]
+    )
     parser.add_argument("--stop", action="store_true", help="also stop the busiest leader node")
     parser.add_argument("--version", default=None, help="RabbitMQ version of the nodes (3.10)")
     parser.add_argument("--json", default=None, help="write the rows to this file")
@@ -289,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
             kinds=tuple(args.kinds),
             stop=args.stop,
             version=args.version,
+            placements=tuple(args.placements),
         )
     )
     if args.json:
