@@ -161,6 +161,13 @@ async def stream(
         await asyncio.wait_for(done.wait(), timeout=MAX_DELAY + (240 if stop else 60))
     await asyncio.sleep(0.5)
     elapsed = time.monotonic() - began
+    # What did not arrive: still in the work queue (and its consumers), or in the chain.
+    rows = await asyncio.to_thread(cluster.list_queues, "name", "messages", "consumers")
+    waiting = {
+        str(r["name"]): [r["messages"], r["consumers"]]
+        for r in rows
+        if str(r["name"]).startswith(prefix) and r["messages"]
+    }
     cpu = [
         max(0.0, after - before - draw * elapsed)
         for after, before, draw in zip(_cpu(cluster), cpu0, idle, strict=True)
@@ -201,6 +208,7 @@ async def stream(
         "received": len(seen),
         "missing": total - len(seen),
         "duplicates": sum(count - 1 for count in seen.values()),
+        "waiting_at_end": waiting,
         "seconds": round(elapsed, 1),
     }
 
@@ -273,7 +281,7 @@ def _line(row: dict[str, Any]) -> str:
         f"busiest {row['busiest_share']:.0%} broker {row['broker_ms_per_message']} ms/msg "
         f"late p50 {late['p50']} p99 {late['p99']} max {late['max']} min {late['min']} ms "
         f"pause {row['pause_s']} s recv {row['received']}/{row['sent']} "
-        f"dup {row['duplicates']}"
+        f"dup {row['duplicates']} left {row['waiting_at_end']}"
     )
 
 
@@ -282,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=250.0, help="msg/s (%(default)s)")
     parser.add_argument("--seconds", type=float, default=20.0, help="s per stream (%(default)s)")
     parser.add_argument(
-        "--kinds", nargs="+", default=["unheld", "held"], choices=["unheld", "held"]
+        "--kinds", nargs="*", default=["unheld", "held"], choices=["unheld", "held"]
     )
     parser.add_argument(
         "--placements", nargs="+", default=["one-node", "spread"], choices=["one-node", "spread"]
