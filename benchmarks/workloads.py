@@ -135,6 +135,14 @@ WORKLOADS = (
         default=False,
     ),
     Workload(
+        name="cluster",
+        module="cluster",
+        summary="a 3-node cluster: the busiest node's share of broker CPU, leaders on one node "
+        "and spread",
+        default=False,
+        suite_broker=False,
+    ),
+    Workload(
         name="broker-cost",
         module="broker_cost",
         summary="held/unheld chain cost: broker CPU and routings per delayed message",

@@ -127,6 +127,47 @@ async def _rebind_as_pass_through(url: str, topology: DelayTopology, *, only: bo
             await raw.exchange_unbind(destination, source, routing_key=key)
 
 
+def test_leaders_are_read_through_the_management_api_and_a_single_node_is_not_lopsided(
+    management_node: tuple[RabbitMQNode, str], unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node, api = management_node
+    url = node.url
+    topo = ["--prefix", unique, "--levels", "6"]
+    assert main(["--url", url, "declare", *topo]) == 0
+    capsys.readouterr()
+    try:
+        assert main(["--url", url, "topology", "verify", *topo, "--management-url", api]) == 0
+        assert "leads" not in capsys.readouterr().out
+        status = ["--url", url, "status", *topo, "--management-url", api]
+        assert main([*status, "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["leaders_per_node"] == {node.name: 6}
+        assert {(row["leader"], tuple(row["members"])) for row in report["chain"]} == {
+            (node.name, (node.name,))
+        }
+        assert main([*status, "--all-levels"]) == 0
+        out = capsys.readouterr().out
+        assert f"level leaders per node: {node.name} 6" in out
+        assert "leader (members)" in out  # the column, shown once the API answered
+    finally:
+        asyncio.run(_delete_chain(url, DelayTopology(prefix=unique, levels=6), []))
+
+
+def test_rebalance_prints_the_policies_for_the_brokers_version_and_the_rebalance(
+    management_node: tuple[RabbitMQNode, str], unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node, _ = management_node
+    rebalance = ["--url", node.url, "topology", "rebalance", "--prefix", unique, "--json"]
+    assert main(rebalance) == 0
+    printed = json.loads(capsys.readouterr().out)
+    expected = "balanced" if node.version not in (None, "3.10") else "least-leaders"
+    assert expected in printed["policies"][0]
+    assert printed["rebalance"].startswith("rabbitmq-queues rebalance quorum")
+    assert main([*rebalance[:-1], "--rabbitmq-major", "4"]) == 0
+    out = capsys.readouterr().out
+    assert '"queue-leader-locator":"balanced"' in out and "min-masters" not in out
+
+
 def test_verify_tells_pass_through_bindings_apart_and_declare_moves_them_on(
     management_node: tuple[RabbitMQNode, str], unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -26,6 +26,7 @@ from delayed_retry import (
     declare_topology,
     with_delayed_retry,
 )
+from delayed_retry.chain.leaders import leader_policies
 from harness import RabbitMQCluster
 from tests.support.queues import delete_all
 from tests.support.waiting import wait_until
@@ -42,17 +43,23 @@ DELAY_LEVEL = 13  # a 15 s wait enters the chain at level 13 (8192 ms)
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("placement", ["one-node", "spread"])
 async def test_killing_the_chain_leader_loses_no_message(
-    cluster: RabbitMQCluster, unique: str
+    cluster: RabbitMQCluster, unique: str, placement: str
 ) -> None:
     queue = f"{unique}.work"
     topology = DelayTopology(prefix=unique, levels=14)
+    # one-node: declared through node 0 with no policy, node 0 leads every level
+    # (client-local leaders). spread: the leader policies set first, the levels lead on
+    # every node, and the killed node leads a third of them.
+    policies = leader_policies(topology, broker_major=3 if cluster.version in (None, "3.10") else 4)
+    for policy in policies if placement == "spread" else []:
+        cluster.nodes[0].rabbitmqctl(*policy.rabbitmqctl_args())
     ledger = Ledger(sent=set(range(MESSAGES)))
     failed_once: set[int] = set()
     by_consumer: Counter[int] = Counter()
     connections: list[AbstractRobustConnection] = []
 
-    # Declared through node 0, so node 0 leads the chain's queues (client-local leaders).
     admin = await aio_pika.connect_robust(cluster.urls[0])
     connections.append(admin)
     channel = await admin.channel()
@@ -166,6 +173,8 @@ async def test_killing_the_chain_leader_loses_no_message(
         assert ledger.report("cluster-after-rejoin")["lost"] == 0
     finally:
         await asyncio.to_thread(cluster.ensure_all_running)
+        for policy in policies if placement == "spread" else []:
+            cluster.nodes[0].rabbitmqctl("clear_policy", "--vhost", "/", policy.name)
         cleanup = await aio_pika.connect(cluster.urls[0])
         await delete_all(
             await cleanup.channel(),

@@ -71,6 +71,10 @@ class LiveQueue:
     durable: bool = True
     arguments: Mapping[str, Any] = field(default_factory=dict)
     messages: int | None = None
+    leader: str | None = None
+    """The node leading it (a quorum queue's leader, a classic queue's node), if reported."""
+    members: tuple[str, ...] = ()
+    """The nodes holding a replica of a quorum queue (empty for other types)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -195,6 +195,8 @@ class ManagementClient:
                 durable=bool(q.get("durable", True)),
                 arguments=q.get("arguments") or {},
                 messages=q.get("messages"),
+                leader=_leader_of(q),
+                members=tuple(str(m) for m in q.get("members") or ()),
             )
             for q in raw
         ]
@@ -355,6 +357,12 @@ class ManagementClient:
             " (the address was derived from the broker URL: http on "
             f"{DEFAULT_HTTP_PORT} for amqp://, https on {DEFAULT_HTTPS_PORT} for amqps://)"
         )
+
+
+def _leader_of(raw: dict[str, Any]) -> str | None:
+    """A quorum queue's ``leader``, else a classic queue's ``node``, else ``None``."""
+    node = raw.get("leader") or raw.get("node")
+    return str(node) if node else None
 
 
 def _bindings(raw: list[dict[str, Any]]) -> list[Binding]:

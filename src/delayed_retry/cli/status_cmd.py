@@ -14,6 +14,7 @@ from delayed_retry.admin.chain_probe import declared_queue
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.common import add_management_option, add_topology_args
 from delayed_retry.cli.connection import connect
+from delayed_retry.cli.leaders import ChainLeaders, read_chain_leaders
 from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
     CommandError,
@@ -118,6 +119,9 @@ async def _status(args: argparse.Namespace) -> int:
             for n, found in enumerate(levels)
             if peek and found is not None and found[0]
         }
+    leaders = await read_chain_leaders(args, topology)
+    if leaders.warning is not None:
+        warnings.append(leaders.warning)
     now = utcnow()
     unit = topology.unit_ms / 1000
     level_rows: list[dict[str, Any]] = []
@@ -131,6 +135,7 @@ async def _status(args: argparse.Namespace) -> int:
                 "due_within_seconds": ((1 << (n + 1)) - 1) * unit,
                 "messages": None if found is None else found[0],
                 **_due_fields(due.get(n), now=now),
+                **_leader_fields(leaders, topology.level_name(n)),
             }
         )
     missing = [r["queue"] for r in level_rows if r["messages"] is None]
@@ -159,6 +164,10 @@ async def _status(args: argparse.Namespace) -> int:
                 "unroutable": None if unroutable is None else unroutable[0],
                 "alert_copies": None if alerts is None else alerts[0],
                 "missing": missing,
+                "leaders_per_node": None
+                if leaders.spread is None
+                else dict(leaders.spread.per_node),
+                "leaders_unread": leaders.unread,
             }
         )
         _raise_missing(work, missing)
@@ -189,14 +198,17 @@ async def _status(args: argparse.Namespace) -> int:
     shown = [r for r in level_rows if args.all_levels or r["messages"]]
     print()
     if shown:
+        # The leader column only where the management API told where leaders are.
+        read = leaders.spread is not None
         print_table(
-            ("level", "holds", "messages", "due"),
+            ("level", "holds", "messages", "due", *(("leader (members)",) if read else ())),
             [
                 (
                     r["queue"],
                     format_duration(r["holds_seconds"]),
                     "missing" if r["messages"] is None else r["messages"],
                     _due_cell(r, due.get(r["level"]), now=now, peeked=peek),
+                    *((_leader_cell(r),) if read else ()),
                 )
                 for r in shown
             ],
@@ -210,10 +222,37 @@ async def _status(args: argparse.Namespace) -> int:
         f"unroutable: {'missing' if unroutable is None else unroutable[0]}, alert copies: "
         f"{'missing' if alerts is None else alerts[0]}"
     )
+    print(_leaders_line(leaders))
     for warning in warnings:
         print(f"delayed-retry: warning: {warning}", file=sys.stderr, flush=True)
     _raise_missing(work, missing)
     return 0
+
+
+def _leader_fields(leaders: ChainLeaders, queue: str) -> dict[str, Any]:
+    """A level's ``leader`` and ``members`` in the JSON output (``None`` when not read)."""
+    if leaders.spread is None:
+        return {"leader": None, "members": None}
+    return {
+        "leader": leaders.spread.levels.get(queue),
+        "members": list(leaders.members.get(queue, ())),
+    }
+
+
+def _leader_cell(row: dict[str, Any]) -> str:
+    """``node-a (a, b, c)``: a level's leader and members, ``-`` when not read."""
+    if row["leader"] is None:
+        return "no leader"
+    members = ", ".join(row["members"] or ())
+    return f"{row['leader']} ({members})" if members else str(row["leader"])
+
+
+def _leaders_line(leaders: ChainLeaders) -> str:
+    """``level leaders per node: a 12, b 12, c 12``, or why they are not shown."""
+    if leaders.spread is None:
+        return "level leaders per node: not read (the management API did not answer)"
+    counts = ", ".join(f"{node} {led}" for node, led in leaders.spread.per_node.items())
+    return f"level leaders per node: {counts or 'none reported'}"
 
 
 def _due_fields(times: DueTimes | None, *, now: datetime) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""``delayed-retry topology verify|show|migrate|discard``: check the live chain, see what waits
-in it.
+"""``delayed-retry topology verify|show|rebalance|migrate|discard``: check the live chain, see
+what waits in it, spread its leaders over a cluster.
 
 ``migrate`` lives in :mod:`delayed_retry.cli.topology_migrate_cmd`, ``discard`` in
 :mod:`delayed_retry.cli.topology_discard_cmd`.
@@ -16,7 +16,15 @@ import aio_pika
 from delayed_retry.admin.chain_bindings import binding_style
 from delayed_retry.admin.chain_diff import Difference, compare
 from delayed_retry.admin.chain_probe import level_depths, probe_over_amqp, queue_depth
+from delayed_retry.admin.live_chain import LiveChain
 from delayed_retry.admin.management import ManagementError
+from delayed_retry.amqp.channels import underlay_channel
+from delayed_retry.chain.leaders import (
+    leader_policies,
+    leader_spread,
+    lopsided_warning,
+    rebalance_command,
+)
 from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.cli.common import (
     add_management_option,
@@ -36,13 +44,14 @@ from delayed_retry.cli.output import (
 from delayed_retry.cli.topology_discard_cmd import register_discard, register_expedite
 from delayed_retry.cli.topology_migrate_cmd import register_migrate
 from delayed_retry.durations import format_duration
-from delayed_retry.rabbitmq.urls import redact_url
+from delayed_retry.rabbitmq.urls import redact_url, vhost_of
+from delayed_retry.rabbitmq.versions import broker_major_version
 
 __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
-    """Add ``topology verify``, ``topology show``, ``topology migrate`` and ``topology discard``."""
+    """Add ``topology verify``, ``show``, ``rebalance``, ``migrate`` and ``discard``."""
     group = sub.add_parser(
         "topology",
         help="verify the live chain against the configuration, show what waits, migrate, "
@@ -87,6 +96,27 @@ def register(sub: Any) -> None:
     show.add_argument("--all", action="store_true", help="also list empty levels")
     add_json_option(show)
     show.set_defaults(func=lambda args: run(_show(args)))
+    rebalance = verbs.add_parser(
+        "rebalance",
+        help="print the commands that spread the chain's queue leaders over a cluster's nodes",
+        description="Print the policies that spread the leaders of the chain's queues declared "
+        "from now on (set them once per vhost), and the rabbitmq-queues command that moves "
+        "the leaders of the chain's existing quorum queues so that no node leads more than "
+        "its share; run both on a broker node. Messages waiting in the chain stay where they "
+        "are (Raft leadership transfer). The broker's version decides the policies: it is "
+        "asked over AMQP unless --rabbitmq-major is given. docs/operating-the-chain.md "
+        "explains the choice.",
+    )
+    add_topology_args(rebalance)
+    rebalance.add_argument(
+        "--rabbitmq-major",
+        type=int,
+        metavar="N",
+        default=None,
+        help="the broker's major version (3 or 4) instead of connecting to ask it",
+    )
+    add_json_option(rebalance)
+    rebalance.set_defaults(func=lambda args: run(_rebalance(args)))
     register_migrate(verbs)
     register_discard(verbs)
     register_expedite(verbs)
@@ -106,7 +136,13 @@ async def _verify(args: argparse.Namespace) -> int:
             differences = compare(topology, live, options=topology_options(topology), queues=queues)
             style = binding_style(topology, live.bindings)
             return _report(
-                args, topology, differences, checked="management API", note=None, bindings=style
+                args,
+                topology,
+                differences,
+                checked="management API",
+                note=None,
+                bindings=style,
+                warnings=_leader_warnings(topology, live, vhost=vhost_of(args.url)),
             )
     else:
         note = "--no-management: checked existence and arguments over AMQP only"
@@ -127,7 +163,9 @@ def _report(
     checked: str,
     note: str | None,
     bindings: str | None = None,
+    warnings: list[str] | None = None,
 ) -> int:
+    warnings = warnings or []
     if args.json:
         emit_json(
             {
@@ -138,11 +176,14 @@ def _report(
                 # skip-zeros | pass-through | mixed | incomplete; null when not read.
                 "bindings": bindings,
                 "differences": differences,
+                "warnings": warnings,
             }
         )
     else:
         if note:
             print(f"note: {note}", file=sys.stderr)
+        for warning in warnings:
+            print(f"! {warning}")
         for difference in differences:
             print(f"✗ {difference.line()}")
         if differences:
@@ -159,6 +200,48 @@ def _report(
                 + ("" if note is None else ", as far as AMQP can tell")
             )
     return 1 if differences else 0
+
+
+def _leader_warnings(topology: DelayTopology, live: LiveChain, *, vhost: str) -> list[str]:
+    """A warning when one node leads more than its share of the chain's levels (a cluster)."""
+    leaders = {name: queue.leader for name, queue in live.queues.items()}
+    nodes = {
+        member
+        for level in range(topology.levels)
+        if (queue := live.queues.get(topology.level_name(level))) is not None
+        for member in queue.members
+    }
+    warning = lopsided_warning(topology, leader_spread(topology, leaders), nodes=nodes, vhost=vhost)
+    return [] if warning is None else [warning]
+
+
+async def _rebalance(args: argparse.Namespace) -> int:
+    topology = topology_from_args(args)
+    vhost = vhost_of(args.url)
+    major = args.rabbitmq_major
+    if major is None:
+        connection = await aio_pika.connect(args.url)
+        async with connection:
+            underlay = await underlay_channel(await connection.channel())
+            major = broker_major_version(getattr(underlay.connection, "server_properties", None))
+    policies = leader_policies(topology, broker_major=major)
+    rebalance = rebalance_command(topology, vhost=vhost)
+    if args.json:
+        emit_json(
+            {
+                "prefix": topology.prefix,
+                "vhost": vhost,
+                "policies": [policy.command(vhost=vhost) for policy in policies],
+                "rebalance": rebalance,
+            }
+        )
+        return 0
+    print("# once per vhost: queues of the chain declared from now on spread their leaders")
+    for policy in policies:
+        print(policy.command(vhost=vhost))
+    print("# the chain's existing quorum queues: leaders moved, messages kept")
+    print(rebalance)
+    return 0
 
 
 async def _show(args: argparse.Namespace) -> int:

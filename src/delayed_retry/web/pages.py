@@ -38,6 +38,7 @@ from delayed_retry.web.render import header_rows, histogram, view_body
 from delayed_retry.web.security import USER
 from delayed_retry.web.state import (
     WebState,
+    chain_leaders,
     check_target,
     level_rows,
     overview_data,
@@ -98,6 +99,7 @@ async def overview_page(request: web.Request) -> web.Response:
         counts=data["counts"],
         charts=charts,
         level_rows=level_rows(state, data["counts"]),
+        leaders=await chain_leaders(state),
         unroutable=state.settings.topology.unroutable_queue,
         total_waiting=sum(c or 0 for n, c in data["counts"].items() if n in data["levels"]),
         audit=[e for e in reversed(state.audit.recent) if e.get("event") == "finished"][:10],

@@ -18,7 +18,9 @@ import jinja2
 from aio_pika.abc import AbstractConnection
 from aiohttp import web
 
+from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementClient, ManagementError
 from delayed_retry.alerts.mute_store import MuteFollower
+from delayed_retry.chain.leaders import leader_spread, lopsided_warning
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.web.jobs import AuditLog, Job, JobManager, JobRequest
 from delayed_retry.web.lot import ParkingLot
@@ -104,6 +106,29 @@ def level_rows(state: WebState, counts: Mapping[str, int | None]) -> list[dict[s
         upper = ((1 << (k + 1)) - 1) * topology.unit_ms / 1000
         rows.append({"level": k, "name": name, "count": count, "due_within": upper})
     return rows
+
+
+async def chain_leaders(state: WebState) -> dict[str, Any] | None:
+    """Level leaders per node, each level's leader and a lopsided warning; ``None`` unread.
+
+    Read through the management API (best effort: the page shows the chain without it).
+    """
+    settings = state.settings
+    try:
+        queues = await ManagementClient.for_broker(
+            settings.url, management_url=settings.management_url, timeout=BEST_EFFORT_TIMEOUT
+        ).queues()
+    except ManagementError:
+        return None
+    topology = settings.topology
+    spread = leader_spread(topology, {queue.name: queue.leader for queue in queues})
+    levels = {topology.level_name(k) for k in range(topology.levels)}
+    nodes = {node for queue in queues if queue.name in levels for node in queue.members}
+    return {
+        "per_node": dict(spread.per_node),
+        "levels": dict(spread.levels),
+        "warning": lopsided_warning(topology, spread, nodes=nodes),
+    }
 
 
 def check_target(state: WebState, request: JobRequest) -> None:
