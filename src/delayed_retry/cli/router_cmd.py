@@ -11,7 +11,7 @@ from tenacity.wait import wait_base
 from delayed_retry.admin.chain_probe import queue_depth
 from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_topology_args, topology_from_args
+from delayed_retry.cli.common import add_queues_option, add_topology_args, topology_from_args
 from delayed_retry.cli.service import add_service_args, run_service
 from delayed_retry.cli.service_state import Running
 from delayed_retry.cli.startup import Startup
@@ -62,12 +62,10 @@ def wait_type(spec: str) -> wait_base:
 
 def _options(parser: argparse.ArgumentParser) -> None:
     add_topology_args(parser)
-    parser.add_argument(
-        "--queue",
-        metavar="QUEUE",
-        action="append",
-        required=True,
+    add_queues_option(
+        parser,
         help="a queue whose rejections to retry (repeatable; the only possible destinations)",
+        required=True,
     )
     options = option_specs(RouterOptions)
     for name in ("max_retries", "prefetch"):

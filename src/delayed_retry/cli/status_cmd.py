@@ -13,7 +13,7 @@ from delayed_retry.admin.chain_due import DueTimes, peek_due_times, peeks_are_sa
 from delayed_retry.admin.chain_probe import declared_queue
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_management_option, add_topology_args
+from delayed_retry.cli.common import add_management_option, add_queues_option, add_topology_args
 from delayed_retry.cli.connection import connect
 from delayed_retry.cli.output import (
     CommandError,
@@ -31,13 +31,7 @@ __all__ = ["COMMAND"]
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--queue",
-        metavar="QUEUE",
-        action="append",
-        default=[],
-        help="a work queue to show with its parking queue (repeatable)",
-    )
+    add_queues_option(parser, help="a work queue to show with its parking queue (repeatable)")
     parser.add_argument("--all-levels", action="store_true", help="also show empty levels")
     parser.add_argument(
         "--no-peek",

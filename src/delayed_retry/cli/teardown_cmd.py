@@ -21,6 +21,7 @@ from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import (
     add_management_option,
+    add_queues_option,
     add_topology_args,
     management_client,
     topology_from_args,
@@ -34,12 +35,8 @@ __all__ = ["how_to_empty", "COMMAND"]
 
 def _options(parser: argparse.ArgumentParser) -> None:
     add_topology_args(parser)
-    parser.add_argument(
-        "--queue",
-        metavar="QUEUE",
-        action="append",
-        default=[],
-        help="also remove QUEUE.parking (repeatable; QUEUE itself is never removed)",
+    add_queues_option(
+        parser, help="also remove QUEUE.parking (repeatable; QUEUE itself is never removed)"
     )
     parser.add_argument(
         "--purge-alerts",

@@ -21,6 +21,7 @@ from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import (
     add_management_option,
+    add_queues_option,
     add_topology_args,
     management_client,
     topology_from_args,
@@ -43,12 +44,8 @@ __all__ = ["COMMAND"]
 
 def _verify_options(parser: argparse.ArgumentParser) -> None:
     add_topology_args(parser)
-    parser.add_argument(
-        "--queue",
-        metavar="QUEUE",
-        action="append",
-        default=[],
-        help="also check QUEUE's binding to the chain and its parking queue (repeatable)",
+    add_queues_option(
+        parser, help="also check QUEUE's binding to the chain and its parking queue (repeatable)"
     )
     add_management_option(parser, purpose="reading bindings and policies")
     parser.add_argument(

@@ -12,6 +12,7 @@ from aio_pika.abc import AbstractRobustConnection
 from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import (
     add_management_option,
+    add_queues_option,
     add_topology_args,
     management_url_from,
     topology_from_args,
@@ -28,11 +29,8 @@ __all__ = ["COMMAND"]
 def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
     parser.add_argument("--port", type=int, default=8080, help="port (%(default)s)")
-    parser.add_argument(
-        "--queue",
-        action="append",
-        default=[],
-        metavar="QUEUE",
+    add_queues_option(
+        parser,
         help="a work queue whose parking lot to show (repeat); default: find them through "
         "the management API",
     )
