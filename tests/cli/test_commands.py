@@ -31,7 +31,7 @@ def _command_of(module: str) -> str:
 def test_each_command_module_adds_the_command_it_is_named_after(module: str) -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
-    importlib.import_module(module).register(sub)
+    importlib.import_module(module).COMMAND.add_to(sub)
     assert set(sub.choices) == {_command_of(module)}
 
 

@@ -30,6 +30,7 @@ from delayed_retry.headers.names import (
     X_THROTTLE_TRIGGER,
 )
 from delayed_retry.headers.retry_state import read_epoch_ms
+from delayed_retry.headers.text import header_text
 from delayed_retry.parking.fingerprint import Fingerprint, fingerprint, raising_frame
 
 __all__ = ["Alert", "AlertGroup", "AlertWindow", "ParkedArrival", "arrival_from", "group_arrivals"]
@@ -64,14 +65,6 @@ class ParkedArrival:
         )
 
 
-def _text(value: object) -> str | None:
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    if isinstance(value, str):
-        return value
-    return None
-
-
 def arrival_from(
     headers: Mapping[str, Any] | None,
     *,
@@ -85,11 +78,11 @@ def arrival_from(
     key be read back into its destination queue.
     """
     headers = headers or {}
-    throttle_event = _text(headers.get(X_THROTTLE_EVENT))
+    throttle_event = header_text(headers.get(X_THROTTLE_EVENT))
     if throttle_event is not None:
         return _throttle_arrival(headers, throttle_event, message_id=message_id)
-    reason = _text(headers.get(X_PARKED_REASON))
-    queue = _text(headers.get(X_QUEUE))
+    reason = header_text(headers.get(X_PARKED_REASON))
+    queue = header_text(headers.get(X_QUEUE))
     parked_ms = headers.get(X_PARKED_AT)
     parked_at = read_epoch_ms(parked_ms)
     if reason is None:
@@ -108,11 +101,11 @@ def arrival_from(
     return ParkedArrival(
         message_id=message_id,
         queue=queue or routing_key or "?",
-        exception_type=_text(headers.get(X_EXCEPTION_TYPE)) or "unknown",
+        exception_type=header_text(headers.get(X_EXCEPTION_TYPE)) or "unknown",
         reason=reason,
-        exception_message=_text(headers.get(X_EXCEPTION_MESSAGE)),
+        exception_message=header_text(headers.get(X_EXCEPTION_MESSAGE)),
         parked_at=parked_at,
-        frame=raising_frame(_text(headers.get(X_EXCEPTION_TRACEBACK))),
+        frame=raising_frame(header_text(headers.get(X_EXCEPTION_TRACEBACK))),
     )
 
 
@@ -120,11 +113,11 @@ def _throttle_arrival(
     headers: Mapping[str, Any], event: str, *, message_id: str | None
 ) -> ParkedArrival:
     """A consumer's throttle tripped or resumed: one line for the alert."""
-    queue = _text(headers.get(X_QUEUE)) or "?"
-    exception_type = _text(headers.get(X_EXCEPTION_TYPE)) or "-"
+    queue = header_text(headers.get(X_QUEUE)) or "?"
+    exception_type = header_text(headers.get(X_EXCEPTION_TYPE)) or "-"
     if event == "tripped":
-        trigger = _text(headers.get(X_THROTTLE_TRIGGER)) or "a run of failures"
-        error = _text(headers.get(X_EXCEPTION_MESSAGE))
+        trigger = header_text(headers.get(X_THROTTLE_TRIGGER)) or "a run of failures"
+        error = header_text(headers.get(X_EXCEPTION_MESSAGE))
         last = f"{exception_type}: {error}" if error else exception_type
         words = f"consumer of {queue} throttled after {trigger} (last: {last[:200]})"
     else:

@@ -3,31 +3,22 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.alerts import AlertSink, LoggingSink, ParkingAlerts, WebhookSink
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.main import run
 from delayed_retry.cli.output import duration_type
 from delayed_retry.cli.service import add_service_args, run_service
 from delayed_retry.cli.service_state import Running
 from delayed_retry.cli.startup import Startup
 from delayed_retry.errors import ConfigurationError
 
-__all__ = ["register", "run_alerts"]
+__all__ = ["COMMAND", "run_alerts"]
 
 
-def register(sub: Any) -> None:
-    """Add the ``alerts`` command."""
-    parser = sub.add_parser(
-        "alerts",
-        help="send an alert when messages are parked (webhook, Slack, log)",
-        description="Consume the alert queue (a copy of every parked and unroutable message) "
-        "and deliver one alert per window of arrivals. Copies are acked only after every sink "
-        "delivered the alert; while a sink fails they stay in the alert queue.",
-    )
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--webhook", metavar="URL", help="POST each alert as JSON to URL")
     parser.add_argument(
         "--slack", action="store_true", help="send a Slack-compatible payload to --webhook"
@@ -52,7 +43,6 @@ def register(sub: Any) -> None:
     )
     add_topology_args(parser)
     add_service_args(parser)
-    parser.set_defaults(func=lambda args: run(run_alerts(args)))
 
 
 def _sinks(args: argparse.Namespace) -> list[AlertSink]:
@@ -97,3 +87,14 @@ async def run_alerts(args: argparse.Namespace) -> int:
         )
 
     return await run_service(args, command="alerts", start=start)
+
+
+COMMAND = Command(
+    name="alerts",
+    help="send an alert when messages are parked (webhook, Slack, log)",
+    description="Consume the alert queue (a copy of every parked and unroutable message) "
+    "and deliver one alert per window of arrivals. Copies are acked only after every sink "
+    "delivered the alert; while a sink fails they stay in the alert queue.",
+    options=_options,
+    run=run_alerts,
+)

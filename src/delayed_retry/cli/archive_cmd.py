@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
 
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.output import (
     UsageError,
@@ -15,33 +15,28 @@ from delayed_retry.cli.output import (
     require_extra,
 )
 
-__all__ = ["register"]
+__all__ = ["COMMAND"]
 
 
-def register(sub: Any) -> None:
-    """Add the ``archive`` command."""
-    p = sub.add_parser(
-        "archive",
-        help="drain a parking queue into Parquet files (acked only once written)",
-        description="Drain a parking queue into Parquet files partitioned by date and queue.",
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--queue", required=True, help="the parking queue, e.g. orders.parking")
+    parser.add_argument("--to", required=True, help="folder or URI (s3://…) of the archive")
+    parser.add_argument(
+        "--batch-size", type=count_type(1), default=1000, help="messages per part file"
     )
-    p.add_argument("--queue", required=True, help="the parking queue, e.g. orders.parking")
-    p.add_argument("--to", required=True, help="folder or URI (s3://…) of the archive")
-    p.add_argument("--batch-size", type=count_type(1), default=1000, help="messages per part file")
-    p.add_argument(
+    parser.add_argument(
         "--idle-timeout",
         type=duration_type,
         default=1.0,
         help="stop after the queue is empty this long, e.g. 1s, 500ms (1s)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--max", type=count_type(1), default=None, help="archive at most this many messages"
     )
-    p.add_argument(
+    parser.add_argument(
         "--force", action="store_true", help="drain a queue whose name does not end in .parking"
     )
-    add_topology_args(p)
-    p.set_defaults(func=_archive)
+    add_topology_args(parser)
 
 
 def _archive(args: argparse.Namespace) -> int:
@@ -70,3 +65,12 @@ def _archive(args: argparse.Namespace) -> int:
         f"{counted(len(result.files), 'file')}"
     )
     return 0
+
+
+COMMAND = Command(
+    name="archive",
+    help="drain a parking queue into Parquet files (acked only once written)",
+    description="Drain a parking queue into Parquet files partitioned by date and queue.",
+    options=_options,
+    run=_archive,
+)

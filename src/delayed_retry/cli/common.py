@@ -17,6 +17,7 @@ from delayed_retry.chain.topology import DelayTopology
 __all__ = [
     "MANAGEMENT_URL_ENV",
     "add_management_option",
+    "add_queues_option",
     "add_topology_args",
     "management_client",
     "management_url_from",
@@ -112,6 +113,16 @@ def add_management_option(parser: argparse.ArgumentParser, *, purpose: str) -> N
         f"--url's host and credentials: http on {DEFAULT_HTTP_PORT} for amqp://, https on "
         f"{DEFAULT_HTTPS_PORT} for amqps://)",
     )
+
+
+def add_queues_option(
+    parser: argparse.ArgumentParser, *, help: str, required: bool = False
+) -> None:
+    """Add ``--queue QUEUE``, given once per queue, to a command that acts on a list of queues."""
+    if required:
+        parser.add_argument("--queue", metavar="QUEUE", action="append", required=True, help=help)
+    else:
+        parser.add_argument("--queue", metavar="QUEUE", action="append", default=[], help=help)
 
 
 def management_url_from(args: argparse.Namespace) -> str | None:

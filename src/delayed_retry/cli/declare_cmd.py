@@ -11,8 +11,8 @@ import aio_pika
 from delayed_retry.admin.chain_probe import declared_with, queue_depth
 from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.declarer import declare_topology, declarer_for
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import add_management_option, add_topology_args, topology_from_args
-from delayed_retry.cli.main import run
 from delayed_retry.cli.output import count_type
 from delayed_retry.cli.work_queue import check_work_queue
 from delayed_retry.errors import NotFoundError, queue_not_found
@@ -22,31 +22,22 @@ from delayed_retry.rabbitmq.work_queues import (
     work_queue_arguments,
 )
 
-__all__ = ["register"]
+__all__ = ["COMMAND"]
 
 
-def register(sub: Any) -> None:
-    """Add the ``declare`` command."""
-    declare = sub.add_parser(
-        "declare",
-        help="declare the delay chain (and bind queues to it)",
-        description="Declare the delay chain, delivery, unroutable and parking exchanges and "
-        "queues, every binding included (so it puts back one removed by hand, which services "
-        "that find the chain marked complete do not redeclare). Idempotent; fails naming any "
-        "object that exists with other arguments.",
-    )
-    add_topology_args(declare)
-    declare.add_argument(
+def _options(parser: argparse.ArgumentParser) -> None:
+    add_topology_args(parser)
+    parser.add_argument(
         "--bind", metavar="QUEUE", action="append", default=[], help="queue to bind (repeatable)"
     )
-    declare.add_argument(
+    parser.add_argument(
         "--create",
         action="store_true",
         help="create each --bind queue that does not exist: durable, of --queue-type; a quorum "
         "queue gets a delivery limit past which the broker moves a message to "
         "QUEUE.dead-letter (a message the client cannot decode would stall it otherwise)",
     )
-    declare.add_argument(
+    parser.add_argument(
         "--delivery-limit",
         type=count_type(1),
         default=WORK_QUEUE_DELIVERY_LIMIT,
@@ -55,8 +46,7 @@ def register(sub: Any) -> None:
         f"(default {WORK_QUEUE_DELIVERY_LIMIT}); for a queue that exists, the limit it was "
         "declared with, when the management API cannot tell",
     )
-    add_management_option(declare, purpose="checking each --bind queue's delivery limit")
-    declare.set_defaults(func=lambda args: run(_declare(args)))
+    add_management_option(parser, purpose="checking each --bind queue's delivery limit")
 
 
 async def _declare(args: argparse.Namespace) -> int:
@@ -121,3 +111,15 @@ async def _declare(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
     return 0
+
+
+COMMAND = Command(
+    name="declare",
+    help="declare the delay chain (and bind queues to it)",
+    description="Declare the delay chain, delivery, unroutable and parking exchanges and "
+    "queues, every binding included (so it puts back one removed by hand, which services "
+    "that find the chain marked complete do not redeclare). Idempotent; fails naming any "
+    "object that exists with other arguments.",
+    options=_options,
+    run=_declare,
+)

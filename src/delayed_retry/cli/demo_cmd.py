@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.output import UsageError
 
-__all__ = ["NO_BROKER", "register"]
+__all__ = ["NO_BROKER", "COMMAND"]
 
 NO_BROKER = (
     "the demo needs a broker: pass --url amqp://USER:PASSWORD@HOST:5672/ (before `demo`) or set "
@@ -18,22 +18,20 @@ NO_BROKER = (
 """Why ``delayed-retry demo`` without a broker URL starts nothing, and what to run instead."""
 
 
-def register(sub: Any) -> None:
-    """Add the ``demo`` command."""
-    demo = sub.add_parser(
-        "demo",
-        help="watch a consumer fail, back off through the chain, succeed or park",
-        description="Run the README's demo on the broker that --url or $RABBITMQ_URL names, "
-        "with names of its own (delayed-retry-demo.*) that it says how to remove at the end. "
-        "For a throwaway broker, run scripts/demo from a checkout of the repository: it "
-        "starts a private RabbitMQ node on free ports and removes it at the end.",
-    )
-    demo.set_defaults(func=_demo)
-
-
 def _demo(args: argparse.Namespace) -> int:
     if not args.url_given:
         raise UsageError(NO_BROKER)
     from delayed_retry.cli.demo import main as run_demo
 
     return run_demo(args.url)
+
+
+COMMAND = Command(
+    name="demo",
+    help="watch a consumer fail, back off through the chain, succeed or park",
+    description="Run the README's demo on the broker that --url or $RABBITMQ_URL names, "
+    "with names of its own (delayed-retry-demo.*) that it says how to remove at the end. "
+    "For a throwaway broker, run scripts/demo from a checkout of the repository: it "
+    "starts a private RabbitMQ node on free ports and removes it at the end.",
+    run=_demo,
+)

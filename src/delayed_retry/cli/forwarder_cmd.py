@@ -7,35 +7,26 @@ queue when it stops or dies, so a restart (or another instance) picks them up.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from aio_pika.abc import AbstractRobustConnection
 
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.main import run
 from delayed_retry.cli.service import add_service_args, run_service
 from delayed_retry.cli.service_state import Running, exchanges_exist
 from delayed_retry.cli.startup import Startup
 from delayed_retry.delivery.forwarder import Forwarder
 
-__all__ = ["register"]
+__all__ = ["COMMAND"]
 
 
-def register(sub: Any) -> None:
-    """Add the ``forwarder`` command."""
-    fwd = sub.add_parser(
-        "forwarder",
-        help="deliver delays addressed to exchanges (publish_delayed(exchange=...))",
-        description="Consume the forward queue of each EXCHANGE and publish its messages to "
-        "EXCHANGE with their routing key: confirm, then ack. Several may run at once.",
-    )
-    fwd.add_argument(
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--exchange", action="append", required=True, help="an exchange to forward to (repeat)"
     )
-    fwd.add_argument("--prefetch", type=int, default=1000, help="unacked at once (%(default)s)")
-    add_topology_args(fwd)
-    add_service_args(fwd)
-    fwd.set_defaults(func=lambda args: run(_forwarder(args)))
+    parser.add_argument("--prefetch", type=int, default=1000, help="unacked at once (%(default)s)")
+    add_topology_args(parser)
+    add_service_args(parser)
 
 
 async def _forwarder(args: argparse.Namespace) -> int:
@@ -66,3 +57,13 @@ async def _forwarder(args: argparse.Namespace) -> int:
         )
 
     return await run_service(args, command="forwarder", start=start)
+
+
+COMMAND = Command(
+    name="forwarder",
+    help="deliver delays addressed to exchanges (publish_delayed(exchange=...))",
+    description="Consume the forward queue of each EXCHANGE and publish its messages to "
+    "EXCHANGE with their routing key: confirm, then ack. Several may run at once.",
+    options=_options,
+    run=_forwarder,
+)

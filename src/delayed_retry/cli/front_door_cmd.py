@@ -7,39 +7,30 @@ queue when it stops or dies, so a restart (or another instance) picks them up.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from aio_pika.abc import AbstractRobustConnection
 
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.main import run
 from delayed_retry.cli.service import add_service_args, run_service
 from delayed_retry.cli.service_state import Running, exchanges_exist
 from delayed_retry.cli.startup import Startup
 from delayed_retry.delivery.front_door import FrontDoor
 
-__all__ = ["register"]
+__all__ = ["COMMAND"]
 
 
-def register(sub: Any) -> None:
-    """Add the ``front-door`` command."""
-    door = sub.add_parser(
-        "front-door",
-        help="the delayed-message plugin's x-delay contract: X.delay -> delay -> X",
-        description="Messages published to EXCHANGE.delay with header x-delay (ms) are "
-        "delivered to EXCHANGE with their routing key after the delay. Several may run at once.",
-    )
-    door.add_argument("--exchange", required=True, help="the exchange consumers are bound to")
-    door.add_argument(
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--exchange", required=True, help="the exchange consumers are bound to")
+    parser.add_argument(
         "--exchange-type",
         choices=("direct", "topic", "fanout", "headers"),
         default="topic",
         help="type of EXCHANGE, the plugin exchange's x-delayed-type (%(default)s)",
     )
-    door.add_argument("--prefetch", type=int, default=1000, help="unacked at once (%(default)s)")
-    add_topology_args(door)
-    add_service_args(door)
-    door.set_defaults(func=lambda args: run(_front_door(args)))
+    parser.add_argument("--prefetch", type=int, default=1000, help="unacked at once (%(default)s)")
+    add_topology_args(parser)
+    add_service_args(parser)
 
 
 async def _front_door(args: argparse.Namespace) -> int:
@@ -76,3 +67,13 @@ async def _front_door(args: argparse.Namespace) -> int:
         )
 
     return await run_service(args, command="front-door", start=start)
+
+
+COMMAND = Command(
+    name="front-door",
+    help="the delayed-message plugin's x-delay contract: X.delay -> delay -> X",
+    description="Messages published to EXCHANGE.delay with header x-delay (ms) are "
+    "delivered to EXCHANGE with their routing key after the delay. Several may run at once.",
+    options=_options,
+    run=_front_door,
+)

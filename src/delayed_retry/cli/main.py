@@ -1,9 +1,12 @@
 """Entry point: builds the parser from the subcommand modules and runs the chosen one.
 
 Each module in :data:`SUBCOMMAND_MODULES` is named after the command it adds
-(``<command>_cmd.py``) and has ``register(subparsers)``, which adds it and sets
-``func`` (``(args) -> int``) on it and on each of its verbs. Add a command with
-one module and one line there. Shared output, errors and option types live in
+(``<command>_cmd.py``) and ends with ``COMMAND``, a
+:class:`~delayed_retry.cli.command.Command` that declares it: name, help,
+description, a function adding its options, and the function that runs it
+(taking the parsed arguments, returning the exit code or a coroutine that
+does), or its verbs, each a Command of its own. Add a command with one module
+and one line there. Shared output, errors and option types live in
 :mod:`delayed_retry.cli.output`, connecting in :mod:`delayed_retry.cli.connection`.
 
 Exit codes, one rule (docs/reference/command-line.md states it): 2 when the
@@ -106,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+        importlib.import_module(name).COMMAND.add_to(sub)
     return parser
 
 

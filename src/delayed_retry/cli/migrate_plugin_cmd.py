@@ -3,41 +3,31 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 import aio_pika
 
 from delayed_retry.admin.plugin_migration import manual_steps, plan, prepare, read_exchange, swap
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import (
     add_management_option,
     add_topology_args,
     management_client,
     topology_from_args,
 )
-from delayed_retry.cli.main import run
 
-__all__ = ["register"]
+__all__ = ["COMMAND"]
 
 
-def register(sub: Any) -> None:
-    """Add the ``migrate-plugin`` command."""
-    cmd = sub.add_parser(
-        "migrate-plugin",
-        help="move a delayed-message plugin exchange onto the front door",
-        description="Read the plugin exchange EXCHANGE and its bindings through the management "
-        "HTTP API, declare EXCHANGE.delay beside it (or, with --swap, replace EXCHANGE by an "
-        "ordinary exchange with the same bindings), and print the steps left to people.",
-    )
-    cmd.add_argument("--exchange", required=True, help="the plugin exchange (x-delayed-message)")
-    add_management_option(cmd, purpose="reading EXCHANGE and its bindings")
-    cmd.add_argument(
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--exchange", required=True, help="the plugin exchange (x-delayed-message)")
+    add_management_option(parser, purpose="reading EXCHANGE and its bindings")
+    parser.add_argument(
         "--swap",
         action="store_true",
         help="second stage, once the plugin holds no delayed message: replace EXCHANGE",
     )
-    cmd.add_argument("--dry-run", action="store_true", help="print the steps, change nothing")
-    add_topology_args(cmd)
-    cmd.set_defaults(func=lambda args: run(_migrate(args)))
+    parser.add_argument("--dry-run", action="store_true", help="print the steps, change nothing")
+    add_topology_args(parser)
 
 
 async def _migrate(args: argparse.Namespace) -> int:
@@ -67,3 +57,14 @@ async def _migrate(args: argparse.Namespace) -> int:
     for n, line in enumerate(manual_steps(definition), 1):
         print(f"  {n}. {line}")
     return 0
+
+
+COMMAND = Command(
+    name="migrate-plugin",
+    help="move a delayed-message plugin exchange onto the front door",
+    description="Read the plugin exchange EXCHANGE and its bindings through the management "
+    "HTTP API, declare EXCHANGE.delay beside it (or, with --swap, replace EXCHANGE by an "
+    "ordinary exchange with the same bindings), and print the steps left to people.",
+    options=_options,
+    run=_migrate,
+)

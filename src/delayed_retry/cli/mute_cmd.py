@@ -6,13 +6,12 @@ import argparse
 import getpass
 import socket
 from datetime import timedelta
-from typing import Any
 
 from delayed_retry.alerts.mute_store import read_mutes, record_mute
 from delayed_retry.alerts.mutes import LONGEST_MUTE, Mute
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.connection import connect
-from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
     UsageError,
     add_json_option,
@@ -22,34 +21,23 @@ from delayed_retry.cli.output import (
 )
 from delayed_retry.durations import format_duration, utcnow
 
-__all__ = ["register"]
+__all__ = ["COMMAND"]
 
 
-def register(sub: Any) -> None:
-    """Add the ``mute`` command."""
-    mute = sub.add_parser(
-        "mute",
-        help="silence a failure group's parking alerts for a while (or lift it, or list)",
-        description="Mute failure group GROUP (the 'group' column of 'parking list') for "
-        "--for DURATION: every 'delayed-retry alerts' process stops alerting on its arrivals "
-        "and counts them instead; they are still parked and shown. Mutes are kept in a "
-        "stream on the broker (PREFIX.parking.mutes), so every alerts process honours them "
-        "and a restart keeps them. --lift ends a mute; --list shows the mutes in force.",
-    )
-    mute.add_argument("group", nargs="?", metavar="GROUP", help="the failure group's key")
-    mute.add_argument(
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("group", nargs="?", metavar="GROUP", help="the failure group's key")
+    parser.add_argument(
         "--for",
         dest="duration",
         type=duration_type,
         metavar="DURATION",
         help=f"how long, e.g. 2h, 3d (at most {LONGEST_MUTE.days} days)",
     )
-    mute.add_argument("--reason", default="", help="why, for the people who see the mute")
-    mute.add_argument("--lift", action="store_true", help="end GROUP's mute now")
-    mute.add_argument("--list", action="store_true", help="list the mutes in force")
-    add_json_option(mute)
-    add_topology_args(mute)
-    mute.set_defaults(func=lambda args: run(_mute(args)))
+    parser.add_argument("--reason", default="", help="why, for the people who see the mute")
+    parser.add_argument("--lift", action="store_true", help="end GROUP's mute now")
+    parser.add_argument("--list", action="store_true", help="list the mutes in force")
+    add_json_option(parser)
+    add_topology_args(parser)
 
 
 def _who() -> str | None:
@@ -120,3 +108,16 @@ def _print_mutes(mutes: list[Mute], args: argparse.Namespace) -> int:
         ],
     )
     return 0
+
+
+COMMAND = Command(
+    name="mute",
+    help="silence a failure group's parking alerts for a while (or lift it, or list)",
+    description="Mute failure group GROUP (the 'group' column of 'parking list') for "
+    "--for DURATION: every 'delayed-retry alerts' process stops alerting on its arrivals "
+    "and counts them instead; they are still parked and shown. Mutes are kept in a "
+    "stream on the broker (PREFIX.parking.mutes), so every alerts process honours them "
+    "and a restart keeps them. --lift ends a mute; --list shows the mutes in force.",
+    options=_options,
+    run=_mute,
+)

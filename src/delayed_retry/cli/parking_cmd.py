@@ -8,24 +8,16 @@ more.
 
 from __future__ import annotations
 
-from typing import Any
+from delayed_retry.cli.command import Command
+from delayed_retry.cli.parking_move import PURGE, REFRESH, REPLAY
+from delayed_retry.cli.parking_read import LIST, SHOW
 
-from delayed_retry.cli.parking_move import register_purge, register_refresh, register_replay
-from delayed_retry.cli.parking_read import register_list, register_show
+__all__ = ["COMMAND"]
 
-__all__ = ["register"]
-
-
-def register(sub: Any) -> None:
-    """Add the parking commands."""
-    parking = sub.add_parser(
-        "parking",
-        help="look at, replay and purge parked messages",
-        description="The parking lot of a queue: messages that used up their retries.",
-    )
-    commands = parking.add_subparsers(dest="parking_command", required=True, metavar="ACTION")
-    register_list(commands)
-    register_show(commands)
-    register_replay(commands)
-    register_purge(commands)
-    register_refresh(commands)
+COMMAND = Command(
+    name="parking",
+    help="look at, replay and purge parked messages",
+    description="The parking lot of a queue: messages that used up their retries.",
+    verbs=(LIST, SHOW, REPLAY, PURGE, REFRESH),
+    verbs_metavar="ACTION",
+)

@@ -15,9 +15,9 @@ from typing import Any
 
 from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.cli.chain import checked_topology
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.connection import connect
-from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
     CommandError,
     UsageError,
@@ -43,37 +43,28 @@ from delayed_retry.parking.moving.report import CANARY_PARKED_AFTER_THE_REST, CA
 from delayed_retry.parking.refresh import refresh_needed, refresh_parked
 from delayed_retry.rabbitmq.versions import broker_version
 
-__all__ = ["register_purge", "register_refresh", "register_replay"]
+__all__ = ["PURGE", "REFRESH", "REPLAY"]
 
 
-def register_replay(commands: Any) -> None:
-    """Add ``parking replay`` (back with a fresh retry budget)."""
-    replay = commands.add_parser(
-        "replay",
-        help="send parked messages back with a fresh retry budget",
-        description="Move parked messages of QUEUE back to QUEUE (or --to) through the delay "
-        "chain, with a fresh retry budget. Each leaves the parking queue only after the broker "
-        "confirmed its copy. Without --id or a filter, every parked message is replayed, "
-        "after a confirmation (--yes without a terminal).",
-    )
-    add_queue_args(replay)
-    add_filter_args(replay)
-    replay.add_argument("--to", dest="to_queue", help="send to this queue instead of QUEUE")
-    replay.add_argument(
+def _replay_options(parser: argparse.ArgumentParser) -> None:
+    add_queue_args(parser)
+    add_filter_args(parser)
+    parser.add_argument("--to", dest="to_queue", help="send to this queue instead of QUEUE")
+    parser.add_argument(
         "--limit", type=count_type(0), help="replay at most this many (default: all)"
     )
-    replay.add_argument("--rate", type=rate_type, help="at most this many, e.g. 50/s")
-    replay.add_argument(
+    parser.add_argument("--rate", type=rate_type, help="at most this many, e.g. 50/s")
+    parser.add_argument(
         "--delay", type=duration_type, default=0.0, help="come due after, e.g. 90s, 1h (now)"
     )
-    replay.add_argument(
+    parser.add_argument(
         "--canary",
         type=count_type(0),
         default=0,
         metavar="N",
         help="replay N first; stop if one parks again",
     )
-    replay.add_argument(
+    parser.add_argument(
         "--canary-wait",
         type=duration_type,
         default=None,
@@ -82,68 +73,48 @@ def register_replay(commands: Any) -> None:
         "from their parking records, twice the retry span plus 5s; shorter ones are warned "
         "about)",
     )
-    replay.add_argument(
+    parser.add_argument(
         "--dry-run", action="store_true", help="print what would move; move nothing"
     )
-    replay.add_argument(
+    parser.add_argument(
         "--yes",
         action="store_true",
         help="do not ask for confirmation (asked when an --id selects more than one message, "
         "and before replaying every parked message when no --id or filter is given)",
     )
-    add_json_option(replay)
-    add_topology_args(replay)
-    replay.set_defaults(func=lambda args: run(_replay(args)))
+    add_json_option(parser)
+    add_topology_args(parser)
 
 
-def register_purge(commands: Any) -> None:
-    """Add ``parking purge`` (delete for good, after asking)."""
-    purge = commands.add_parser(
-        "purge",
-        help="delete parked messages for good (asks first)",
-        description="Delete the selected parked messages. Asks for confirmation unless --yes. "
-        "Archive them first ('delayed-retry archive') if anyone may ask for them.",
+def _purge_options(parser: argparse.ArgumentParser) -> None:
+    add_queue_args(parser)
+    add_filter_args(parser)
+    parser.add_argument("--all", action="store_true", help="select every parked message")
+    parser.add_argument("--limit", type=count_type(0), help="purge at most this many")
+    parser.add_argument("--rate", type=rate_type, help="at most this many, e.g. 500/s")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print what would go; delete nothing"
     )
-    add_queue_args(purge)
-    add_filter_args(purge)
-    purge.add_argument("--all", action="store_true", help="select every parked message")
-    purge.add_argument("--limit", type=count_type(0), help="purge at most this many")
-    purge.add_argument("--rate", type=rate_type, help="at most this many, e.g. 500/s")
-    purge.add_argument("--dry-run", action="store_true", help="print what would go; delete nothing")
-    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    add_json_option(purge)
-    add_topology_args(purge)
-    purge.set_defaults(func=lambda args: run(_purge(args)))
+    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    add_json_option(parser)
+    add_topology_args(parser)
 
 
-def register_refresh(commands: Any) -> None:
-    """Add ``parking refresh`` (to the tail of the parking queue)."""
-    refresh = commands.add_parser(
-        "refresh",
-        help="move long-parked messages to the tail of their parking queue (disk, RabbitMQ < 4.3)",
-        description="Move the parked messages of QUEUE that have been in its parking queue "
-        "longer than --older-than (since parked, or since their last refresh) to the tail of "
-        "the same queue: each original is acked only after the broker confirmed its copy. "
-        "Before RabbitMQ 4.3 a quorum queue's log is truncated only up to its oldest "
-        "message, so one message parked weeks ago keeps on disk everything parked and "
-        "replayed since; once it is refreshed the broker can truncate the log. Records, "
-        "ids and bodies do not change; nothing leaves the parking lot.",
-    )
-    add_queue_args(refresh)
-    refresh.add_argument(
+def _refresh_options(parser: argparse.ArgumentParser) -> None:
+    add_queue_args(parser)
+    parser.add_argument(
         "--older-than",
         type=duration_type,
         metavar="AGE",
         help="only messages in the parking queue longer than AGE, e.g. 7d (default: all)",
     )
-    refresh.add_argument("--limit", type=int, help="refresh at most this many")
-    refresh.add_argument("--rate", type=rate_type, help="at most this many, e.g. 500/s")
-    refresh.add_argument(
+    parser.add_argument("--limit", type=int, help="refresh at most this many")
+    parser.add_argument("--rate", type=rate_type, help="at most this many, e.g. 500/s")
+    parser.add_argument(
         "--dry-run", action="store_true", help="print what would move; move nothing"
     )
-    add_json_option(refresh)
-    add_topology_args(refresh)
-    refresh.set_defaults(func=lambda args: run(_refresh(args)))
+    add_json_option(parser)
+    add_topology_args(parser)
 
 
 def _who() -> str | None:
@@ -357,3 +328,38 @@ async def _refresh(args: argparse.Namespace) -> int:
                 topology=topology,
             )
     return _report(report, args)
+
+
+REPLAY = Command(
+    name="replay",
+    help="send parked messages back with a fresh retry budget",
+    description="Move parked messages of QUEUE back to QUEUE (or --to) through the delay "
+    "chain, with a fresh retry budget. Each leaves the parking queue only after the broker "
+    "confirmed its copy. Without --id or a filter, every parked message is replayed, "
+    "after a confirmation (--yes without a terminal).",
+    options=_replay_options,
+    run=_replay,
+)
+
+PURGE = Command(
+    name="purge",
+    help="delete parked messages for good (asks first)",
+    description="Delete the selected parked messages. Asks for confirmation unless --yes. "
+    "Archive them first ('delayed-retry archive') if anyone may ask for them.",
+    options=_purge_options,
+    run=_purge,
+)
+
+REFRESH = Command(
+    name="refresh",
+    help="move long-parked messages to the tail of their parking queue (disk, RabbitMQ < 4.3)",
+    description="Move the parked messages of QUEUE that have been in its parking queue "
+    "longer than --older-than (since parked, or since their last refresh) to the tail of "
+    "the same queue: each original is acked only after the broker confirmed its copy. "
+    "Before RabbitMQ 4.3 a quorum queue's log is truncated only up to its oldest "
+    "message, so one message parked weeks ago keeps on disk everything parked and "
+    "replayed since; once it is refreshed the broker can truncate the log. Records, "
+    "ids and bodies do not change; nothing leaves the parking lot.",
+    options=_refresh_options,
+    run=_refresh,
+)

@@ -11,9 +11,9 @@ import sys
 from datetime import timedelta
 from typing import Any
 
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.connection import connect
-from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
     add_json_option,
     count_type,
@@ -37,50 +37,32 @@ from delayed_retry.parking.lot import (
     group_parked,
 )
 
-__all__ = ["exception_text", "register_list", "register_show"]
+__all__ = ["exception_text", "LIST", "SHOW"]
 
 
-def register_list(commands: Any) -> None:
-    """Add ``parking list`` (failure groups and a page of records)."""
-    listing = commands.add_parser(
-        "list",
-        help="failure groups and parked messages, left in place",
-        description="Show the failure groups of a queue's parked messages and a page of their "
-        "records (reason, exception, attempts, age). Nothing is removed.",
-    )
-    add_queue_args(listing)
-    add_filter_args(listing)
-    listing.add_argument(
+def _list_options(parser: argparse.ArgumentParser) -> None:
+    add_queue_args(parser)
+    add_filter_args(parser)
+    parser.add_argument(
         "--limit", type=count_type(1), default=20, help="records to show (%(default)s)"
     )
-    listing.add_argument(
+    parser.add_argument(
         "--offset", type=count_type(0), default=0, help="skip this many records first"
     )
-    add_json_option(listing)
-    add_topology_args(listing)
-    listing.set_defaults(func=lambda args: run(_list(args)))
+    add_json_option(parser)
+    add_topology_args(parser)
 
 
-def register_show(commands: Any) -> None:
-    """Add ``parking show`` (one parked message in full)."""
-    show = commands.add_parser(
-        "show",
-        help="one parked message in full: record, headers, body",
-        description="Show one parked message: its failure record, traceback, headers and body "
-        "(binary bodies as base64). ID may be the start of a record id; when it selects more "
-        "than one message (two can share an id), they are listed, and --all shows each. "
-        "Nothing is removed.",
-    )
-    show.add_argument("id", metavar="ID", help="the record id 'parking list' shows, or its start")
-    show.add_argument(
+def _show_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", metavar="ID", help="the record id 'parking list' shows, or its start")
+    parser.add_argument(
         "--all",
         action="store_true",
         help="show every parked message the id selects (without it, more than one is an error)",
     )
-    add_queue_args(show)
-    add_json_option(show)
-    add_topology_args(show)
-    show.set_defaults(func=lambda args: run(_show(args)))
+    add_queue_args(parser)
+    add_json_option(parser)
+    add_topology_args(parser)
 
 
 def _age(record: ParkedRecord) -> str:
@@ -266,3 +248,24 @@ def _print_record(record: ParkedRecord) -> None:
         print(body)
     else:
         print(f"(binary, base64) {body['base64']}")
+
+
+LIST = Command(
+    name="list",
+    help="failure groups and parked messages, left in place",
+    description="Show the failure groups of a queue's parked messages and a page of their "
+    "records (reason, exception, attempts, age). Nothing is removed.",
+    options=_list_options,
+    run=_list,
+)
+
+SHOW = Command(
+    name="show",
+    help="one parked message in full: record, headers, body",
+    description="Show one parked message: its failure record, traceback, headers and body "
+    "(binary bodies as base64). ID may be the start of a record id; when it selects more "
+    "than one message (two can share an id), they are listed, and --all shows each. "
+    "Nothing is removed.",
+    options=_show_options,
+    run=_show,
+)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import datetime, timedelta
-from typing import Any
 
 from delayed_retry.admin.chain_probe import queue_depth
 from delayed_retry.cli.chain import checked_topology
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import add_topology_args
 from delayed_retry.cli.connection import connect
-from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
     UsageError,
     add_json_option,
@@ -22,7 +21,7 @@ from delayed_retry.cli.output import (
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import NotFoundError, queue_not_found
 
-__all__ = ["register"]
+__all__ = ["COMMAND"]
 
 
 def _moment(text: str) -> datetime:
@@ -39,20 +38,13 @@ def _moment(text: str) -> datetime:
     return moment
 
 
-def register(sub: Any) -> None:
-    """Add the ``publish`` command."""
-    publish = sub.add_parser(
-        "publish",
-        help="schedule one message for a queue after a delay or at a time",
-        description="Publish one message through the delay chain to QUEUE, due after --delay "
-        "or at --at. Returns once the broker confirmed it (exit 1 if it did not).",
-    )
-    publish.add_argument("--queue", required=True, help="the queue that receives it when due")
-    when = publish.add_mutually_exclusive_group(required=True)
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--queue", required=True, help="the queue that receives it when due")
+    when = parser.add_mutually_exclusive_group(required=True)
     when.add_argument("--delay", type=duration_type, help="due after, e.g. 90s, 15m, 1h, 2d")
     when.add_argument("--at", type=_moment, help="due at, e.g. 2026-12-01T09:00Z")
-    publish.add_argument("--body", default="", help="the body as text, or - to read stdin")
-    publish.add_argument(
+    parser.add_argument("--body", default="", help="the body as text, or - to read stdin")
+    parser.add_argument(
         "--header",
         type=header_type,
         action="append",
@@ -60,11 +52,10 @@ def register(sub: Any) -> None:
         metavar="NAME=VALUE",
         help="a header (repeatable)",
     )
-    publish.add_argument("--message-id", help="message id (default: none)")
-    publish.add_argument("--content-type", help="content type, e.g. application/json")
-    add_json_option(publish)
-    add_topology_args(publish)
-    publish.set_defaults(func=lambda args: run(_publish(args)))
+    parser.add_argument("--message-id", help="message id (default: none)")
+    parser.add_argument("--content-type", help="content type, e.g. application/json")
+    add_json_option(parser)
+    add_topology_args(parser)
 
 
 async def _publish(args: argparse.Namespace) -> int:
@@ -102,3 +93,13 @@ async def _publish(args: argparse.Namespace) -> int:
             f"(in {format_duration(max(due_at - now, timedelta(0)))}); the broker confirmed it"
         )
     return 0
+
+
+COMMAND = Command(
+    name="publish",
+    help="schedule one message for a queue after a delay or at a time",
+    description="Publish one message through the delay chain to QUEUE, due after --delay "
+    "or at --at. Returns once the broker confirmed it (exit 1 if it did not).",
+    options=_options,
+    run=_publish,
+)

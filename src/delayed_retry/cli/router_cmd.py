@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 import tenacity
 from aio_pika.abc import AbstractRobustConnection
@@ -11,8 +10,8 @@ from tenacity.wait import wait_base
 
 from delayed_retry.admin.chain_probe import queue_depth
 from delayed_retry.amqp.channels import close_quietly
-from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.main import run
+from delayed_retry.cli.command import Command
+from delayed_retry.cli.common import add_queues_option, add_topology_args, topology_from_args
 from delayed_retry.cli.service import add_service_args, run_service
 from delayed_retry.cli.service_state import Running
 from delayed_retry.cli.startup import Startup
@@ -21,7 +20,7 @@ from delayed_retry.consumer.router import RetryRouter
 from delayed_retry.durations import parse_duration
 from delayed_retry.errors import ConfigurationError, NotFoundError, queue_not_found
 
-__all__ = ["parse_wait", "register"]
+__all__ = ["parse_wait", "COMMAND"]
 
 WAIT_HELP = (
     "backoff: 'exponential:INITIAL:MAX' (doubling from INITIAL up to MAX, plus up to 1 s of "
@@ -61,37 +60,24 @@ def wait_type(spec: str) -> wait_base:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def register(sub: Any) -> None:
-    """Add the ``router`` command."""
-    router = sub.add_parser(
-        "router",
-        help="retry what consumers in any language reject (x-dead-letter-exchange routing)",
-        description="Consume <prefix>.rejected and send each rejected message of the named "
-        "queues back through the delay chain after the backoff, or to QUEUE.parking past "
-        "--max-retries. A team adds one argument to its queue: x-dead-letter-exchange = "
-        "<prefix>.rejected. Messages of other queues are kept in <prefix>.unroutable. Runs "
-        "until interrupted (Ctrl-C or SIGTERM).",
-    )
-    add_topology_args(router)
-    router.add_argument(
-        "--queue",
-        metavar="QUEUE",
-        action="append",
-        required=True,
+def _options(parser: argparse.ArgumentParser) -> None:
+    add_topology_args(parser)
+    add_queues_option(
+        parser,
         help="a queue whose rejections to retry (repeatable; the only possible destinations)",
+        required=True,
     )
     options = option_specs(RouterOptions)
     for name in ("max_retries", "prefetch"):
         spec = options[name]
-        router.add_argument(
+        parser.add_argument(
             "--" + name.replace("_", "-"),
             type=int,
             default=spec.default,
             help=f"{spec.help} (%(default)s)",
         )
-    router.add_argument("--wait", type=wait_type, default=None, metavar="BACKOFF", help=WAIT_HELP)
-    add_service_args(router)
-    router.set_defaults(func=lambda args: run(_router(args)))
+    parser.add_argument("--wait", type=wait_type, default=None, metavar="BACKOFF", help=WAIT_HELP)
+    add_service_args(parser)
 
 
 async def _router(args: argparse.Namespace) -> int:
@@ -131,3 +117,16 @@ async def _router(args: argparse.Namespace) -> int:
         )
 
     return await run_service(args, command="router", start=start)
+
+
+COMMAND = Command(
+    name="router",
+    help="retry what consumers in any language reject (x-dead-letter-exchange routing)",
+    description="Consume <prefix>.rejected and send each rejected message of the named "
+    "queues back through the delay chain after the backoff, or to QUEUE.parking past "
+    "--max-retries. A team adds one argument to its queue: x-dead-letter-exchange = "
+    "<prefix>.rejected. Messages of other queues are kept in <prefix>.unroutable. Runs "
+    "until interrupted (Ctrl-C or SIGTERM).",
+    options=_options,
+    run=_router,
+)

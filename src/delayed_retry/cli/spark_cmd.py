@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.output import CommandError, require_extra
 from delayed_retry.errors import (
@@ -18,7 +19,7 @@ from delayed_retry.errors import (
     queue_not_found,
 )
 
-__all__ = ["register"]
+__all__ = ["COMMAND"]
 
 
 def _spark(args: argparse.Namespace, *, input_bytes: int | None = None) -> Any:
@@ -258,76 +259,68 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: Any) -> None:
-    """Add the ``spark`` command and its actions."""
-    spark = subparsers.add_parser(
-        "spark",
-        help="analyse, redrive and schedule with PySpark",
-        description="PySpark jobs over archives of parked messages and files of messages to "
-        "schedule. Spark's own log output is left out (errors only, each in one line); "
-        "'delayed-retry -v spark ...' shows its warnings too. Progress shows on a terminal "
-        "only.",
+def _with_master(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--master", default=None, help="Spark master (default local[*]; e.g. spark://host:7077)"
     )
-    commands = spark.add_subparsers(dest="spark_command", required=True, metavar="ACTION")
 
-    def with_master(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--master", default=None, help="Spark master (default local[*]; e.g. spark://host:7077)"
-        )
 
-    def with_partitions(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--partitions",
-            type=int,
-            default=None,
-            help="publishing connections at once (default: one per executor core)",
-        )
-
-    g = commands.add_parser(
-        "generate", help="write a synthetic archive of parked messages (benchmarks, demos)"
+def _with_partitions(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="publishing connections at once (default: one per executor core)",
     )
-    g.add_argument("--rows", type=int, required=True, help="how many parked messages")
-    g.add_argument("--to", required=True, help="archive folder to write")
-    g.add_argument("--hours", type=int, default=72, help="span of parked times (default 72)")
-    g.add_argument("--seed", type=int, default=7, help="random seed (same seed, same archive)")
-    g.set_defaults(func=cmd_generate)
 
-    a = commands.add_parser("analyze", help="report on archived parked messages")
-    a.add_argument("paths", nargs="+", help="archive folder(s)")
-    a.add_argument(
+
+def _generate_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=int, required=True, help="how many parked messages")
+    parser.add_argument("--to", required=True, help="archive folder to write")
+    parser.add_argument("--hours", type=int, default=72, help="span of parked times (default 72)")
+    parser.add_argument("--seed", type=int, default=7, help="random seed (same seed, same archive)")
+
+
+def _analyze_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", help="archive folder(s)")
+    parser.add_argument(
         "--report", default=None, help="HTML report path (default <archive>.report.html)"
     )
-    a.add_argument("--no-report", action="store_true", help="print tables only")
-    a.add_argument("--top", type=int, default=10, help="how many distinct errors to list")
-    with_master(a)
-    a.set_defaults(func=cmd_analyze)
+    parser.add_argument("--no-report", action="store_true", help="print tables only")
+    parser.add_argument("--top", type=int, default=10, help="how many distinct errors to list")
+    _with_master(parser)
 
-    r = commands.add_parser("redrive", help="send archived messages back to their queues")
-    r.add_argument("paths", nargs="+", help="archive folder(s)")
-    r.add_argument("--where", default=None, help="Spark SQL predicate selecting rows to send")
-    r.add_argument("--rate", type=_rate, default=None, help="messages per second, e.g. 200/s")
-    r.add_argument("--dry-run", action="store_true", help="count and plan, send nothing")
-    r.add_argument("--redrive-id", default=None, help="id for the ledger (default: from the input)")
-    r.add_argument("--ledger", default=None, help="ledger folder (default <archive>/_ledger)")
-    with_master(r)
-    with_partitions(r)
-    add_topology_args(r)
-    r.set_defaults(func=cmd_redrive)
 
-    s = commands.add_parser("schedule", help="schedule one delayed message per row of a file")
-    s.add_argument("input", help="Parquet, CSV or JSON file or folder")
-    s.add_argument("--format", choices=("parquet", "csv", "json"), default="parquet")
-    s.add_argument("--queue", required=True, help="destination queue")
-    s.add_argument("--due-at", required=True, help="column holding the due time")
-    s.add_argument("--body", required=True, help="column holding the body")
-    s.add_argument(
+def _redrive_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", help="archive folder(s)")
+    parser.add_argument("--where", default=None, help="Spark SQL predicate selecting rows to send")
+    parser.add_argument("--rate", type=_rate, default=None, help="messages per second, e.g. 200/s")
+    parser.add_argument("--dry-run", action="store_true", help="count and plan, send nothing")
+    parser.add_argument(
+        "--redrive-id", default=None, help="id for the ledger (default: from the input)"
+    )
+    parser.add_argument("--ledger", default=None, help="ledger folder (default <archive>/_ledger)")
+    _with_master(parser)
+    _with_partitions(parser)
+    add_topology_args(parser)
+
+
+def _schedule_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", help="Parquet, CSV or JSON file or folder")
+    parser.add_argument("--format", choices=("parquet", "csv", "json"), default="parquet")
+    parser.add_argument("--queue", required=True, help="destination queue")
+    parser.add_argument("--due-at", required=True, help="column holding the due time")
+    parser.add_argument("--body", required=True, help="column holding the body")
+    parser.add_argument(
         "--key",
         default=None,
         help="column identifying a row: the message_id consumers deduplicate on (default: a hash)",
     )
-    s.add_argument("--schedule-id", required=True, help="name of this schedule, for the ledger")
-    s.add_argument("--ledger", required=True, help="ledger folder")
-    s.add_argument(
+    parser.add_argument(
+        "--schedule-id", required=True, help="name of this schedule, for the ledger"
+    )
+    parser.add_argument("--ledger", required=True, help="ledger folder")
+    parser.add_argument(
         "--header",
         type=_header,
         action="append",
@@ -335,11 +328,46 @@ def register(subparsers: Any) -> None:
         metavar="NAME=COLUMN",
         help="a message header taken from a column; repeat for more",
     )
-    with_master(s)
-    with_partitions(s)
-    add_topology_args(s)
-    s.set_defaults(func=cmd_schedule)
+    _with_master(parser)
+    _with_partitions(parser)
+    add_topology_args(parser)
 
+
+COMMAND = Command(
+    name="spark",
+    help="analyse, redrive and schedule with PySpark",
+    description="PySpark jobs over archives of parked messages and files of messages to "
+    "schedule. Spark's own log output is left out (errors only, each in one line); "
+    "'delayed-retry -v spark ...' shows its warnings too. Progress shows on a terminal "
+    "only.",
+    verbs=(
+        Command(
+            name="generate",
+            help="write a synthetic archive of parked messages (benchmarks, demos)",
+            options=_generate_options,
+            run=cmd_generate,
+        ),
+        Command(
+            name="analyze",
+            help="report on archived parked messages",
+            options=_analyze_options,
+            run=cmd_analyze,
+        ),
+        Command(
+            name="redrive",
+            help="send archived messages back to their queues",
+            options=_redrive_options,
+            run=cmd_redrive,
+        ),
+        Command(
+            name="schedule",
+            help="schedule one delayed message per row of a file",
+            options=_schedule_options,
+            run=cmd_schedule,
+        ),
+    ),
+    verbs_metavar="ACTION",
+)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit("run it as: delayed-retry archive|spark …")

@@ -12,10 +12,10 @@ from aio_pika.abc import AbstractConnection
 from delayed_retry.admin.chain_due import DueTimes, peek_due_times, peeks_are_safe
 from delayed_retry.admin.chain_probe import declared_queue
 from delayed_retry.cli.chain import checked_topology
-from delayed_retry.cli.common import add_management_option, add_topology_args
+from delayed_retry.cli.command import Command
+from delayed_retry.cli.common import add_management_option, add_queues_option, add_topology_args
 from delayed_retry.cli.connection import connect
 from delayed_retry.cli.leaders import ChainLeaders, read_chain_leaders
-from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
     CommandError,
     add_json_option,
@@ -28,44 +28,22 @@ from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import NotFoundError, queue_not_found
 from delayed_retry.recovery.throttle import marker_queue_name
 
-__all__ = ["register"]
+__all__ = ["COMMAND"]
 
 
-def register(sub: Any) -> None:
-    """Add the ``status`` command."""
-    status = sub.add_parser(
-        "status",
-        help="work queues, delay levels, parking: depths and when messages come due",
-        description="Show each work queue's depth and consumers, the messages waiting in the "
-        "delay chain (only the levels holding any, unless --all-levels) with when they come "
-        "due, and the parking, unroutable and alert queues. Where the management API "
-        "answers, warns about a work queue that a message the client cannot decode would "
-        "stall (no delivery limit with a dead-letter target). Read-only. When they come due is "
-        "read from the messages' own due time (x-retry-due-at): the first 100 of each level "
-        "are taken and given back at once. Where that is not done (RabbitMQ 4.x quorum "
-        "levels, where each return counts toward the broker's delivery limit, or "
-        "--no-peek) or a message has no due time of its own, the level's bound is shown: "
-        "due within 2^(level+1) - 1 units.",
-    )
-    status.add_argument(
-        "--queue",
-        metavar="QUEUE",
-        action="append",
-        default=[],
-        help="a work queue to show with its parking queue (repeatable)",
-    )
-    status.add_argument("--all-levels", action="store_true", help="also show empty levels")
-    status.add_argument(
+def _options(parser: argparse.ArgumentParser) -> None:
+    add_queues_option(parser, help="a work queue to show with its parking queue (repeatable)")
+    parser.add_argument("--all-levels", action="store_true", help="also show empty levels")
+    parser.add_argument(
         "--no-peek",
         action="store_true",
         help="do not read the waiting messages' due times; show each level's bound only",
     )
-    add_json_option(status)
-    add_topology_args(status)
+    add_json_option(parser)
+    add_topology_args(parser)
     add_management_option(
-        status, purpose="the chain a --queue is bound to and its delivery limit's checks"
+        parser, purpose="the chain a --queue is bound to and its delivery limit's checks"
     )
-    status.set_defaults(func=lambda args: run(_status(args)))
 
 
 async def _declared(connection: AbstractConnection, name: str) -> tuple[int, int] | None:
@@ -310,3 +288,21 @@ def _raise_missing(work: dict[str, tuple[int, int] | None], missing: list[str]) 
             f"{', …' if len(missing) > 3 else ''}); run 'delayed-retry declare' with the same "
             "options to create them"
         )
+
+
+COMMAND = Command(
+    name="status",
+    help="work queues, delay levels, parking: depths and when messages come due",
+    description="Show each work queue's depth and consumers, the messages waiting in the "
+    "delay chain (only the levels holding any, unless --all-levels) with when they come "
+    "due, and the parking, unroutable and alert queues. Where the management API "
+    "answers, warns about a work queue that a message the client cannot decode would "
+    "stall (no delivery limit with a dead-letter target). Read-only. When they come due is "
+    "read from the messages' own due time (x-retry-due-at): the first 100 of each level "
+    "are taken and given back at once. Where that is not done (RabbitMQ 4.x quorum "
+    "levels, where each return counts toward the broker's delivery limit, or "
+    "--no-peek) or a message has no due time of its own, the level's bound is shown: "
+    "due within 2^(level+1) - 1 units.",
+    options=_options,
+    run=_status,
+)

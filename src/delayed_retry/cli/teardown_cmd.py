@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable
-from typing import Any, TextIO
+from typing import TextIO
 
 from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT
 from delayed_retry.admin.teardown import (
@@ -18,60 +18,40 @@ from delayed_retry.admin.teardown import (
     tear_down,
 )
 from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import (
     add_management_option,
+    add_queues_option,
     add_topology_args,
     management_client,
     topology_from_args,
     topology_options,
 )
 from delayed_retry.cli.connection import connect
-from delayed_retry.cli.main import run
 from delayed_retry.cli.output import CommandError, add_json_option, confirm, emit_json
 
-__all__ = ["how_to_empty", "register"]
+__all__ = ["how_to_empty", "COMMAND"]
 
 
-def register(sub: Any) -> None:
-    """Add the ``teardown`` command."""
-    teardown = sub.add_parser(
-        "teardown",
-        help="remove a chain's queues and exchanges when they are empty",
-        description="Delete the level, unroutable, rejected and alerts queues and every "
-        "exchange of the chain the topology options describe (and QUEUE.parking for each "
-        "--queue), only when none holds a message or has a consumer: otherwise nothing is "
-        "deleted, and each queue in the way is named with its count and the command that "
-        "empties it. Each queue is checked again as it is deleted (classic queues with "
-        "if-empty; quorum queues, which refuse it, with a check just before); one found in "
-        "use stops the teardown there, keeping it, the queues after it and every exchange. "
-        "What forwarders and front doors declared for the chain is listed, and removed with "
-        "--forwarding or --forward. Messages still waiting in the levels block it unless "
-        "--discard-waiting. Asks for confirmation unless --yes. Exit status: 0 removed (or "
-        "nothing to remove), 1 refused, not confirmed or refused by the broker, 2 usage or "
-        "connection error.",
+def _options(parser: argparse.ArgumentParser) -> None:
+    add_topology_args(parser)
+    add_queues_option(
+        parser, help="also remove QUEUE.parking (repeatable; QUEUE itself is never removed)"
     )
-    add_topology_args(teardown)
-    teardown.add_argument(
-        "--queue",
-        metavar="QUEUE",
-        action="append",
-        default=[],
-        help="also remove QUEUE.parking (repeatable; QUEUE itself is never removed)",
-    )
-    teardown.add_argument(
+    parser.add_argument(
         "--purge-alerts",
         action="store_true",
         help="remove the alert queue (PREFIX.parking.alerts) with the copies it holds (they "
         "are copies of parked and unroutable messages, which stay where they are) and the "
         "stream of muted failure groups (PREFIX.parking.mutes) with its mutes",
     )
-    teardown.add_argument(
+    parser.add_argument(
         "--discard-waiting",
         action="store_true",
         help="remove the level queues with the messages still waiting in them, which are then "
         "never delivered (the confirmation names how many; --yes answers it)",
     )
-    teardown.add_argument(
+    parser.add_argument(
         "--forward",
         metavar="EXCHANGE",
         action="append",
@@ -80,17 +60,16 @@ def register(sub: Any) -> None:
         "PREFIX.forward.EXCHANGE, the exchange and queue EXCHANGE.delay and their parking "
         "queues (repeatable; EXCHANGE itself is never removed)",
     )
-    teardown.add_argument(
+    parser.add_argument(
         "--forwarding",
         action="store_true",
         help="--forward every exchange the chain forwards to (read from the management API; "
         "without this option they are listed and kept)",
     )
-    add_management_option(teardown, purpose="finding forward queues")
-    teardown.add_argument("--dry-run", action="store_true", help="list what would be removed")
-    teardown.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    add_json_option(teardown)
-    teardown.set_defaults(func=lambda args: run(_teardown(args)))
+    add_management_option(parser, purpose="finding forward queues")
+    parser.add_argument("--dry-run", action="store_true", help="list what would be removed")
+    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    add_json_option(parser)
 
 
 def how_to_empty(topology: DelayTopology, queue: str, work_queues: Iterable[str] = ()) -> str:
@@ -314,3 +293,23 @@ async def _teardown(args: argparse.Namespace) -> int:
         file=note,
     )
     return 0
+
+
+COMMAND = Command(
+    name="teardown",
+    help="remove a chain's queues and exchanges when they are empty",
+    description="Delete the level, unroutable, rejected and alerts queues and every "
+    "exchange of the chain the topology options describe (and QUEUE.parking for each "
+    "--queue), only when none holds a message or has a consumer: otherwise nothing is "
+    "deleted, and each queue in the way is named with its count and the command that "
+    "empties it. Each queue is checked again as it is deleted (classic queues with "
+    "if-empty; quorum queues, which refuse it, with a check just before); one found in "
+    "use stops the teardown there, keeping it, the queues after it and every exchange. "
+    "What forwarders and front doors declared for the chain is listed, and removed with "
+    "--forwarding or --forward. Messages still waiting in the levels block it unless "
+    "--discard-waiting. Asks for confirmation unless --yes. Exit status: 0 removed (or "
+    "nothing to remove), 1 refused, not confirmed or refused by the broker, 2 usage or "
+    "connection error.",
+    options=_options,
+    run=_teardown,
+)

@@ -26,14 +26,15 @@ from delayed_retry.chain.leaders import (
     rebalance_command,
 )
 from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import (
     add_management_option,
+    add_queues_option,
     add_topology_args,
     management_client,
     topology_from_args,
     topology_options,
 )
-from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
     CommandError,
     add_json_option,
@@ -41,85 +42,43 @@ from delayed_retry.cli.output import (
     format_at_most,
     print_table,
 )
-from delayed_retry.cli.topology_discard_cmd import register_discard, register_expedite
-from delayed_retry.cli.topology_migrate_cmd import register_migrate
+from delayed_retry.cli.topology_discard_cmd import DISCARD, EXPEDITE
+from delayed_retry.cli.topology_migrate_cmd import MIGRATE
 from delayed_retry.durations import format_duration
 from delayed_retry.rabbitmq.urls import redact_url, vhost_of
 from delayed_retry.rabbitmq.versions import broker_major_version
 
-__all__ = ["register"]
+__all__ = ["COMMAND"]
 
 
-def register(sub: Any) -> None:
-    """Add ``topology verify``, ``show``, ``rebalance``, ``migrate`` and ``discard``."""
-    group = sub.add_parser(
-        "topology",
-        help="verify the live chain against the configuration, show what waits, migrate, "
-        "discard waiting messages",
-        description="Operate on the delay chain as a whole.",
+def _verify_options(parser: argparse.ArgumentParser) -> None:
+    add_topology_args(parser)
+    add_queues_option(
+        parser, help="also check QUEUE's binding to the chain and its parking queue (repeatable)"
     )
-    verbs = group.add_subparsers(dest="topology_command", required=True, metavar="VERB")
-
-    verify = verbs.add_parser(
-        "verify",
-        help="compare the live chain with the configuration; exit 1 on any difference",
-        description="Compare the live chain (exchanges, queues, arguments, bindings, alternate "
-        "exchanges, policies that apply) with the configuration and print each difference "
-        "with its fix. Bindings and policies are read through the management HTTP API when it "
-        "is reachable; otherwise only what AMQP can check is checked, and the output says so. "
-        "Read-only. Exit status: 0 no difference, 1 differences, 2 usage or connection error.",
-    )
-    add_topology_args(verify)
-    verify.add_argument(
-        "--queue",
-        metavar="QUEUE",
-        action="append",
-        default=[],
-        help="also check QUEUE's binding to the chain and its parking queue (repeatable)",
-    )
-    add_management_option(verify, purpose="reading bindings and policies")
-    verify.add_argument(
+    add_management_option(parser, purpose="reading bindings and policies")
+    parser.add_argument(
         "--no-management", action="store_true", help="check over AMQP only, without the HTTP API"
     )
-    add_json_option(verify)
-    verify.set_defaults(func=lambda args: run(_verify(args)))
+    add_json_option(parser)
 
-    show = verbs.add_parser(
-        "show",
-        help="levels with their delay range, messages per level, and when they are due",
-        description="Show each level of the chain: how long it holds a message, which delays "
-        "enter there, how many messages wait in it and the latest they are due. Read-only. "
-        "'topology discard --dry-run --queue QUEUE' lists the messages waiting for QUEUE, "
-        "with their ids and due times.",
-    )
-    add_topology_args(show)
-    show.add_argument("--all", action="store_true", help="also list empty levels")
-    add_json_option(show)
-    show.set_defaults(func=lambda args: run(_show(args)))
-    rebalance = verbs.add_parser(
-        "rebalance",
-        help="print the commands that spread the chain's queue leaders over a cluster's nodes",
-        description="Print the policies that spread the leaders of the chain's queues declared "
-        "from now on (set them once per vhost), and the rabbitmq-queues command that moves "
-        "the leaders of the chain's existing quorum queues so that no node leads more than "
-        "its share; run both on a broker node. Messages waiting in the chain stay where they "
-        "are (Raft leadership transfer). The broker's version decides the policies: it is "
-        "asked over AMQP unless --rabbitmq-major is given. docs/operating-the-chain.md "
-        "explains the choice.",
-    )
-    add_topology_args(rebalance)
-    rebalance.add_argument(
+
+def _show_options(parser: argparse.ArgumentParser) -> None:
+    add_topology_args(parser)
+    parser.add_argument("--all", action="store_true", help="also list empty levels")
+    add_json_option(parser)
+
+
+def _rebalance_options(parser: argparse.ArgumentParser) -> None:
+    add_topology_args(parser)
+    parser.add_argument(
         "--rabbitmq-major",
         type=int,
         metavar="N",
         default=None,
         help="the broker's major version (3 or 4) instead of connecting to ask it",
     )
-    add_json_option(rebalance)
-    rebalance.set_defaults(func=lambda args: run(_rebalance(args)))
-    register_migrate(verbs)
-    register_discard(verbs)
-    register_expedite(verbs)
+    add_json_option(parser)
 
 
 async def _verify(args: argparse.Namespace) -> int:
@@ -320,3 +279,49 @@ def _print_show(
     else:
         print("no message waiting in the chain")
     print("   ".join(f"{k}: {'missing' if v is None else v}" for k, v in others.items()))
+
+
+VERIFY = Command(
+    name="verify",
+    help="compare the live chain with the configuration; exit 1 on any difference",
+    description="Compare the live chain (exchanges, queues, arguments, bindings, alternate "
+    "exchanges, policies that apply) with the configuration and print each difference "
+    "with its fix. Bindings and policies are read through the management HTTP API when it "
+    "is reachable; otherwise only what AMQP can check is checked, and the output says so. "
+    "Read-only. Exit status: 0 no difference, 1 differences, 2 usage or connection error.",
+    options=_verify_options,
+    run=_verify,
+)
+
+SHOW = Command(
+    name="show",
+    help="levels with their delay range, messages per level, and when they are due",
+    description="Show each level of the chain: how long it holds a message, which delays "
+    "enter there, how many messages wait in it and the latest they are due. Read-only. "
+    "'topology discard --dry-run --queue QUEUE' lists the messages waiting for QUEUE, "
+    "with their ids and due times.",
+    options=_show_options,
+    run=_show,
+)
+
+REBALANCE = Command(
+    name="rebalance",
+    help="print the commands that spread the chain's queue leaders over a cluster's nodes",
+    description="Print the policies that spread the leaders of the chain's queues declared "
+    "from now on (set them once per vhost), and the rabbitmq-queues command that moves "
+    "the leaders of the chain's existing quorum queues so that no node leads more than "
+    "its share; run both on a broker node. Messages waiting in the chain stay where they "
+    "are (Raft leadership transfer). The broker's version decides the policies: it is "
+    "asked over AMQP unless --rabbitmq-major is given. docs/operating-the-chain.md "
+    "explains the choice.",
+    options=_rebalance_options,
+    run=_rebalance,
+)
+
+COMMAND = Command(
+    name="topology",
+    help="verify the live chain against the configuration, show what waits, migrate, "
+    "discard waiting messages",
+    description="Operate on the delay chain as a whole.",
+    verbs=(VERIFY, SHOW, REBALANCE, MIGRATE, DISCARD, EXPEDITE),
+)

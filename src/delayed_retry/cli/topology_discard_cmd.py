@@ -14,9 +14,9 @@ from typing import Any
 from delayed_retry.admin.chain_discard import DiscardReport, discard_waiting, expedite_waiting
 from delayed_retry.admin.waiting import WaitingMessage
 from delayed_retry.cli.chain import checked_topology
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import add_topology_args
 from delayed_retry.cli.connection import connect
-from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
     CommandError,
     UsageError,
@@ -26,53 +26,19 @@ from delayed_retry.cli.output import (
     print_table,
 )
 
-__all__ = ["register_discard", "register_expedite"]
+__all__ = ["DISCARD", "EXPEDITE"]
 
 
-def register_discard(verbs: Any) -> None:
-    """Add ``topology discard`` to the ``topology`` group (called by :mod:`.topology_cmd`)."""
-    discard = verbs.add_parser(
-        "discard",
-        help="take chosen waiting messages out of the chain (delete, or --park them)",
-        description="Take the messages waiting in the delay chain that --id (and/or --queue) "
-        "select out of it: retry copies and messages scheduled with 'publish --delay'. They "
-        "are deleted, or with --park moved to their queue's parking queue with reason "
-        "'discarded', from where 'parking replay' sends them back. The chain is read from "
-        "its highest level down; the other messages are held meanwhile and given back at "
-        "the end, never early and late by at most the scan's length. Asks for confirmation "
-        "unless --yes. --dry-run lists the selected messages (id, destination, due time) and "
-        "takes nothing. Exit status: 0 done, 1 an --id selected nothing, the chain is not "
-        "there, or a waiting message was returned so often that RabbitMQ 4.x could move it "
-        "on early (the scan stops there), 2 usage error.",
-    )
-    discard.add_argument(
+def _discard_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--park",
         action="store_true",
         help="move them to QUEUE.parking with reason 'discarded' instead of deleting them",
     )
-    _add_selection_args(discard)
-    discard.set_defaults(func=lambda args: run(_take(args)), expedite=False)
+    _add_selection_args(parser)
 
 
-def register_expedite(verbs: Any) -> None:
-    """Add ``topology expedite`` to the ``topology`` group (called by :mod:`.topology_cmd`)."""
-    expedite = verbs.add_parser(
-        "expedite",
-        help="deliver chosen waiting messages now ('retry now'), their retry count unchanged",
-        description="Deliver the messages waiting in the delay chain that --id (and/or "
-        "--queue) select to their queue now: a retry waiting hours once the bug is fixed, or "
-        "a scheduled message wanted early. Each keeps its retry count and failure record and "
-        "leaves the chain only once its copy is confirmed. The chain is read from its highest "
-        "level down; the other messages are held meanwhile and given back at the end, never "
-        "early and late by at most the scan's length. Asks for confirmation unless --yes. "
-        "--dry-run lists the selected messages and takes nothing. Exit status: 0 done, 1 an "
-        "--id selected nothing or the chain is not there, 2 usage error.",
-    )
-    _add_selection_args(expedite)
-    expedite.set_defaults(func=lambda args: run(_take(args)), expedite=True, park=False)
-
-
-def _add_selection_args(parser: Any) -> None:
+def _add_selection_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--id",
         dest="ids",
@@ -182,3 +148,38 @@ def _report(report: DiscardReport, args: argparse.Namespace, *, prefix: str) -> 
         print(f"{line}; the others were held {report.seconds:.3f} s and given back")
     _refuse_unmatched(report, args, prefix=prefix)
     return 0
+
+
+DISCARD = Command(
+    name="discard",
+    help="take chosen waiting messages out of the chain (delete, or --park them)",
+    description="Take the messages waiting in the delay chain that --id (and/or --queue) "
+    "select out of it: retry copies and messages scheduled with 'publish --delay'. They "
+    "are deleted, or with --park moved to their queue's parking queue with reason "
+    "'discarded', from where 'parking replay' sends them back. The chain is read from "
+    "its highest level down; the other messages are held meanwhile and given back at "
+    "the end, never early and late by at most the scan's length. Asks for confirmation "
+    "unless --yes. --dry-run lists the selected messages (id, destination, due time) and "
+    "takes nothing. Exit status: 0 done, 1 an --id selected nothing, the chain is not "
+    "there, or a waiting message was returned so often that RabbitMQ 4.x could move it "
+    "on early (the scan stops there), 2 usage error.",
+    options=_discard_options,
+    run=_take,
+    defaults={"expedite": False},
+)
+
+EXPEDITE = Command(
+    name="expedite",
+    help="deliver chosen waiting messages now ('retry now'), their retry count unchanged",
+    description="Deliver the messages waiting in the delay chain that --id (and/or "
+    "--queue) select to their queue now: a retry waiting hours once the bug is fixed, or "
+    "a scheduled message wanted early. Each keeps its retry count and failure record and "
+    "leaves the chain only once its copy is confirmed. The chain is read from its highest "
+    "level down; the other messages are held meanwhile and given back at the end, never "
+    "early and late by at most the scan's length. Asks for confirmation unless --yes. "
+    "--dry-run lists the selected messages and takes nothing. Exit status: 0 done, 1 an "
+    "--id selected nothing or the chain is not there, 2 usage error.",
+    options=_add_selection_args,
+    run=_take,
+    defaults={"expedite": True, "park": False},
+)

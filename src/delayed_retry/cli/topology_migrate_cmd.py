@@ -12,8 +12,8 @@ import aio_pika
 from delayed_retry.admin.chain_migration import migrate_chain, source_depths
 from delayed_retry.admin.other_chains import SourceChain
 from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.main import run
 from delayed_retry.cli.output import (
     UsageError,
     add_json_option,
@@ -22,58 +22,45 @@ from delayed_retry.cli.output import (
     progress_bar,
 )
 
-__all__ = ["register_migrate", "source_from_args"]
+__all__ = ["MIGRATE", "source_from_args"]
 
 
-def register_migrate(verbs: Any) -> None:
-    """Add ``topology migrate`` to the ``topology`` group (called by :mod:`.topology_cmd`)."""
-    migrate = verbs.add_parser(
-        "migrate",
-        help="move messages waiting in another delay chain into this one, never early",
-        description="Move the messages waiting in another delay chain into the chain the "
-        "topology options describe, each re-scheduled for its remaining delay: exactly when "
-        "a header records its due time (ours, Celery's eta), otherwise for the latest it "
-        "could be due (a full wait in its level plus its lower routing-key bits), so never "
-        "early. At-least-once: a message leaves the source only after the target confirmed "
-        "its copy; one that cannot move stays where it was. Exit status: 0 all moved, 1 some "
-        "stayed, 2 usage or connection error.",
-    )
-    add_topology_args(migrate)
-    migrate.add_argument(
+def _options(parser: argparse.ArgumentParser) -> None:
+    add_topology_args(parser)
+    parser.add_argument(
         "--from",
         dest="source",
         required=True,
         choices=("delayed-retry", "kombu", "nservicebus"),
         help="the kind of chain to empty",
     )
-    migrate.add_argument(
+    parser.add_argument(
         "--from-prefix",
         default=None,
         help="the source's prefix (delayed-retry: required; kombu: its optional prefix)",
     )
-    migrate.add_argument("--from-levels", type=int, default=36, help="delayed-retry source levels")
-    migrate.add_argument(
+    parser.add_argument("--from-levels", type=int, default=36, help="delayed-retry source levels")
+    parser.add_argument(
         "--from-unit-ms", type=int, default=1, help="delayed-retry source unit in ms (1)"
     )
-    migrate.add_argument(
+    parser.add_argument(
         "--to",
         dest="to_queue",
         metavar="QUEUE",
         default=None,
         help="destination queue for every message (Kombu's keys name a routing key, not a queue)",
     )
-    migrate.add_argument(
+    parser.add_argument(
         "--map",
         metavar="KEY=QUEUE",
         action="append",
         default=[],
         help="destination queue for messages whose key ends in KEY (repeatable)",
     )
-    migrate.add_argument(
+    parser.add_argument(
         "--dry-run", action="store_true", help="count what would move; read and move nothing"
     )
-    add_json_option(migrate)
-    migrate.set_defaults(func=lambda args: run(_migrate(args)))
+    add_json_option(parser)
 
 
 def source_from_args(args: argparse.Namespace) -> SourceChain:
@@ -188,3 +175,18 @@ def _print_dry_run(
         file=sys.stdout,
     )
     return 0
+
+
+MIGRATE = Command(
+    name="migrate",
+    help="move messages waiting in another delay chain into this one, never early",
+    description="Move the messages waiting in another delay chain into the chain the "
+    "topology options describe, each re-scheduled for its remaining delay: exactly when "
+    "a header records its due time (ours, Celery's eta), otherwise for the latest it "
+    "could be due (a full wait in its level plus its lower routing-key bits), so never "
+    "early. At-least-once: a message leaves the source only after the target confirmed "
+    "its copy; one that cannot move stays where it was. Exit status: 0 all moved, 1 some "
+    "stayed, 2 usage or connection error.",
+    options=_options,
+    run=_migrate,
+)

@@ -6,42 +6,31 @@ import argparse
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from aio_pika.abc import AbstractRobustConnection
 
+from delayed_retry.cli.command import Command
 from delayed_retry.cli.common import (
     add_management_option,
+    add_queues_option,
     add_topology_args,
     management_url_from,
     topology_from_args,
 )
-from delayed_retry.cli.main import run
 from delayed_retry.cli.output import CommandError, require_extra
 from delayed_retry.cli.service import add_service_args, run_service
 from delayed_retry.cli.service_state import Running
 from delayed_retry.cli.startup import Startup
 from delayed_retry.errors import ConfigurationError
 
-__all__ = ["register"]
+__all__ = ["COMMAND"]
 
 
-def register(sub: Any) -> None:
-    """Add the ``web`` command."""
-    parser = sub.add_parser(
-        "web",
-        help="serve a web view of parked messages and the delay chain",
-        description="Serve the web view: parking lots grouped by failure, the chain's levels, "
-        "replay and purge as background jobs. Listens on 127.0.0.1 unless --host is given; "
-        "any other address needs --auth or $DELAYED_RETRY_WEB_TOKEN.",
-    )
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
     parser.add_argument("--port", type=int, default=8080, help="port (%(default)s)")
-    parser.add_argument(
-        "--queue",
-        action="append",
-        default=[],
-        metavar="QUEUE",
+    add_queues_option(
+        parser,
         help="a work queue whose parking lot to show (repeat); default: find them through "
         "the management API",
     )
@@ -65,7 +54,6 @@ def register(sub: Any) -> None:
     add_management_option(parser, purpose="finding the parking queues when no --queue is given")
     add_topology_args(parser)
     add_service_args(parser)
-    parser.set_defaults(func=lambda args: run(_serve(args)))
 
 
 def _writable_audit_log(path: Path) -> Path:
@@ -151,3 +139,14 @@ async def _serve(args: argparse.Namespace) -> int:
         )
 
     return await run_service(args, command="web", start=start, connect=False)
+
+
+COMMAND = Command(
+    name="web",
+    help="serve a web view of parked messages and the delay chain",
+    description="Serve the web view: parking lots grouped by failure, the chain's levels, "
+    "replay and purge as background jobs. Listens on 127.0.0.1 unless --host is given; "
+    "any other address needs --auth or $DELAYED_RETRY_WEB_TOKEN.",
+    options=_options,
+    run=_serve,
+)

@@ -19,6 +19,7 @@ __all__ = [
     "encode_body_preview",
     "exception_name",
     "exception_text",
+    "header_text",
     "utf8",
 ]
 
@@ -39,6 +40,16 @@ def utf8(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "replace").decode()
     return text
+
+
+def header_text(value: object) -> str | None:
+    """A header value as text: a string as it is, bytes decoded as UTF-8 (bad bytes replaced),
+    ``None`` for anything else (a missing header, a number, a table)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return None
 
 
 def bounded(text: str, limit: int, *, keep_end: bool = False) -> str:

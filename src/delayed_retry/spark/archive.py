@@ -43,6 +43,7 @@ from delayed_retry.headers.names import (
     X_RETRY,
 )
 from delayed_retry.headers.retry_state import parse_retry_state, read_epoch_ms
+from delayed_retry.headers.text import header_text
 from delayed_retry.spark.codec import headers_to_json, message_key
 from delayed_retry.spark.schema import archive_arrow_schema, escape_partition_value
 from delayed_retry.spark.sinks import ArchiveSink, sink_for
@@ -74,14 +75,6 @@ class ArchiveResult:
     files: tuple[str, ...] = field(default=())
 
 
-def _text(value: object) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    return None
-
-
 def _origin_queue(
     headers: Mapping[str, Any], exchange: str, routing_key: str, topology: DelayTopology
 ) -> str | None:
@@ -89,7 +82,7 @@ def _origin_queue(
     # by it, so it is preferred to a header. Foreign messages fall back to x-retry-queue.
     if exchange == topology.parking_exchange and routing_key:
         return routing_key
-    return _text(headers.get(X_QUEUE)) or None
+    return header_text(headers.get(X_QUEUE)) or None
 
 
 def archive_row(
@@ -118,15 +111,15 @@ def archive_row(
         "exchange": exchange,
         "routing_key": routing_key,
         "origin_queue": _origin_queue(h, exchange, routing_key, topology),
-        "content_type": _text(properties.get("content_type")),
-        "content_encoding": _text(properties.get("content_encoding")),
-        "message_id": _text(properties.get("message_id")),
-        "correlation_id": _text(properties.get("correlation_id")),
+        "content_type": header_text(properties.get("content_type")),
+        "content_encoding": header_text(properties.get("content_encoding")),
+        "message_id": header_text(properties.get("message_id")),
+        "correlation_id": header_text(properties.get("correlation_id")),
         "retries": state.retries if has_retries else None,
-        "parked_reason": _text(h.get(X_PARKED_REASON)),
-        "exception_type": _text(h.get(X_EXCEPTION_TYPE)),
-        "exception_message": _text(h.get(X_EXCEPTION_MESSAGE)),
-        "exception_traceback": _text(h.get(X_EXCEPTION_TRACEBACK)),
+        "parked_reason": header_text(h.get(X_PARKED_REASON)),
+        "exception_type": header_text(h.get(X_EXCEPTION_TYPE)),
+        "exception_message": header_text(h.get(X_EXCEPTION_MESSAGE)),
+        "exception_traceback": header_text(h.get(X_EXCEPTION_TRACEBACK)),
         "last_error": state.last_error,
         "first_failure_at": state.first_failure_at,
         "last_failure_at": state.last_failure_at,
