@@ -87,23 +87,27 @@ async def send_into_chain(
 ) -> Route:
     """Publish a copy of ``message`` that reaches ``to`` at ``due_at``; return its route.
 
-    Turns the due time into a route, declares what ``to`` needs (cached per
-    connection), publishes with confirms; after a missing-exchange refusal the
-    next call declares the chain again. ``hold``: the message may leave early
+    Turns the due time into a route, declares what ``to`` needs (cached),
+    publishes with confirms; after a missing-exchange refusal the next call
+    declares the chain again. ``hold``: the message may leave early
     for a consumer that holds it until due; ``early``: it came out before
     ``due_at`` and must wait in the chain; ``straight_when_due``: a message due
     already goes to its queue through the default exchange. ``headers`` gets
-    the forward routing key (:class:`ToExchange`) and ``observe``'s trace context.
-    Raises :class:`~delayed_retry.errors.DelayOutOfRangeError` before any I/O,
-    :class:`~delayed_retry.errors.PublishError` when not confirmed.
+    the forward routing key and ``observe``'s trace context. Raises
+    ``DelayOutOfRangeError`` before any I/O, ``PublishError`` when not confirmed.
     """
     now = now or utcnow()
     queue = to.name if isinstance(to, ToQueue) else topology.forward_queue(to.name)
     units = (redelay_units if early else chain_units)(topology, due_at, now=now, hold=hold)
     route = topology.route(units, queue)
-    await _declare(channel.connection, topology, to)
+    connection = channel.connection
     if isinstance(to, ToExchange):
+        await _declare_forwarding(connection, topology, to)
         headers[X_FORWARD_ROUTING_KEY] = to.routing_key
+    elif to.declare:  # cached per connection: every retry asks
+        await declarer_for(connection).destination(
+            connection, topology, to.name, to.parking_queue, with_parking=to.with_parking
+        )
     if straight_when_due and isinstance(to, ToQueue) and due_at <= now:
         route = Route("", queue, 0)
     observed = _QUIET if observe is None else observe
@@ -143,21 +147,14 @@ async def keep_unroutable(
     await _publish(channel, message, topology, route, headers, timeout, False, publish_confirmed)
 
 
-async def _declare(
-    connection: aiormq.abc.AbstractConnection,
-    topology: DelayTopology,
-    to: ToQueue | ToExchange,
+async def _declare_forwarding(
+    connection: aiormq.abc.AbstractConnection, topology: DelayTopology, to: ToExchange
 ) -> None:
-    """Declare what ``to`` needs at the chain's end (cached per connection)."""
+    """Check that ``to``'s exchange exists if asked, and declare its forward queue (cached)."""
     declarer = declarer_for(connection)
-    if isinstance(to, ToExchange):
-        if to.check_exists:
-            await declarer.exchange_exists(connection, to.name, cache=EXISTS_CACHE_SECONDS)
-        await declarer.forward_queue(connection, topology, to.name)
-    elif to.declare:
-        await declarer.destination(
-            connection, topology, to.name, to.parking_queue, with_parking=to.with_parking
-        )
+    if to.check_exists:
+        await declarer.exchange_exists(connection, to.name, cache=EXISTS_CACHE_SECONDS)
+    await declarer.forward_queue(connection, topology, to.name)
 
 
 async def _publish(

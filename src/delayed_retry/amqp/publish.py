@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import weakref
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol
 
 import aiormq
@@ -274,7 +274,7 @@ class Copyable(Protocol):
     def properties(self) -> spec.Basic.Properties: ...
 
 
-async def publish_copy(
+def publish_copy(
     channel: aiormq.abc.AbstractChannel,
     message: Copyable,
     *,
@@ -284,16 +284,17 @@ async def publish_copy(
     timeout: float = DEFAULT_PUBLISH_TIMEOUT,
     keep_delivery_mode: bool = False,
     publish: Publisher = publish_confirmed,
-) -> None:
-    """Publish a persistent copy of ``message`` with ``headers`` and wait for its confirm.
+) -> Awaitable[None]:
+    """Publish a persistent copy of ``message`` with ``headers``; await it for the confirm.
 
     The one way a copy is built: it keeps the body and properties (see
     :func:`copy_properties`, which also says when to pass
-    ``keep_delivery_mode``). ``publish`` is the consumer's publisher; it raises
-    like :func:`publish_confirmed`. Into the chain, use
-    :func:`~delayed_retry.amqp.chain.send_into_chain` instead.
+    ``keep_delivery_mode``). ``publish`` is the consumer's publisher; awaiting
+    raises like :func:`publish_confirmed`. Into the chain, use
+    :func:`~delayed_retry.amqp.chain.send_into_chain` instead. A plain function
+    returning the publisher's awaitable: every retry and parking calls it.
     """
-    await publish(
+    return publish(
         channel,
         exchange=exchange,
         routing_key=routing_key,

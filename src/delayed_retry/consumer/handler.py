@@ -309,7 +309,8 @@ class RetryingHandler(Generic[P]):
     ) -> None:
         """The outcome of a success: ack, or the reject or nack the handler asked for."""
         opts = self.options
-        opts.requeue_backoff.reset()
+        if opts.requeue_backoff.in_a_row:  # a handled delivery ends a run of requeues
+            opts.requeue_backoff.reset()
         if self.throttle is not None:
             self.throttle.observe(message, None)
         if guarded.deferred is not None:
