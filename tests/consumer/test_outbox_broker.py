@@ -117,3 +117,23 @@ async def test_a_held_publish_refused_keeps_the_incoming_message_until_it_is_con
     (arrived,) = await drain(quorum.connection, down.name)
     assert arrived.message_id == "in-3:outbox:1"
     assert set(runs) == {"in-3"}
+
+
+async def test_an_immediate_retry_starts_with_an_empty_outbox(quorum: Scenario) -> None:
+    down = await quorum.queue("down")
+    runs: list[int] = []
+
+    @with_delayed_retry(topology=quorum.topology, outbox=True, immediate_retries=2)
+    async def handler(message: AbstractIncomingMessage) -> None:
+        runs.append(len(current_outbox().held))
+        current_outbox().publish(f"run {len(runs)}".encode(), routing_key=down.name)
+        if len(runs) <= 2:
+            raise ConnectionError("a glitch")
+
+    channel = await consuming(quorum, handler)
+    await publish(quorum.ch, quorum.name("work"), b"job", message_id="in-4")
+    await quorum.wait_for_depth(down.name, 1)
+    await channel.close()
+    assert runs == [0, 0, 0]
+    (arrived,) = await drain(quorum.connection, down.name)
+    assert (arrived.body, arrived.message_id) == (b"run 3", "in-4:outbox:1")

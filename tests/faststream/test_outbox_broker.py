@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
-from faststream.rabbit import RabbitBroker
+from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange
 from tenacity import wait_fixed
 
 from delayed_retry import current_outbox
 from delayed_retry.faststream import CurrentRetryState
+from tests.consumer.test_outbox_broker import SHORT_WINDOW
 from tests.faststream.test_acks_broker import _left_in
 from tests.faststream.test_middleware_broker import queue_of, retrier, running
 from tests.support.chain import Scenario
 from tests.support.queues import drain
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -70,3 +73,28 @@ async def test_held_publishes_are_dropped_when_the_message_parks(
         await broker.publish("job", work.name, message_id="in-2")
         await quorum.wait_for_depth(parking, 1)
     assert await quorum.depth(down.name) == 0
+
+
+async def test_a_refused_held_publish_gives_the_message_back_unacked(
+    quorum: Scenario, rabbitmq_url: str
+) -> None:
+    retry = retrier(quorum, outbox=True)
+    retry.options = replace(retry.options, timing=SHORT_WINDOW)
+    broker = RabbitBroker(rabbitmq_url, logger=None, middlewares=[retry])
+    work = queue_of(quorum, "work")
+    exchange = RabbitExchange(quorum.name("x"), type=ExchangeType.DIRECT)
+    quorum.track_exchange(exchange.name)
+    runs: list[int] = []
+
+    @broker.subscriber(work)
+    async def handle(body: str) -> None:
+        runs.append(1)
+        current_outbox().publish(b"follow-up", exchange=exchange.name, routing_key="k")
+
+    async with running(broker):
+        await broker.declare_exchange(exchange)
+        await broker.publish("job", work.name, message_id="in-5")
+        # Unroutable: given back after the window and handled again, never acked or parked.
+        await wait_until(lambda: len(runs) >= 2, what="the message handled again")
+    assert await _left_in(rabbitmq_url, work.name) == 1
+    assert await quorum.depth(quorum.topology.default_parking_queue(work.name)) == 0
