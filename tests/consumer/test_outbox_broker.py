@@ -137,3 +137,22 @@ async def test_an_immediate_retry_starts_with_an_empty_outbox(quorum: Scenario) 
     assert runs == [0, 0, 0]
     (arrived,) = await drain(quorum.connection, down.name)
     assert (arrived.body, arrived.message_id) == (b"run 3", "in-4:outbox:1")
+
+
+async def test_a_handler_that_acks_itself_still_gets_its_held_messages_published(
+    quorum: Scenario, caplog: pytest.LogCaptureFixture
+) -> None:
+    down = await quorum.queue("down")
+
+    @with_delayed_retry(topology=quorum.topology, outbox=True)
+    async def handler(message: AbstractIncomingMessage) -> None:
+        current_outbox().publish(b"follow-up", routing_key=down.name)
+        await message.ack()
+
+    channel = await consuming(quorum, handler)
+    await publish(quorum.ch, quorum.name("work"), b"job", message_id="in-6")
+    await quorum.wait_for_depth(down.name, 1)
+    await channel.close()
+    assert await quorum.depth(quorum.name("work")) == 0
+    assert "acked message in-6 itself, with outbox=True" in caplog.text
+    assert "could not be acked" not in caplog.text

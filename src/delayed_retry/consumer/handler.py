@@ -340,6 +340,17 @@ class RetryingHandler(Generic[P]):
         then goes back to its queue (:attr:`Outbox.released` stays ``False``).
         """
         opts = self.options
+        if message.processed:  # acked by the handler itself: nothing is held back any more
+            log.warning(
+                "handler %r acked message %s itself, with outbox=True: its %d held message(s) "
+                "are published after that ack, so a crash now loses them; leave the ack to the "
+                "library",
+                self,
+                message.message_id,
+                len(outbox.held),
+            )
+            outbox.released = await outbox.release(message.channel, timeout=opts.publish_timeout)
+            return
         release = functools.partial(outbox.release, message.channel, timeout=opts.publish_timeout)
         outbox.released = await hand_over(message, release, queue=queue, timing=opts.timing) is True
 
