@@ -4,9 +4,9 @@
 
 The handler publishes two messages to DOWNSTREAM through its outbox and fails
 on its first two attempts. MODE ``stop-before-ack`` stops the process right
-before its first ack (after the held publishes were confirmed): it writes
-``released`` to EVENT_FILE and waits there, to be killed. MODE ``run`` acks,
-then writes ``acked``.
+before the ack that follows its success (the held publishes confirmed): it
+writes ``released`` to EVENT_FILE and waits there, to be killed; the acks of
+the retries' hand-overs go through. MODE ``run`` acks, then writes ``acked``.
 """
 
 from __future__ import annotations
@@ -39,8 +39,13 @@ async def main() -> None:
     url, queue_name, downstream, prefix, event_file, mode = sys.argv[1:7]
     topology = DelayTopology(prefix=prefix, levels=12, unit=timedelta(milliseconds=1))
     original_ack = handover.ack
+    succeeded: set[int | None] = set()
+    # The deliveries whose handler returned: their ack follows the outbox's release.
 
     async def reporting_ack(message: AbstractIncomingMessage, queue: str) -> None:
+        if message.delivery_tag not in succeeded:  # the ack of a retry's hand-over
+            await original_ack(message, queue)
+            return
         if mode == "stop-before-ack":
             note(event_file, "released")
             await asyncio.Future()  # killed here, the message unacked
@@ -59,6 +64,7 @@ async def main() -> None:
         assert state is not None
         if state.attempt <= 2:
             raise RuntimeError(f"fails on attempt {state.attempt}")
+        succeeded.add(message.delivery_tag)
 
     connection = await aio_pika.connect_robust(url)
     channel = await connection.channel()
