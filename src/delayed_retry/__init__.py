@@ -19,6 +19,7 @@ from delayed_retry.consumer.decorator import with_delayed_retry
 from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.consumer.hooks import FailureEvent
 from delayed_retry.consumer.options import HandlerOptions, RouterOptions, SubscriberOptions
+from delayed_retry.consumer.outbox import Outbox, current_outbox
 from delayed_retry.consumer.retry_state import current_retry_state, retry_state
 from delayed_retry.consumer.router import ConsumerRejected, RetryRouter
 from delayed_retry.delivery.forwarder import Forwarder
@@ -73,6 +74,8 @@ __all__ = [
     "retry_state",
     "current_retry_state",
     "FailureEvent",
+    "Outbox",
+    "current_outbox",
     # retries for consumers in any language
     "RetryRouter",
     "RouterOptions",

@@ -36,16 +36,17 @@ def plan(i: int) -> dict[str, object]:
 class Child:
     """Starts the consumer process again and again, and counts how often it died."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, *, script: Path = CHILD) -> None:
         self.args = args
         self.log = log
+        self.script = script
         self.proc: subprocess.Popen[bytes] | None = None
         self.deaths = 0
 
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, str(CHILD), *self.args], stdout=out, stderr=subprocess.STDOUT
+                [sys.executable, str(self.script), *self.args], stdout=out, stderr=subprocess.STDOUT
             )
 
     def kill(self) -> None:

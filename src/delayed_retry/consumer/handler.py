@@ -3,7 +3,8 @@
 :meth:`RetryingHandler.__call__` runs a delivery in named steps: the
 preflight (declare on first use per connection, the crash guard, hold until
 due, the throttle), the attempt (the handler, with immediate retries inside
-it), and its outcome: success (ack), or a failure that
+it), and its outcome: success (the outbox released when there is one, then the
+ack), or a failure that
 :class:`~delayed_retry.consumer.failures.FailureHandling` retries through
 the chain or parks (the copy confirmed, then the ack).
 """
@@ -29,9 +30,10 @@ from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.consumer.crash_guard import guard_redelivery
 from delayed_retry.consumer.failures import FailureHandling
-from delayed_retry.consumer.handover import ack
+from delayed_retry.consumer.handover import ack, hand_over
 from delayed_retry.consumer.hold import early_tolerance, hold_until_due
 from delayed_retry.consumer.immediate import pause_before_rerun
+from delayed_retry.consumer.outbox import CURRENT_OUTBOX, Outbox
 from delayed_retry.consumer.put_back import cancel_consumer_of, put_back
 from delayed_retry.consumer.rescue import rescue
 from delayed_retry.consumer.retry_state import CURRENT_STATE, LazyRetryState
@@ -252,6 +254,9 @@ class RetryingHandler(Generic[P]):
         while True:
             with self._scope(message, cell, queue) as scope:
                 token = CURRENT_STATE.set(cell)
+                # Each run holds its own publishes: a failed run's are dropped with it.
+                outbox = Outbox(message) if opts.outbox else None
+                holding = None if outbox is None else CURRENT_OUTBOX.set(outbox)
                 try:
                     await self.fn(*call_args, **kwargs)
                     failure: Exception | None = None
@@ -261,8 +266,10 @@ class RetryingHandler(Generic[P]):
                     failure = exc
                 finally:
                     CURRENT_STATE.reset(token)
+                    if holding is not None:
+                        CURRENT_OUTBOX.reset(holding)
                 if failure is None:
-                    await self._succeeded(message, queue, guarded, scope)
+                    await self._succeeded(message, queue, guarded, scope, outbox)
                     return
                 if self._settled_by_handler(message, guarded, failure, scope):
                     return
@@ -306,8 +313,10 @@ class RetryingHandler(Generic[P]):
         queue: str,
         guarded: GuardedMessage,
         scope: AttemptScope,
+        outbox: Outbox | None = None,
     ) -> None:
-        """The outcome of a success: ack, or the reject or nack the handler asked for."""
+        """The outcome of a success: ack (after the outbox's publishes), or the reject or nack
+        the handler asked for (the outbox's publishes dropped)."""
         opts = self.options
         if opts.requeue_backoff.in_a_row:  # a handled delivery ends a run of requeues
             opts.requeue_backoff.reset()
@@ -318,10 +327,33 @@ class RetryingHandler(Generic[P]):
             await guarded.send_deferred()
             scope.finish("error", reason="settled-by-handler")
             return
-        if opts.ack_on_success and not message.processed:
+        if outbox is not None and outbox.held:
+            await self._release(message, queue, outbox)
+        elif opts.ack_on_success and not message.processed:
             # Handled: a failed ack means a redelivery (a duplicate), never a park.
             await ack(message, queue)
         scope.finish("success")
+
+    async def _release(self, message: AbstractIncomingMessage, queue: str, outbox: Outbox) -> None:
+        """Publish what the handler held, confirmed and in order, then ack: the one hand-over.
+
+        Unconfirmed, the message stays unacked while the publishes are tried again,
+        then goes back to its queue (:attr:`Outbox.released` stays ``False``).
+        """
+        opts = self.options
+        if message.processed:  # acked by the handler itself: nothing is held back any more
+            log.warning(
+                "handler %r acked message %s itself, with outbox=True: its %d held message(s) "
+                "are published after that ack, so a crash now loses them; leave the ack to the "
+                "library",
+                self,
+                message.message_id,
+                len(outbox.held),
+            )
+            outbox.released = await outbox.release(message.channel, timeout=opts.publish_timeout)
+            return
+        release = functools.partial(outbox.release, message.channel, timeout=opts.publish_timeout)
+        outbox.released = await hand_over(message, release, queue=queue, timing=opts.timing) is True
 
     def _settled_by_handler(
         self,

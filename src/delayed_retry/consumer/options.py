@@ -188,6 +188,16 @@ class SubscriberOptions(ChainOptions, total=False):
             "handler runs again; None: off",
         ),
     ]
+    outbox: Annotated[
+        bool,
+        Option(
+            False,
+            "hold what the handler publishes through current_outbox() until it returns, then "
+            "publish it with confirms before the ack; a failed run's publishes are dropped. "
+            "Each gets message_id <incoming id>:outbox:<n> unless it has one: a crash between "
+            "those publishes and the ack repeats them with the same ids",
+        ),
+    ]
 
 
 class HandlerOptions(SubscriberOptions, total=False):

@@ -90,6 +90,9 @@ class RetryOptions(ChainSettings):
     timing: HandOverTiming = DEFAULT_TIMING
     """How long an unconfirmed hand-over is tried and how long a message is kept before it
     is requeued: the defaults, unless a consumer must give up sooner."""
+    outbox: bool
+    """Whether the handler's publishes through ``current_outbox()`` are held until it succeeds
+    (:mod:`delayed_retry.consumer.outbox`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,6 +154,8 @@ def retry_options(
         raise ConfigurationError(f"parking_queue={parking_queue!r} is not a usable queue name")
     _check_instance("throttle", o["throttle"], Throttle, "Throttle(consecutive=5, probe_every=1.0)")
     _check_instance("crash_guard", o["crash_guard"], CrashGuard, "CrashGuard(max_crashes=3)")
+    if not isinstance(o["outbox"], bool):
+        raise ConfigurationError(f"outbox={o['outbox']!r} must be True or False")
     immediate = ImmediateRetries(times=o["immediate_retries"], wait=o["immediate_wait"])
     hooks = FailureHooks(on_retry=o["on_retry"], on_park=o["on_park"])
     settings = chain_settings(
@@ -164,6 +169,7 @@ def retry_options(
         hooks=hooks if hooks.any else None,
         throttle=o["throttle"],
         crash_guard=o["crash_guard"],
+        outbox=o["outbox"],
     )
     if queue is not None:
         settings.topology.check_destination(queue)

@@ -31,6 +31,7 @@ from delayed_retry.consumer.delivery_log import DELIVERY_LOG
 from delayed_retry.consumer.handler import RetryingHandler
 from delayed_retry.consumer.handover import requeue
 from delayed_retry.consumer.options import SubscriberOptions
+from delayed_retry.consumer.outbox import CURRENT_OUTBOX, Outbox
 from delayed_retry.consumer.settings import RetryOptions, retry_options
 from delayed_retry.consumer.settlement import GuardedMessage
 from delayed_retry.consumer.startup import ConsumerStart, check_start
@@ -123,7 +124,7 @@ class _Served:
 class _Attempt:
     """One run of the handler through FastStream's remaining middlewares."""
 
-    __slots__ = ("called", "error", "failed", "guarded", "result", "signal")
+    __slots__ = ("called", "error", "failed", "guarded", "outbox", "result", "signal")
 
     def __init__(self) -> None:
         self.called = False
@@ -132,6 +133,8 @@ class _Attempt:
         self.guarded: GuardedMessage | None = None
         self.result: Any = None
         self.signal: HandlerException | None = None
+        self.outbox: Outbox | None = None
+        """With ``outbox=True``: what the last run held, and whether it was released."""
 
 
 async def _run_handler(
@@ -145,6 +148,7 @@ async def _run_handler(
     attempt.failed = False
     attempt.signal = None
     attempt.guarded = guarded
+    attempt.outbox = CURRENT_OUTBOX.get()
     raw = msg.raw_message
     # The handler's msg.nack()/reject() reach the guarded message: deferred until it
     # returns, dropped if it raises (the failure is retried), as in the decorator.
@@ -314,6 +318,12 @@ class _RetryMiddleware(BaseMiddleware):
                     parking_queue=options.parking_queue
                     or options.topology.default_parking_queue(served.queue),
                 )
+            )
+        if attempt.outbox is not None and attempt.outbox.held and not attempt.outbox.released:
+            raise HandedOver(
+                f"handled, but the {len(attempt.outbox.held)} message(s) it published through "
+                "its outbox were not confirmed: given back to "
+                f"{served.queue!r} (the outbox's publishes are tried again with it)"
             )
         return attempt.result
 
