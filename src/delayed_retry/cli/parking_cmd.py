@@ -1,4 +1,4 @@
-"""``delayed-retry parking list|show|replay|purge|refresh``: the on-call engineer's parking lot.
+"""``delayed-retry parking list|show|replay|edit|purge|refresh``: the on-call parking lot.
 
 Reading never removes anything. Replay, purge and refresh are at-least-once:
 a message leaves its place only after its copy is confirmed (replay,
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from delayed_retry.cli.parking_edit import register_edit
 from delayed_retry.cli.parking_move import register_purge, register_refresh, register_replay
 from delayed_retry.cli.parking_read import register_list, register_show
 
@@ -20,7 +21,7 @@ def register(sub: Any) -> None:
     """Add the parking commands."""
     parking = sub.add_parser(
         "parking",
-        help="look at, replay and purge parked messages",
+        help="look at, replay, edit and purge parked messages",
         description="The parking lot of a queue: messages that used up their retries.",
     )
     commands = parking.add_subparsers(dest="parking_command", required=True, metavar="ACTION")
@@ -29,3 +30,4 @@ def register(sub: Any) -> None:
     register_replay(commands)
     register_purge(commands)
     register_refresh(commands)
+    register_edit(commands)

@@ -43,7 +43,7 @@ from delayed_retry.parking.moving.report import CANARY_PARKED_AFTER_THE_REST, CA
 from delayed_retry.parking.refresh import refresh_needed, refresh_parked
 from delayed_retry.rabbitmq.versions import broker_version
 
-__all__ = ["register_purge", "register_refresh", "register_replay"]
+__all__ = ["register_purge", "register_refresh", "register_replay", "who"]
 
 
 def register_replay(commands: Any) -> None:
@@ -146,7 +146,9 @@ def register_refresh(commands: Any) -> None:
     refresh.set_defaults(func=lambda args: run(_refresh(args)))
 
 
-def _who() -> str | None:
+def who() -> str | None:
+    """Who runs the command, as ``user@host`` (``None`` when the system cannot say): what the
+    parking commands record as ``replayed_by`` and ``edited_by``."""
     try:
         return f"{getpass.getuser()}@{socket.gethostname()}"
     except (OSError, KeyError):
@@ -278,7 +280,7 @@ async def _replay(args: argparse.Namespace) -> int:
                 canary_news=_canary_news,
                 dry_run=args.dry_run,
                 progress=_reporter(args, bar),
-                replayed_by=_who(),
+                replayed_by=who(),
                 topology=topology,
             )
     return _report(report, args)
