@@ -11,7 +11,7 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
-from delayed_retry import DelayTopology
+from delayed_retry import DelayTopology, ParkMessage, with_delayed_retry
 from delayed_retry.amqp.declarer import declare_topology
 from delayed_retry.errors import ConfigurationError, NotFoundError
 from delayed_retry.headers import X_PARKED_REASON, X_REPLAYED, X_RETRY
@@ -20,9 +20,11 @@ from delayed_retry.headers.names import (
     X_EDITED_HEADERS,
     X_EDITED_OLD_BODY_SHA256,
 )
-from delayed_retry.parking.edit import MessageEdit, edit_and_replay
-from delayed_retry.parking.lot import iter_parked
+from delayed_retry.parking.edit import EditAction, MessageEdit, edit_and_replay
+from delayed_retry.parking.lot import ParkedFilter, iter_parked
+from delayed_retry.parking.moving.engine import MoveRequest, move
 from tests.support.queues import depth
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -146,5 +148,62 @@ async def test_bad_edits_are_refused_and_move_nothing(
     channel, queue, _work = await _lot(connection, topology, unique)
     with pytest.raises(error, match=match):
         await edit_and_replay(channel, queue=queue, id=id, edit=edit, topology=topology)
+    assert await _ids(channel, queue, topology) == ["order-7-a", "order-8"]
+    assert await depth(channel, queue) == 0
+
+
+async def test_a_message_edited_and_parked_again_keeps_the_record_of_its_edit(
+    connection: AbstractRobustConnection, topology: DelayTopology, unique: str
+) -> None:
+    channel, queue, work = await _lot(connection, topology, unique)
+    seen: asyncio.Queue[bytes] = asyncio.Queue()
+
+    @with_delayed_retry(queue=queue, topology=topology)
+    async def handle(message: AbstractIncomingMessage) -> None:
+        await seen.put(message.body)
+        raise ParkMessage("still wrong")
+
+    tag = await work.consume(handle)
+    try:
+        await edit_and_replay(
+            channel,
+            queue=queue,
+            id="order-8",
+            edit=MessageEdit(body=b'{"order": 8, "fixed": true}'),
+            edited_by="ops@box",
+            topology=topology,
+        )
+        assert await asyncio.wait_for(seen.get(), 15) == b'{"order": 8, "fixed": true}'
+
+        async def parked_again() -> bool:
+            return await _ids(channel, queue, topology) == ["order-7-a", "order-8"]
+
+        await wait_until(parked_again, timeout=15)
+    finally:
+        await work.cancel(tag)
+    (record,) = [
+        r async for r in iter_parked(channel, queue=queue, topology=topology) if r.id == "order-8"
+    ]
+    assert record.body == b'{"order": 8, "fixed": true}' and record.replays == 1
+    assert record.headers[X_EDITED_BY] == "ops@box"
+    assert record.headers[X_EDITED_OLD_BODY_SHA256] == hashlib.sha256(b'{"order": 8}').hexdigest()
+    assert record.exception_message == "still wrong"
+
+
+async def test_an_edit_checked_against_another_body_leaves_the_message_parked(
+    connection: AbstractRobustConnection, topology: DelayTopology, unique: str
+) -> None:
+    channel, queue, _work = await _lot(connection, topology, unique)
+    action = EditAction(
+        topology=topology,
+        target=queue,
+        edit=MessageEdit(set_headers={"tenant": "us"}),
+        body_sha256=hashlib.sha256(b"the body the operator saw").hexdigest(),
+    )
+    request = MoveRequest(
+        queue=queue, topology=topology, where=ParkedFilter(ids=frozenset({"order-8"})), limit=1
+    )
+    with pytest.raises(ConfigurationError, match="changed since the edit was checked"):
+        await move(channel, action, request)
     assert await _ids(channel, queue, topology) == ["order-7-a", "order-8"]
     assert await depth(channel, queue) == 0

@@ -51,6 +51,22 @@ async def test_browser_edits_a_json_field_and_replays(
         )
         assert await ids_in(lot, queue + ".parking") == [parked.message_id]
 
+        # An edit of a message other than the one the page showed (its body changed) is refused.
+        response = await page.request.post(
+            f"{base}/actions",
+            form={
+                "op": "edit-replay",
+                "queue": queue,
+                "key": parked.message_id,
+                "seen": hashlib.sha256(b"another body").hexdigest(),
+                "body": "{}",
+            },
+            headers={"Origin": base},
+        )
+        assert response.status == 400
+        assert "not the one this page showed" in await response.text()
+        assert await ids_in(lot, queue + ".parking") == [parked.message_id]
+
         await body.fill(shown.replace('"order": 100,', '"order": 101,'))
         await page.get_by_label("value of x-note").fill("fixed by hand")
         await page.get_by_label("new header name").fill("tenant")
