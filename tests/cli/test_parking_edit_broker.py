@@ -147,3 +147,18 @@ def test_bad_edits_fail_and_move_nothing(
     assert main([*base, "--levels", "4", "--yes", *args]) == code
     assert message in capsys.readouterr().err
     assert _ids(rabbitmq_url, unique, capsys) == ["order-7", "order-8"]
+
+
+@pytest.mark.usefixtures("parked")
+def test_an_edit_to_a_missing_queue_is_refused_before_asking(
+    rabbitmq_url: str, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit = [
+        *("--url", rabbitmq_url, "parking", "edit", "order-8", "--queue", unique),
+        *("--prefix", unique, "--levels", "4", "--set-header", "a=b"),
+    ]
+    capsys.readouterr()
+    assert main([*edit, "--to", f"{unique}-missing", "--dry-run"]) == 1
+    assert f"queue '{unique}-missing' does not exist" in capsys.readouterr().err
+    assert main([*edit, "--to", f"{unique}-missing"]) == 1  # no question asked: exit 1, not 2
+    assert _ids(rabbitmq_url, unique, capsys) == ["order-7", "order-8"]

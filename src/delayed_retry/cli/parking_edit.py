@@ -34,7 +34,8 @@ from delayed_retry.cli.parking_args import add_queue_args
 from delayed_retry.cli.parking_move import who
 from delayed_retry.errors import ConfigurationError, NotFoundError
 from delayed_retry.parking.edit import EditResult, MessageEdit, edit_and_replay, find_one_parked
-from delayed_retry.parking.edit_rules import body_for_editing
+from delayed_retry.parking.edit_rules import body_for_editing, checked_diff
+from delayed_retry.parking.lot import prepare_replay_target
 from delayed_retry.parking.records import ParkedRecord
 
 __all__ = ["register_edit"]
@@ -164,6 +165,7 @@ async def _edit(args: argparse.Namespace) -> int:
     async with connection:
         topology = await checked_topology(connection, args, queue=args.to_queue or args.queue)
         channel = await connection.channel()
+        target = args.to_queue or args.queue
         record = await _one_parked(args, channel, topology)
         edit = MessageEdit(
             body=_edited_body(args, record),
@@ -179,16 +181,18 @@ async def _edit(args: argparse.Namespace) -> int:
             delay=args.delay,
             topology=topology,
         )
-        preview = await edit_and_replay(channel, dry_run=True, **common)
+        diff = checked_diff(record, edit)
+        # Refused now, not after the question: a missing queue, a delay past the chain's reach.
+        await prepare_replay_target(channel, topology, target, delay=args.delay, dry_run=True)
         if args.dry_run:
             if args.json:
-                emit_json(preview)
+                emit_json(EditResult(id=record.id, to_queue=target, diff=diff, replayed=False))
             else:
-                print(preview.diff, end="")
-                print(f"dry run: {preview.id} stays parked")
+                print(diff, end="")
+                print(f"dry run: {record.id} stays parked")
             return 0
-        print(preview.diff, end="", file=sys.stderr if args.json else sys.stdout)
-        question = f"replay {preview.id} of {args.queue!r} with this edit?"
+        print(diff, end="", file=sys.stderr if args.json else sys.stdout)
+        question = f"replay {record.id} of {args.queue!r} with this edit?"
         if not confirm(question, assume_yes=args.yes):
             print("nothing replayed", file=sys.stderr)
             return 1

@@ -22,13 +22,7 @@ from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, NotFoundError
-from delayed_retry.parking.edit_rules import (
-    MessageEdit,
-    apply_edit,
-    check_body,
-    check_headers,
-    edit_diff,
-)
+from delayed_retry.parking.edit_rules import MessageEdit, apply_edit, check_headers, checked_diff
 from delayed_retry.parking.ids import IdMatcher, describe_candidate
 from delayed_retry.parking.lot import ParkedFilter, iter_parked, prepare_replay_target
 from delayed_retry.parking.moving.actions import copy_then_ack
@@ -185,9 +179,7 @@ async def edit_and_replay(
     record = await find_one_parked(
         channel, queue=queue, id=id, parking_queue=parking_queue, topology=topology
     )
-    if edit.body is not None:
-        check_body(record.id, record.body, record.content_type, edit.body)
-    diff = edit_diff(record.id, record.headers, record.body, record.content_type, edit)
+    diff = checked_diff(record, edit)
     if dry_run:
         return EditResult(id=record.id, to_queue=target, diff=diff, replayed=False)
     action = EditAction(

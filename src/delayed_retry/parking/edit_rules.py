@@ -7,7 +7,8 @@ headers removed. :func:`check_headers` refuses the headers the library or the
 broker owns; :func:`check_body` refuses a new body that is not JSON when the
 old one was; :func:`apply_edit` gives the edited headers (with the record of
 the edit, :data:`~delayed_retry.headers.names.X_EDITED_BY` and its family)
-and body; :func:`edit_diff` shows it before anything moves. What an edit
+and body; :func:`edit_diff` shows it before anything moves; :func:`checked_diff` does
+every check, then gives the diff. What an edit
 guarantees: docs/parking.md, "Edit and replay".
 """
 
@@ -30,6 +31,7 @@ from delayed_retry.headers.names import (
     X_EDITED_OLD_BODY_SHA256,
     owned_header_reason,
 )
+from delayed_retry.parking.records import ParkedRecord
 
 __all__ = [
     "MessageEdit",
@@ -37,6 +39,7 @@ __all__ = [
     "body_for_editing",
     "check_body",
     "check_headers",
+    "checked_diff",
     "edit_diff",
     "is_json",
 ]
@@ -207,3 +210,12 @@ def edit_diff(
         )
     text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
     return text or "(no change)\n"
+
+
+def checked_diff(record: ParkedRecord, edit: MessageEdit) -> str:
+    """Refuse ``edit`` of ``record`` if any check fails (:func:`check_headers`,
+    :func:`check_body`); otherwise the diff of :func:`edit_diff`."""
+    check_headers(edit)
+    if edit.body is not None:
+        check_body(record.id, record.body, record.content_type, edit.body)
+    return edit_diff(record.id, record.headers, record.body, record.content_type, edit)
