@@ -23,7 +23,7 @@ from delayed_retry.headers.names import (
 from delayed_retry.parking.edit import EditAction, MessageEdit, edit_and_replay
 from delayed_retry.parking.lot import ParkedFilter, iter_parked
 from delayed_retry.parking.moving.engine import MoveRequest, move
-from tests.support.queues import depth
+from tests.support.queues import cleaned, depth
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
@@ -97,6 +97,26 @@ async def test_an_edited_message_is_replayed_with_its_edit_recorded(
     assert copy.headers[X_RETRY] == 0 and copy.headers[X_REPLAYED] == 1
     assert X_PARKED_REASON not in copy.headers
     assert await _ids(channel, queue, topology) == ["order-8"]
+
+
+async def test_an_edit_on_a_quorum_parking_queue_replays_the_edited_copy(
+    connection: AbstractRobustConnection, unique: str
+) -> None:
+    topology = DelayTopology(prefix=unique, levels=4, queue_type="quorum")
+    async with cleaned(connection, topology, [f"{unique}.q"]):
+        channel, queue, work = await _lot(connection, topology, unique)
+        await edit_and_replay(
+            channel,
+            queue=queue,
+            id="order-8",
+            edit=MessageEdit(set_headers={"tenant": "us"}),
+            edited_by="ops@box",
+            topology=topology,
+        )
+        copy = await asyncio.wait_for(_arrival(work), 15)
+        assert copy.message_id == "order-8" and copy.headers["tenant"] == "us"
+        assert copy.headers[X_EDITED_HEADERS] == "set: tenant"
+        assert await _ids(channel, queue, topology) == ["order-7-a"]
 
 
 async def test_a_dry_run_shows_the_diff_and_moves_nothing(
