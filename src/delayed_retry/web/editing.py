@@ -26,7 +26,15 @@ from delayed_retry.web.forms import form_field
 from delayed_retry.web.render import header_rows
 from delayed_retry.web.state import WebState
 
-__all__ = ["EDIT_OPS", "EditFields", "EditOutcome", "edit_fields", "edit_from_form", "read_edit"]
+__all__ = [
+    "EDIT_OPS",
+    "EditFields",
+    "EditOutcome",
+    "audit_entry",
+    "edit_fields",
+    "edit_from_form",
+    "read_edit",
+]
 
 EDIT_OPS = ("edit-preview", "edit-replay")
 """The form's ``op`` values: show the diff, or replay with the edit."""
@@ -117,12 +125,9 @@ def _texts(form: MultiDictProxy[Any], name: str) -> list[str]:
     return [v for v in form.getall(name, []) if isinstance(v, str)]
 
 
-async def edit_from_form(state: WebState, form: MultiDictProxy[Any], *, user: str) -> EditOutcome:
-    """Preview or replay the form's edit of one parked message; replays go to the audit log."""
-    if state.settings.read_only:
-        raise ConfigurationError("this view is read-only: editing is refused")
+async def _shown_record(state: WebState, form: MultiDictProxy[Any], queue: str) -> ParkedRecord:
+    """The parked message the form names, if it is still the one its page showed."""
     lot, _ = state.parts()
-    queue = state.known(form_field(form, "queue"))
     parking = state.parking_queue(queue)
     key = form_field(form, "key")
     record = await lot.find(parking, key) if key else None
@@ -133,6 +138,34 @@ async def edit_from_form(state: WebState, form: MultiDictProxy[Any], *, user: st
             f"parked message {key!r} is not the one this page showed (its body changed): "
             "reload the page and edit again"
         )
+    return record
+
+
+def audit_entry(
+    *, user: str, queue: str, to_queue: str, record: ParkedRecord, edit: MessageEdit
+) -> dict[str, Any]:
+    """The audit log's ``edited`` entry: who, which message, what changed (bodies as digests)."""
+    return {
+        "event": "edited",
+        "user": user,
+        "queue": queue,
+        "message_id": record.id,
+        "to_queue": to_queue,
+        "set_headers": dict(edit.set_headers),
+        "removed_headers": sorted(edit.unset_headers),
+        "body_changed": edit.body is not None,
+        "old_body_sha256": hashlib.sha256(record.body).hexdigest(),
+        "new_body_sha256": hashlib.sha256(edit.body).hexdigest() if edit.body else None,
+    }
+
+
+async def edit_from_form(state: WebState, form: MultiDictProxy[Any], *, user: str) -> EditOutcome:
+    """Preview or replay the form's edit of one parked message; replays go to the audit log."""
+    if state.settings.read_only:
+        raise ConfigurationError("this view is read-only: editing is refused")
+    lot, _ = state.parts()
+    queue = state.known(form_field(form, "queue"))
+    record = await _shown_record(state, form, queue)
     to_queue = state.known(form_field(form, "to_queue") or queue)
     if to_queue == state.settings.topology.unroutable_queue:
         raise ConfigurationError("choose the queue to replay the edited message to")
@@ -148,7 +181,7 @@ async def edit_from_form(state: WebState, form: MultiDictProxy[Any], *, user: st
     result = await edit_and_replay(
         await lot.channel(),
         queue=queue,
-        parking_queue=parking,
+        parking_queue=state.parking_queue(queue),
         id=record.id,
         edit=edit,
         to_queue=to_queue,
@@ -160,18 +193,7 @@ async def edit_from_form(state: WebState, form: MultiDictProxy[Any], *, user: st
     if not replay:
         return EditOutcome(notice="the edit would change:", diff=result.diff, replayed=False)
     state.audit.write(
-        {
-            "event": "edited",
-            "user": user,
-            "queue": queue,
-            "message_id": record.id,
-            "to_queue": to_queue,
-            "set_headers": dict(edit.set_headers),
-            "removed_headers": sorted(edit.unset_headers),
-            "body_changed": edit.body is not None,
-            "old_body_sha256": hashlib.sha256(record.body).hexdigest(),
-            "new_body_sha256": hashlib.sha256(edit.body).hexdigest() if edit.body else None,
-        }
+        audit_entry(user=user, queue=queue, to_queue=to_queue, record=record, edit=edit)
     )
     return EditOutcome(
         notice=f"edited and replayed {record.id} to {to_queue}: the parked original is gone",
