@@ -49,6 +49,10 @@ MISSING_QUEUE_CASES: dict[tuple[str, ...], tuple[list[str], str]] = {
     ("parking", "replay"): (["--queue", "{q}", "--dry-run"], "work"),
     ("parking", "purge"): (["--queue", "{q}", "--all", "--yes"], "parking"),
     ("parking", "refresh"): (["--queue", "{q}"], "parking"),
+    ("parking", "edit"): (
+        ["some-id", "--queue", "{q}", "--unset-header", "x-a", "--yes"],
+        "parking",
+    ),
     ("archive",): (["--queue", "{q}.parking", "--to", "{tmp}"], "parking"),
 }
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import getpass
-import socket
 from datetime import timedelta
 
 from delayed_retry.alerts.mute_store import read_mutes, record_mute
@@ -19,6 +17,7 @@ from delayed_retry.cli.output import (
     emit_json,
     print_table,
 )
+from delayed_retry.cli.parking_move import who
 from delayed_retry.durations import format_duration, utcnow
 
 __all__ = ["COMMAND"]
@@ -38,13 +37,6 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="list the mutes in force")
     add_json_option(parser)
     add_topology_args(parser)
-
-
-def _who() -> str | None:
-    try:
-        return f"{getpass.getuser()}@{socket.gethostname()}"
-    except (OSError, KeyError):
-        return None
 
 
 def _checked(args: argparse.Namespace) -> None:
@@ -69,7 +61,7 @@ async def _mute(args: argparse.Namespace) -> int:
             at=now,
             until=now + timedelta(seconds=args.duration),
             reason=args.reason,
-            by=_who(),
+            by=who(),
         )
     connection = await connect(args.url)
     async with connection:
@@ -81,7 +73,7 @@ async def _mute(args: argparse.Namespace) -> int:
             if known is None:
                 print(f"group {args.group!r} is not muted; nothing changed")
                 return 0
-            await record_mute(connection, known.lifted(at=now, by=_who()), topology=topology)
+            await record_mute(connection, known.lifted(at=now, by=who()), topology=topology)
             print(f"lifted the mute of group {args.group!r}: its arrivals are alerted again")
             return 0
         assert mute is not None

@@ -43,7 +43,7 @@ from delayed_retry.parking.moving.report import CANARY_PARKED_AFTER_THE_REST, CA
 from delayed_retry.parking.refresh import refresh_needed, refresh_parked
 from delayed_retry.rabbitmq.versions import broker_version
 
-__all__ = ["PURGE", "REFRESH", "REPLAY"]
+__all__ = ["PURGE", "REFRESH", "REPLAY", "who"]
 
 
 def _replay_options(parser: argparse.ArgumentParser) -> None:
@@ -117,7 +117,9 @@ def _refresh_options(parser: argparse.ArgumentParser) -> None:
     add_topology_args(parser)
 
 
-def _who() -> str | None:
+def who() -> str | None:
+    """Who runs the command, as ``user@host`` (``None`` when the system cannot say): what the
+    parking commands record as ``replayed_by`` and ``edited_by``."""
     try:
         return f"{getpass.getuser()}@{socket.gethostname()}"
     except (OSError, KeyError):
@@ -249,7 +251,7 @@ async def _replay(args: argparse.Namespace) -> int:
                 canary_news=_canary_news,
                 dry_run=args.dry_run,
                 progress=_reporter(args, bar),
-                replayed_by=_who(),
+                replayed_by=who(),
                 topology=topology,
             )
     return _report(report, args)

@@ -44,12 +44,17 @@ __all__ = [
     "X_THROTTLE_EVENT",
     "X_THROTTLE_TRIGGER",
     "X_THROTTLED_AT",
+    "X_EDITED_AT",
+    "X_EDITED_BY",
+    "X_EDITED_HEADERS",
+    "X_EDITED_OLD_BODY_SHA256",
     "X_DEATH",
     "X_DELIVERY_COUNT",
     "X_ACQUIRED_COUNT",
     "BROKER_HEADERS",
     "BROKER_READ_COUNTERS",
     "is_broker_header",
+    "owned_header_reason",
     "split_read_counters",
 ]
 
@@ -122,6 +127,15 @@ X_THROTTLE_TRIGGER = "x-retry-throttle-trigger"
 """On a throttle event: the trigger in words ("5 consecutive failures")."""
 X_THROTTLED_AT = "x-retry-throttled-at"
 """On a throttle event: when it happened (epoch milliseconds)."""
+X_EDITED_AT = "x-edited-at"
+"""On a message edited before its replay (``parking edit``): when, epoch milliseconds."""
+X_EDITED_BY = "x-edited-by"
+"""Who edited it, when known (``user@host`` on the command line, the user in the web view)."""
+X_EDITED_HEADERS = "x-edited-headers"
+"""The headers the edit set or removed, as ``set: a, b; removed: c`` (``none`` when only the
+body changed)."""
+X_EDITED_OLD_BODY_SHA256 = "x-edited-old-body-sha256"
+"""Present when the edit replaced the body: the SHA-256 (hex) of the body it replaced."""
 X_DEATH = "x-death"
 """The broker's dead-letter history (read to count rejections, never re-published)."""
 X_DELIVERY_COUNT = "x-delivery-count"
@@ -158,6 +172,37 @@ def is_broker_header(name: str) -> bool:
         or name.startswith("x-first-death-")
         or name.startswith("x-last-death-")
     )
+
+
+_OWNED_PREFIXES = {
+    "x-retry": "the library's retry state and replay record, rewritten by every replay",
+    "x-parked-": "the parking record, dropped by the replay",
+    "x-exception-": "the parking record, dropped by the replay",
+    "x-edited-": "the record of the edit itself, written by the edit",
+}
+_OWNED_NAMES = {
+    X_DELAY: "the delayed-message plugin's delay, read by the front door",
+    X_REDRIVE_ID: "the redrive that sent the message, written by the Spark jobs",
+    X_SCHEDULE_ID: "the bulk schedule that sent the message, written by the Spark jobs",
+}
+
+
+def owned_header_reason(name: str) -> str | None:
+    """Why header ``name`` belongs to the library or the broker, or ``None`` when it does not.
+
+    Use it before letting people set or remove a header by hand (an edit
+    before a replay): such a header is the library's state or the broker's
+    history, and changing it would falsify the record or the retry budget.
+    """
+    lowered = name.lower()
+    if is_broker_header(lowered):
+        return "the broker's dead-letter history or delivery counter, never re-published"
+    if lowered in _OWNED_NAMES:
+        return _OWNED_NAMES[lowered]
+    for prefix, reason in _OWNED_PREFIXES.items():
+        if lowered.startswith(prefix):
+            return reason
+    return None
 
 
 def split_read_counters(

@@ -62,6 +62,7 @@ __all__ = [
     "group_parked",
     "iter_parked",
     "parse_parked",
+    "prepare_replay_target",
     "purge_matching",
     "read_record",
     "refuse_counted_peeks",
@@ -217,6 +218,23 @@ async def _check_queue(channel: Any, name: str) -> None:
             raise NotFoundError(queue_not_found(name, so="nothing can be replayed to it")) from exc
 
 
+async def prepare_replay_target(
+    channel: Any, topology: DelayTopology, target: str, *, delay: float, dry_run: bool
+) -> None:
+    """Check that ``target`` can take replayed copies due after ``delay`` seconds, and (unless
+    ``dry_run``) declare its chain binding: before anything is taken from a parking queue."""
+    topology.check_destination(target)
+    # Checked before anything is taken: an over-long delay refuses the whole replay.
+    if timedelta(seconds=delay) > topology.max_delay:
+        topology.units_until(utcnow() + timedelta(seconds=delay), now=utcnow())
+    await _check_queue(channel, target)
+    if not dry_run:
+        underlay = await underlay_channel(channel)
+        await declarer_for(underlay.connection).destination(
+            underlay.connection, topology, target, with_parking=False
+        )
+
+
 async def replay_matching(
     channel: Any,
     *,
@@ -253,16 +271,7 @@ async def replay_matching(
     if canary < 0:
         raise ConfigurationError(f"canary={canary} must be zero or more messages")
     target = to_queue or queue
-    topology.check_destination(target)
-    # Checked before anything is taken: an over-long delay refuses the whole replay.
-    if timedelta(seconds=seconds) > topology.max_delay:
-        topology.units_until(utcnow() + timedelta(seconds=seconds), now=utcnow())
-    await _check_queue(channel, target)
-    if not dry_run:
-        underlay = await underlay_channel(channel)
-        await declarer_for(underlay.connection).destination(
-            underlay.connection, topology, target, with_parking=False
-        )
+    await prepare_replay_target(channel, topology, target, delay=seconds, dry_run=dry_run)
     action = ReplayAction(
         topology=topology,
         target=target,

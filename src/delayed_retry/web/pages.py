@@ -1,5 +1,6 @@
-"""The web view's HTML pages: overview, a queue's parked messages, one message, the live
-counts (server-sent events) and the replay/purge form with its confirmation.
+"""The web view's HTML pages: overview, a queue's parked messages, one message (with its
+edit form), the live counts (server-sent events) and the replay/purge form with its
+confirmation.
 
 The JSON API in :mod:`delayed_retry.web.api` serves the same reads to scripts; both go
 through :mod:`delayed_retry.web.state`.
@@ -28,6 +29,7 @@ from delayed_retry.headers.names import (
 from delayed_retry.headers.retry_state import read_epoch_ms
 from delayed_retry.parking.lot import CanaryWait, ParkedFilter
 from delayed_retry.parking.moving.canary_rules import retry_span
+from delayed_retry.web.editing import EDIT_OPS, edit_fields, edit_from_form
 from delayed_retry.web.forms import PAGE_CANARY, PAGE_RATE, form_field, request_from_form
 from delayed_retry.web.jobs import JobManager, JobRequest
 from delayed_retry.web.muting import MUTE_OPS, mute_from_form, muted_groups
@@ -180,6 +182,7 @@ async def message_page(request: web.Request) -> web.Response:
         read_counts=[(name, value, BROKER_READ_COUNTERS[name]) for name, value in counters.items()],
         history=history,
         deaths=deaths if isinstance(deaths, list) else [],
+        edit=edit_fields(record),
     )
 
 
@@ -228,6 +231,10 @@ async def action_form(request: web.Request) -> web.Response:
             response = _render(request, "_notice.html", notice=done, error=None)
             response.headers["HX-Refresh"] = "true"  # the group rows show the change
             return response
+        if op in EDIT_OPS:
+            outcome = await edit_from_form(state, form, user=user)
+            queue = form_field(form, "queue")
+            return _render(request, "_edit.html", outcome=outcome, error=None, queue=queue)
         if op == "confirm-replay":
             plan = state.plans.take(form_field(form, "plan"), user=user)
             state.known(plan.request.queue)

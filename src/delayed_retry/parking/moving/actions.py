@@ -57,8 +57,10 @@ async def copy_then_ack(
     routing_key: str,
     headers: dict[str, Any],
     timeout: float,
+    body: bytes | None = None,
 ) -> None:
-    """Publish ``got``'s body and properties with ``headers``, confirmed, then ack ``got``.
+    """Publish ``got``'s body (or ``body``) and properties with ``headers``, confirmed, then
+    ack ``got``.
 
     The order is the move's promise: the original goes only once the broker holds
     its copy, so a failure leaves it parked (at worst there twice, never lost).
@@ -67,7 +69,7 @@ async def copy_then_ack(
         own,
         exchange=exchange,
         routing_key=routing_key,
-        body=got.body,
+        body=got.body if body is None else body,
         properties=copy_properties(got.header.properties, headers),
         timeout=timeout,
     )
