@@ -30,6 +30,7 @@ from delayed_retry.headers.retry_state import read_epoch_ms
 from delayed_retry.parking.lot import CanaryWait, ParkedFilter
 from delayed_retry.parking.moving.canary_rules import retry_span
 from delayed_retry.web.editing import EDIT_OPS, edit_fields, edit_from_form
+from delayed_retry.web.expediting import EXPEDITE_OPS, expedite_from_form
 from delayed_retry.web.forms import PAGE_CANARY, PAGE_RATE, form_field, request_from_form
 from delayed_retry.web.jobs import JobManager, JobRequest
 from delayed_retry.web.muting import MUTE_OPS, mute_from_form, muted_groups
@@ -226,6 +227,15 @@ async def action_form(request: web.Request) -> web.Response:
     user = request[USER]
     op = form_field(form, "op")
     try:
+        if op in EXPEDITE_OPS:
+            report, confirmed = await expedite_from_form(state, form, user=user)
+            queue = form_field(form, "queue")
+            response = _render(
+                request, "_expedite.html", report=report, confirmed=confirmed, queue=queue
+            )
+            response.headers["HX-Retarget"] = "#confirm"
+            response.headers["HX-Reswap"] = "outerHTML"
+            return response
         if op in MUTE_OPS:
             done = await mute_from_form(state, form, user=user)
             response = _render(request, "_notice.html", notice=done, error=None)
