@@ -41,11 +41,11 @@ def spark_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spark
     """A Spark standalone master and two 1-core workers on loopback, stopped after the module."""
     cluster = SparkStandalone(folder=tmp_path_factory.mktemp("spark-standalone"))
     try:
-        cluster.start()
-    except SparkStandaloneError as exc:
-        cluster.stop()
-        pytest.fail(f"could not start a Spark standalone cluster: {exc}", pytrace=False)
-    try:
+        try:
+            cluster.start()
+        except SparkStandaloneError as exc:
+            pytest.fail(f"could not start a Spark standalone cluster: {exc}", pytrace=False)
         yield cluster
     finally:
+        # Whatever failed, every JVM started so far is stopped.
         cluster.stop()
