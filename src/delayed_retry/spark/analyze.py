@@ -213,11 +213,12 @@ def analyze_archive(
     adaptive execution merges them further.
     """
     path_list = (paths,) if isinstance(paths, str) else tuple(paths)
-    raw = read_archive(spark, list(path_list))
-    frame = _classified(_deduplicated(raw)).cache()
     partitions = shuffle_partitions_for(archive_bytes(path_list), cores=default_parallelism(spark))
     before = spark.conf.get("spark.sql.shuffle.partitions")
+    # Before cache(): the cached frame's plan, and its shuffle, are fixed when it is cached.
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    raw = read_archive(spark, list(path_list))
+    frame = _classified(_deduplicated(raw)).cache()
     try:
         with reading(list(path_list)):
             return _analyze(frame, path_list, top, series)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -129,24 +130,48 @@ def _check_ledger_shared(spark: Any, job: PublishJob) -> None:
         log.debug("could not remove the ledger probe %s", names, exc_info=True)
 
 
+@contextmanager
+def _job_failure(job: PublishJob) -> Iterator[None]:
+    """Turn the publishing job's failure (a lost executor in a barrier stage, which Spark does
+    not retry) into a :class:`PublishRunError` counting what the partitions recorded."""
+    from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
+    from pyspark.errors import PySparkException
+
+    from delayed_retry.spark.dataset import root_cause
+    from delayed_retry.spark.ledger import recorded_keys
+
+    try:
+        yield
+    except (PySparkException, Py4JJavaError) as exc:
+        recorded = len(recorded_keys(job.ledger, f"part-{job.token}"))
+        raise PublishRunError(
+            f"the publishing job failed after {recorded} recorded sends: {root_cause(exc)}; the "
+            f"ledger {job.ledger!r} records them, so the same command run again sends only "
+            "the rest"
+        ) from exc
+
+
 def run_publish(frame: Any, job: PublishJob) -> PublishOutcome:
     """Publish every row of ``frame`` (columns :data:`PUBLISH_COLUMNS`) from the executors.
 
     Raises :class:`PublishRunError`, before sending, when a file an executor
     writes to the ledger is not visible to the driver (the ledger must be on
     storage both reach), and :class:`~delayed_retry.spark.sinks.ArchiveSinkError`
-    when the driver cannot write the ledger.
+    when the driver cannot write the ledger. A publishing job that Spark gives
+    up on (a lost executor in a rated, barrier-mode run) raises
+    :class:`PublishRunError` too, with the count the ledger recorded.
     """
     from delayed_retry.spark.ledger import ledger_files
     from delayed_retry.spark.sinks import sink_for
 
     sink_for(job.ledger)  # a ledger that cannot be written fails here, before any send
     _check_ledger_shared(frame.sparkSession, job)
-    results = (
-        frame.select(*PUBLISH_COLUMNS)
-        .mapInArrow(partial(publish_partition, job), RESULT_SCHEMA, barrier=job.anchored)
-        .collect()
-    )
+    with _job_failure(job):
+        results = (
+            frame.select(*PUBLISH_COLUMNS)
+            .mapInArrow(partial(publish_partition, job), RESULT_SCHEMA, barrier=job.anchored)
+            .collect()
+        )
     sent = sum(int(r["sent"]) for r in results)
     starts = {int(r["start_ms"]) for r in results if r["start_ms"] is not None}
     ready = [int(r["ready_ms"]) for r in results if r["ready_ms"] is not None]
