@@ -1,22 +1,11 @@
 """The chain's markers on a broker: whether a new connection may skip declaring the chain.
 
-Every declaration of the chain deletes the settled marker first and writes
-both markers last, once the broker has confirmed every binding
-(:mod:`delayed_retry.chain.digest` names them). A connection then asks, in
-:func:`chain_is_marked_complete`: every exchange and queue of
-the chain exists, and so do both markers.
-
-What that vouches for: nothing of the chain was deleted since (a deleted
-exchange or queue takes its bindings with it, and is missing until a
-declaration makes it again, which deletes the settled marker first, whatever
-its version); the settings and this version's declarations are those that
-completed (another digest is another marker). What it cannot see: one
-binding removed by hand (AMQP cannot read bindings), an object deleted and
-made again by hand or by another tool without its bindings, and the arguments
-of what exists (compared by the declaration that wrote the markers; the
-broker changes no queue's arguments without deleting it).
-``delayed-retry topology verify`` sees those through the management API, and
-``delayed-retry declare`` puts them right.
+A declaration of the chain deletes the settled marker first and writes both markers
+(:mod:`delayed_retry.chain.digest` names them) once every binding is confirmed;
+:func:`chain_is_marked_complete` asks whether every exchange and queue of the chain and both
+markers exist. What the markers vouch for and what they cannot see (a binding removed by
+hand): docs/operating-the-chain.md, "What a new connection checks before declaring the
+chain".
 """
 
 from __future__ import annotations

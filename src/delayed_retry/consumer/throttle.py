@@ -1,32 +1,14 @@
 """The throttle of one consumer: stop taking messages, probe one at a time, resume.
 
-:class:`ThrottleControl` acts on the transitions of a
+:class:`ThrottleControl` acts out the transitions of a
 :class:`~delayed_retry.recovery.throttle.ThrottleState` for one
-:class:`~delayed_retry.consumer.handler.RetryingHandler` (the decorator's and
-the FastStream middleware's alike):
-
-- **trip**: each consumer that delivers to the handler is cancelled on the
-  broker (``basic.cancel``), so it takes no more messages; the messages it
-  had already been sent (its prefetch) reach the handler's gate and are put
-  back at the tail of the queue as new messages
-  (:func:`~delayed_retry.consumer.put_back.put_back`): no retry spent, no
-  return counted toward a delivery limit, no ``redelivered`` flag;
-- **probe**: every ``probe_every`` it takes one message with ``basic.get``
-  on the cancelled consumer's channel and hands it to that consumer's own
-  callback, so it runs through the same path (middlewares, retries, parking);
-- **resume**: the first success re-registers every cancelled consumer on its
-  channel with its own tag, callback and the channel's prefetch.
-
-``basic.cancel`` rather than a lower prefetch: RabbitMQ applies a new
-``basic.qos`` only to consumers started after it, and holding messages in
-the process would keep them from other, healthy consumers of the queue.
-Each trip and resume is one WARNING line, moves the
-``delayed_retry.throttled`` gauge and the ``delayed_retry.throttle.trips``
-counter, and sends an event to the alert queue, where
-:class:`~delayed_retry.alerts.ParkingAlerts` passes it to its sinks. While
-throttled, the process consumes the empty marker queue
-(:func:`~delayed_retry.recovery.throttle.marker_queue_name`), whose consumer count
-``delayed-retry status`` shows.
+:class:`~delayed_retry.consumer.handler.RetryingHandler` (the decorator's and the FastStream
+middleware's alike): on a trip it cancels the handler's consumers on the broker and puts back
+what they had prefetched (:func:`~delayed_retry.consumer.put_back.put_back`); every
+``probe_every`` it takes one message with ``basic.get`` through the consumer's own callback;
+the first success registers the consumers again. Why ``basic.cancel`` and not a lower
+prefetch, and what an operator sees (the WARNING lines, the gauge, the alert event, the
+marker queue ``status`` counts): docs/backing-off-and-crashes.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Delay to an exchange and routing key: the forward queue and the forwarder.
 
-Dead-lettering cannot rewrite a routing key, so a delay whose destination is
-an exchange ``X`` with key ``K`` (the delayed-message plugin's model) takes one
-process step at the end of the chain::
-
-    publish_delayed(exchange=X, routing_key=K) ──► chain ──► queue <prefix>.forward.X
-        ──► Forwarder ──(confirm, then ack)──► X with key K ──► every bound queue
-
-The exchange is fixed by the forward queue (configuration), only the routing
-key comes from the message (header
-:data:`~delayed_retry.headers.names.X_FORWARD_ROUTING_KEY`). A message the forwarder
-cannot deliver (``X`` deleted while it waited, or nothing bound to ``K``) is
-parked with a record in ``<prefix>.forward.X.parking``, never dropped. A
-delivery that fails for a reason that may pass (a full queue refusing
-publishes, a lost channel) goes through the one hand-over
-(:func:`~delayed_retry.consumer.handover.hand_over`): the message stays
-unacked and the delivery is tried again with a growing pause. Several
-forwarders may consume one forward queue: each message is forwarded at least
-once.
+Dead-lettering cannot rewrite a routing key, so a delay to exchange ``X`` with key ``K`` ends
+in queue ``<prefix>.forward.X``, from which a :class:`Forwarder` publishes each message to
+``X`` with the key the message carries
+(:data:`~delayed_retry.headers.names.X_FORWARD_ROUTING_KEY`): confirm, then ack, through the
+one hand-over. What it cannot deliver is parked in ``<prefix>.forward.X.parking``, never
+dropped. The flow and its failure cases: docs/delay-to-an-exchange.md.
 """
 
 from __future__ import annotations
@@ -73,27 +61,13 @@ class ForwardingFailed(DelayedRetryError):
 class Forwarder:
     """Consume forward queues and deliver each message to its exchange: confirm, then ack.
 
-    Run at least one wherever :func:`~delayed_retry.publish_delayed` sends to
-    an exchange (the ``delayed-retry forwarder`` command runs one; the front
-    door embeds one). Several may run on one queue to share the load; a crash
-    between the confirm and the ack delivers that message twice, never zero
-    times. Use :meth:`start` and :meth:`close`, or ``async with``.
-
-    ``hold`` (default :data:`~delayed_retry.recovery.hold.DEFAULT_HOLD`): a message that
-    left the chain a little before its due time (``publish_delayed(...,
-    hold=...)``, the front door) is held until due, then forwarded; one more
-    than ``hold.limit`` early goes back into the chain. ``None`` holds
-    nothing: an early message goes back into the chain for the rest of its
-    wait, rounded up, so nothing is forwarded before it is due either way.
-
-    ``prefetch``: deliveries unacked at once, held ones included. Keep it
-    above rate x ``hold.limit`` (the default 1,000 covers 1,000 messages a
-    second held up to the default 1 s), or the forwarder waits for held
-    messages to fall due before it gets the next ones.
-
-    Counters, for logs and metrics: ``forwarded``, ``parked`` and
-    ``given_back`` (messages returned to their queue after a hand-over that
-    stayed unconfirmed for its whole window).
+    Run at least one wherever :func:`~delayed_retry.publish_delayed` sends to an exchange
+    (``delayed-retry forwarder`` runs one; the front door embeds one); several may share a
+    queue. Use :meth:`start` and :meth:`close`, or ``async with``. ``hold`` (default
+    :data:`~delayed_retry.recovery.hold.DEFAULT_HOLD`) holds a message that left the chain a
+    little early until it is due; ``None`` sends it back into the chain instead. Keep
+    ``prefetch`` above rate x ``hold.limit``. Counters: ``forwarded``, ``parked``,
+    ``given_back``.
     """
 
     def __init__(

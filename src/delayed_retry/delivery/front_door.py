@@ -1,33 +1,12 @@
 """The front door: the delayed-message plugin's ``x-delay`` contract, on the delay chain.
 
-Contract (scripts and other teams rely on it): while a front door for ``X``
-runs, a message published to exchange ``X.delay`` with header ``x-delay``
-(milliseconds) and routing key ``K`` is delivered to exchange ``X`` with key
-``K`` after the delay. ``X`` is an ordinary exchange of the type the plugin
-exchange had as ``x-delayed-type``; a message published to ``X`` itself is
-delivered at once, ``x-delay`` or not::
-
-    producer ──x-delay──► X.delay (fanout) ──► queue X.delay ──► FrontDoor
-        ──► chain ──► <prefix>.forward.X ──► Forwarder (embedded) ──► X (key K)
-
-Outcomes of each input, written down for the people who script against it:
-
-- ``x-delay`` missing, zero or negative: delivered to ``X`` at once.
-- an integer, or a string of decimal digits (``"5000"``): that many ms.
-- a finite non-integral number: rounded up (never early).
-- anything else (``"soon"``, a boolean, a table): parked in
-  ``X.delay.parking`` with ``x-parked-reason: bad-x-delay``.
-- longer than the chain holds (``DelayTopology.max_delay``, about 795 days by
-  default): parked with ``x-parked-reason: delay-too-long``.
-- ``X`` missing or nothing bound for ``K`` when it comes due: parked (see
-  :mod:`delayed_retry.delivery.forwarder`).
-
-As with the plugin, the delivered message carries ``x-delay`` negated
-(``-5000``), so a consumer can tell a delayed delivery from a direct one, and
-keeps the producer's delivery mode. Every copy, delayed or delivered at once,
-carries ``x-retry-original-exchange``/``-routing-key`` (``X``, ``K``) unless the
-producer set them.
-Every hand-over is confirmed before the ack: at-least-once.
+While a front door for ``X`` runs, a message published to exchange ``X.delay`` with header
+``x-delay`` (milliseconds) and routing key ``K`` is delivered to exchange ``X`` with key ``K``
+after the delay, through the chain and the embedded
+:class:`~delayed_retry.delivery.forwarder.Forwarder`; every hand-over is confirmed before the
+ack. What each ``x-delay`` value does (missing, a numeric string, a fraction, garbage, too
+long) and what the delivered copy carries is the contract in docs/delay-to-an-exchange.md,
+"The front door: the plugin's contract".
 """
 
 from __future__ import annotations
