@@ -13,7 +13,9 @@ the cluster's broker CPU per delayed message (ms); lateness (arrival − due, ms
 p50, p99, max, min, which must not be below 0); sent (publishes the broker
 confirmed: a failed publish is published again, as a careful producer does, and
 counted in ``publish_failures`` by its error), ``not_sent`` (never confirmed in
-2 min), received, missing (confirmed and never received), duplicates.
+2 min), received, missing (confirmed and never received), duplicates; with ``stop``,
+``received_after_return``: what was missing and arrived in the 2 min after the stopped
+node was started again.
 
 ``stop`` (opt-in) stops the node that leads most levels 5 s into an unheld stream
 published and consumed through the other two: ``pause`` is the longest gap between
@@ -194,10 +196,14 @@ async def stream(
         max(0.0, after - before - draw * elapsed)
         for after, before, draw in zip(_cpu(cluster), cpu0, idle, strict=True)
     ]
-    for connection in connections:
-        await connection.close()
+    received = len(confirmed.intersection(seen))
     if stop:
         await asyncio.to_thread(cluster.ensure_all_running)
+        # Does the stopped node's return bring what was still missing?
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), timeout=RETURN_WAIT_S)
+    for connection in connections:
+        await connection.close()
     # The stopped node may have been the admin connection's: clean up over a new one.
     with contextlib.suppress(Exception):
         await admin.close()
@@ -229,14 +235,17 @@ async def stream(
         "sent": len(confirmed),
         "not_sent": total - len(confirmed),
         "publish_failures": dict(failures),
-        "received": len(seen),
-        "missing": len(confirmed - seen.keys()),
+        "received": received,
+        "missing": len(confirmed) - received,
+        "received_after_return": len(confirmed.intersection(seen)) - received,
         "duplicates": sum(count - 1 for count in seen.values()),
         "waiting_at_end": waiting,
         "seconds": round(elapsed, 1),
     }
 
 
+RETURN_WAIT_S = 120.0
+"""How long ``stop`` waits, after the stopped node is back, for what had not arrived."""
 PUBLISH_RETRY_S = 0.5
 """The pause of a producer before it publishes a message again after a failed publish."""
 GIVE_UP_S = 120.0
@@ -408,7 +417,8 @@ def _line(row: dict[str, Any]) -> str:
         f"late p50 {late['p50']} p99 {late['p99']} max {late['max']} min {late['min']} ms "
         f"pause {row['pause_s']} s recv {row['received']}/{row['sent']} "
         f"not sent {row['not_sent']} publish failures {row['publish_failures']} "
-        f"dup {row['duplicates']} left {row['waiting_at_end']}"
+        f"dup {row['duplicates']} left {row['waiting_at_end']} "
+        f"after the node's return {row['received_after_return']}"
     )
 
 
