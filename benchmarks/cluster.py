@@ -10,15 +10,24 @@ nodes in turn and consumed by a ``@with_delayed_retry`` handler on each node.
 Per stream: the level leaders per node; each node's Erlang VM CPU (``/proc``) over
 the stream less its idle draw measured just before, and its share of the cluster's;
 the cluster's broker CPU per delayed message (ms); lateness (arrival − due, ms:
-p50, p99, max, min, which must not be below 0); received, missing, duplicates.
+p50, p99, max, min, which must not be below 0); sent (publishes the broker
+confirmed: a failed publish is published again, as a careful producer does, and
+counted in ``publish_failures`` by its error), ``not_sent`` (never confirmed in
+2 min), received, missing (confirmed and never received), duplicates; with ``stop``,
+``received_after_return``: what was missing and arrived in the 2 min after the stopped
+node was started again.
 
 ``stop`` (opt-in) stops the node that leads most levels 5 s into an unheld stream
 published and consumed through the other two: ``pause`` is the longest gap between
 two arrivals after the stop, and the lateness shows how late what was due then came.
+A stream that comes short prints, before anything is deleted, every node's queues
+(leader, members, depths, consumers), consumers, channels and dead-lettering log
+lines; ``--cluster-keep PATH`` then keeps the cluster (consumers running) until PATH
+is removed.
 
-Run: ``.venv/bin/python benchmarks/cluster.py --json out.json`` (``--stop`` adds the
-node stop; ``--version 4.3`` runs the 4.3 chroot nodes), or ``benchmarks/run --only
-cluster``. docs/capacity.md quotes it.
+Run: ``benchmarks/run --only cluster`` (``--cluster-stop`` adds the node stop,
+``--cluster-version 4.3`` runs the 4.3 chroot nodes; ``benchmarks/run --help``).
+docs/capacity.md quotes it.
 """
 
 from __future__ import annotations
@@ -30,7 +39,10 @@ import itertools
 import random
 import time
 import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -48,6 +60,7 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.chain.leaders import leader_policies, leader_spread
+from delayed_retry.errors import ConfigurationError
 from harness import RabbitMQCluster
 
 DUE_HEADER = "bench-due-us"
@@ -86,6 +99,7 @@ async def stream(
     rate: float,
     seconds: float,
     stop: bool = False,
+    keep: Path | None = None,
 ) -> dict[str, Any]:
     """One stream, measured; see the module's docstring for the row's fields."""
     prefix = f"bench-cluster-{uuid.uuid4().hex[:6]}"
@@ -108,6 +122,9 @@ async def stream(
     arrivals: list[float] = []
     seen: dict[str, int] = {}
     total = int(rate * seconds)
+    confirmed: set[str] = set()
+    failures: Counter[str] = Counter()
+    sending = True
     done = asyncio.Event()
 
     async def handler(message: AbstractIncomingMessage) -> None:
@@ -116,7 +133,7 @@ async def stream(
         if seen[key] == 1:
             arrivals.append(time.monotonic())
             late.append((time.time() * 1e6 - int(message.headers[DUE_HEADER])) / 1000)  # type: ignore[arg-type]
-        if len(seen) == total:
+        if not sending and confirmed.issubset(seen):
             done.set()
 
     retrying = with_delayed_retry(topology=topology, hold=DEFAULT_HOLD if hold else None)(handler)
@@ -135,28 +152,33 @@ async def stream(
         if stop and stopped_at is None and time.monotonic() - began >= STOP_AFTER:
             stopped_at = time.monotonic()
             pending.add(asyncio.create_task(asyncio.to_thread(cluster.stop_node, busiest)))
-        now = datetime.now(UTC)
-        due_at = now + timedelta(seconds=rng.uniform(MIN_DELAY, MAX_DELAY))
-        message = aio_pika.Message(
-            b"x" * 200,
-            message_id=str(i),
-            headers={DUE_HEADER: int(due_at.timestamp() * 1e6)},
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        )
-        task = asyncio.create_task(
-            publish_delayed(
+        due_at = datetime.now(UTC) + timedelta(seconds=rng.uniform(MIN_DELAY, MAX_DELAY))
+
+        async def send(i: int = i, due_at: datetime = due_at) -> None:
+            message = aio_pika.Message(
+                b"x" * 200,
+                message_id=str(i),
+                headers={DUE_HEADER: int(due_at.timestamp() * 1e6)},
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            )
+            await publish_delayed(
                 publishers[i % len(publishers)],
                 message,
                 queue=name,
-                delay=due_at,
+                delay=max(due_at, datetime.now(UTC)),
                 topology=topology,
                 hold=DEFAULT_HOLD if hold else None,
-                now=now,
             )
-        )
+            confirmed.add(str(i))
+
+        task = asyncio.create_task(_until_confirmed(send, failures))
         pending.add(task)
         task.add_done_callback(pending.discard)
+    # A failed publish is retried, so no task fails; gather would still raise if one did.
     await asyncio.gather(*pending)
+    sending = False
+    if confirmed.issubset(seen):
+        done.set()
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(done.wait(), timeout=MAX_DELAY + (240 if stop else 60))
     await asyncio.sleep(0.5)
@@ -168,14 +190,20 @@ async def stream(
         for r in rows
         if str(r["name"]).startswith(prefix) and r["messages"]
     }
+    if not confirmed.issubset(seen):
+        await asyncio.to_thread(_inspect, cluster, prefix, connections, keep)
     cpu = [
         max(0.0, after - before - draw * elapsed)
         for after, before, draw in zip(_cpu(cluster), cpu0, idle, strict=True)
     ]
-    for connection in connections:
-        await connection.close()
+    received = len(confirmed.intersection(seen))
     if stop:
         await asyncio.to_thread(cluster.ensure_all_running)
+        # Does the stopped node's return bring what was still missing?
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), timeout=RETURN_WAIT_S)
+    for connection in connections:
+        await connection.close()
     # The stopped node may have been the admin connection's: clean up over a new one.
     with contextlib.suppress(Exception):
         await admin.close()
@@ -204,13 +232,108 @@ async def stream(
         "broker_ms_per_message": round(sum(cpu) * 1000 / max(total, 1), 3),
         "lateness_ms": precision._percentiles(late),
         "pause_s": round(max(gaps), 2) if gaps else None,
-        "sent": total,
-        "received": len(seen),
-        "missing": total - len(seen),
+        "sent": len(confirmed),
+        "not_sent": total - len(confirmed),
+        "publish_failures": dict(failures),
+        "received": received,
+        "missing": len(confirmed) - received,
+        "received_after_return": len(confirmed.intersection(seen)) - received,
         "duplicates": sum(count - 1 for count in seen.values()),
         "waiting_at_end": waiting,
         "seconds": round(elapsed, 1),
     }
+
+
+RETURN_WAIT_S = 120.0
+"""How long ``stop`` waits, after the stopped node is back, for what had not arrived."""
+PUBLISH_RETRY_S = 0.5
+"""The pause of a producer before it publishes a message again after a failed publish."""
+GIVE_UP_S = 120.0
+"""How long a producer tries to publish one message before it counts it as not sent."""
+
+
+async def _until_confirmed(send: Callable[[], Awaitable[None]], failures: Counter[str]) -> None:
+    """Publish as a careful producer does: again after each failure, until confirmed.
+
+    A failed publish (a nack, no confirm in time, a channel closing under it) is
+    counted in ``failures`` by its type; a message never confirmed within
+    :data:`GIVE_UP_S` is not sent (``not_sent``), never counted as missing.
+    """
+    deadline = time.monotonic() + GIVE_UP_S
+    while True:
+        try:
+            await send()
+            return
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            failures[type(exc).__name__] += 1
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(PUBLISH_RETRY_S)
+
+
+STUCK_DLX_WORKERS = """
+[begin
+   S = sys:get_state(P),
+   {element(4, element(2, S)), maps:size(element(8, S)),
+    [element(4, Q) || {Q, C} <- maps:to_list(element(2, element(7, S))),
+                      element(3, element(4, C)) =:= undefined]}
+ end || {_, P, _, _} <- supervisor:which_children(rabbit_fifo_dlx_sup),
+        maps:size(element(8, sys:get_state(P))) > 0].
+"""
+"""Per at-least-once dead-letter worker with unconfirmed messages: its source queue, how
+many, and the target queues its client knows no leader for (3.10's record layout)."""
+
+
+def _inspect(
+    cluster: RabbitMQCluster,
+    prefix: str,
+    connections: list[AbstractRobustConnection],
+    keep: Path | None,
+) -> None:
+    """Print where the missing messages are, per node and from the broker's side.
+
+    With ``keep``, write the nodes' URLs there and wait (consumers still running)
+    until someone removes it, so the cluster can be inspected by hand.
+    """
+    columns = ["name", "leader", "members", "messages", "messages_ready"]
+    columns += ["messages_unacknowledged", "consumers", "state"]
+    running = [node for node in cluster.nodes if node.running]
+    print("--- list_queues " + " ".join(columns), flush=True)
+    for line in running[0].rabbitmqctl("list_queues", *columns).splitlines():
+        if prefix in line:
+            print(line, flush=True)
+    for node in running:
+        print(f"--- {node.name}: its dead-letter workers' lines in its log", flush=True)
+        for line in node.log_file.read_text(errors="replace").splitlines():
+            if "dlx" in line and "boot step" not in line:
+                print(line, flush=True)
+        print(f"--- {node.name}: dead-letter workers with messages awaiting a confirm", flush=True)
+        try:
+            print(node.rabbitmqctl("eval", STUCK_DLX_WORKERS, timeout=60), flush=True)
+        except Exception as exc:  # another version's record layout, or a busy node
+            print(f"(not read: {exc})", flush=True)
+        print(f"--- {node.name}: list_consumers", flush=True)
+        print(node.rabbitmqctl("list_consumers"), flush=True)
+        print(f"--- {node.name}: list_channels", flush=True)
+        print(
+            node.rabbitmqctl(
+                "list_channels",
+                "name",
+                "consumer_count",
+                "messages_unacknowledged",
+                "prefetch_count",
+            ),
+            flush=True,
+        )
+    for connection in connections:
+        print(f"--- client {connection}: closed={connection.is_closed}", flush=True)
+    if keep is not None:
+        keep.write_text(" ".join(node.url for node in cluster.nodes) + "\n")
+        print(f"--- kept the cluster until {keep} is removed", flush=True)
+        while keep.exists():
+            time.sleep(1)
 
 
 async def run(
@@ -221,6 +344,7 @@ async def run(
     stop: bool = False,
     version: str | None = None,
     placements: tuple[str, ...] = ("one-node", "spread"),
+    keep: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Every placement and kind on one private 3-node cluster; prints each row as measured."""
     cluster = RabbitMQCluster(
@@ -234,13 +358,24 @@ async def run(
         for spread in [placement == "spread" for placement in placements]:
             for kind in kinds:
                 row = await stream(
-                    cluster, spread=spread, hold=kind == "held", rate=rate, seconds=seconds
+                    cluster,
+                    spread=spread,
+                    hold=kind == "held",
+                    rate=rate,
+                    seconds=seconds,
+                    keep=keep,
                 )
                 rows.append(row)
                 print(_line(row), flush=True)
             if stop:
                 row = await stream(
-                    cluster, spread=spread, hold=False, rate=rate, seconds=seconds, stop=True
+                    cluster,
+                    spread=spread,
+                    hold=False,
+                    rate=rate,
+                    seconds=seconds,
+                    stop=True,
+                    keep=keep,
                 )
                 rows.append(row)
                 print(_line(row), flush=True)
@@ -281,7 +416,9 @@ def _line(row: dict[str, Any]) -> str:
         f"busiest {row['busiest_share']:.0%} broker {row['broker_ms_per_message']} ms/msg "
         f"late p50 {late['p50']} p99 {late['p99']} max {late['max']} min {late['min']} ms "
         f"pause {row['pause_s']} s recv {row['received']}/{row['sent']} "
-        f"dup {row['duplicates']} left {row['waiting_at_end']}"
+        f"not sent {row['not_sent']} publish failures {row['publish_failures']} "
+        f"dup {row['duplicates']} left {row['waiting_at_end']} "
+        f"after the node's return {row['received_after_return']}"
     )
 
 
@@ -292,7 +429,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cluster-seconds", type=float, default=None, help="s per stream (20; 5 with --quick)"
     )
     parser.add_argument(
-        "--cluster-kinds", nargs="+", default=["unheld", "held"], choices=["unheld", "held"]
+        "--cluster-kinds",
+        nargs="*",
+        default=["unheld", "held"],
+        choices=["unheld", "held"],
+        help="streams without a stop (both; none: only the --cluster-stop stream)",
     )
     parser.add_argument(
         "--cluster-placements",
@@ -302,6 +443,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cluster-stop", action="store_true", help="also stop the busiest leader node"
+    )
+    parser.add_argument(
+        "--cluster-keep",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="on a shortfall, keep the cluster running until PATH (written) is removed",
     )
     parser.add_argument(
         "--cluster-version", default=None, help="RabbitMQ version of the nodes (default 3.10)"
@@ -319,5 +467,6 @@ async def cluster(suite: Suite) -> list[Row]:
         stop=args.cluster_stop,
         version=args.cluster_version,
         placements=tuple(args.cluster_placements),
+        keep=args.cluster_keep,
     )
     return suite_rows(measured)
