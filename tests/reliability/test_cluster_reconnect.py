@@ -11,7 +11,8 @@ collectors):
   leaders and the consumers go on, ready, while the old leader is still down.
 
 Either way NEW messages sent after the fault arrive on each path: once, not
-before they are due.
+before they are due. With the chain's leader policies set first (``spread``), the
+levels lead on every node and the stopped node leads only its share of them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from datetime import timedelta
 import pytest
 
 from delayed_retry import DelayTopology
+from delayed_retry.chain.leaders import leader_policies
 from harness import RabbitMQCluster
 
 from ._fleet import (
@@ -41,11 +43,21 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
-def chain(cluster: RabbitMQCluster) -> Iterator[tuple[DelayTopology, dict[str, str], int]]:
-    """A fleet's queues, all declared through (so led by) one node; that node's index."""
+def chain(
+    cluster: RabbitMQCluster, request: pytest.FixtureRequest
+) -> Iterator[tuple[DelayTopology, dict[str, str], int]]:
+    """A fleet's queues, all declared through one node; the index of the node that leads the
+    front door's queue. ``one-node``: that node leads every queue; ``spread``: the leader
+    policies are set first, so the chain's levels lead on every node."""
     topology = DelayTopology(
         prefix=f"crc-{secrets.token_hex(3)}", levels=12, unit=timedelta(milliseconds=1)
     )
+    callspec = getattr(request.node, "callspec", None)
+    spread = callspec is not None and callspec.params.get("leaders") == "spread"
+    major = 3 if cluster.version in (None, "3.10") else 4
+    policies = leader_policies(topology, broker_major=major) if spread else []
+    for policy in policies:
+        cluster.nodes[0].rabbitmqctl(*policy.rabbitmqctl_args())
     names = fleet_names(topology.prefix)
     asyncio.run(declare_fleet(cluster.urls[0], topology, names))
     leader = cluster.leader_of(f"{names['door_exchange']}.delay")
@@ -53,6 +65,8 @@ def chain(cluster: RabbitMQCluster) -> Iterator[tuple[DelayTopology, dict[str, s
         yield topology, names, leader
     finally:
         cluster.ensure_all_running()
+        for policy in policies:
+            cluster.nodes[0].rabbitmqctl("clear_policy", "--vhost", "/", policy.name)
         asyncio.run(remove_fleet(cluster.urls[0], topology, names))
 
 
@@ -70,6 +84,25 @@ def test_every_consumer_takes_new_messages_after_the_leaders_node_stops(
     try:
         services.start()
         asyncio.run(_run(cluster, services, topology, names, leader, where, other))
+    finally:
+        outputs = services.stop()
+        print("\n".join(f"--- {s}\n{out[-3000:]}" for s, out in outputs.items()))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("leaders", ["spread"])
+def test_consumers_take_new_messages_after_a_node_stops_with_the_chain_spread(
+    cluster: RabbitMQCluster, chain: tuple[DelayTopology, dict[str, str], int], leaders: str
+) -> None:
+    # The same fault with the chain's levels led on every node: the stopped node leads its
+    # share of them (and the front door's queue); consumers on another node go on.
+    del leaders  # read by the chain fixture
+    topology, names, leader = chain
+    other = (leader + 1) % 3
+    services = ServiceProcesses(cluster.urls[other], topology=topology, names=names)
+    try:
+        services.start()
+        asyncio.run(_run(cluster, services, topology, names, leader, other, other))
     finally:
         outputs = services.stop()
         print("\n".join(f"--- {s}\n{out[-3000:]}" for s, out in outputs.items()))
