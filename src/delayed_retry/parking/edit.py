@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from datetime import datetime
+from typing import Any
 
 import aiormq.abc
 
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
-from delayed_retry.durations import Duration, to_seconds, utcnow
+from delayed_retry.durations import Duration, to_seconds
 from delayed_retry.errors import ConfigurationError, NotFoundError
 from delayed_retry.parking.edit_rules import MessageEdit, apply_edit, check_headers, checked_diff
 from delayed_retry.parking.ids import IdMatcher, describe_candidate
 from delayed_retry.parking.lot import ParkedFilter, iter_parked, prepare_replay_target
-from delayed_retry.parking.moving.actions import copy_then_ack
+from delayed_retry.parking.moving.actions import ReplayAction
 from delayed_retry.parking.moving.engine import MoveRequest, move
-from delayed_retry.parking.records import ParkedRecord, replay_copy
+from delayed_retry.parking.records import ParkedRecord
 
 __all__ = ["EditAction", "EditResult", "MessageEdit", "edit_and_replay", "find_one_parked"]
 
@@ -81,68 +83,29 @@ async def find_one_parked(
 
 
 @dataclass(frozen=True, kw_only=True)
-class EditAction:
+class EditAction(ReplayAction):
     """Replay one parked message with ``edit`` applied: the copy carries the new body and
-    headers and the record of the edit; the original is acked only once the copy is confirmed.
+    headers and the record of the edit (by ``replayed_by``); the original is acked only once
+    the copy is confirmed.
 
     ``body_sha256`` is the digest of the body the edit was checked against: a
     message whose body differs (another one parked under the same id since) is
     left parked.
     """
 
-    topology: DelayTopology
-    target: str
     edit: MessageEdit
     body_sha256: str
-    delay: float = 0.0
-    edited_by: str | None = None
-    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
 
-    @property
-    def name(self) -> Literal["replay"]:
-        return "replay"
-
-    @property
-    def confirms(self) -> bool:
-        return True
-
-    @property
-    def to_queue(self) -> str:
-        return self.target
-
-    async def settle(
-        self,
-        own: aiormq.abc.AbstractChannel,
-        got: aiormq.abc.DeliveredMessage,
-        *,
-        canary_token: str | None,
-    ) -> None:
+    def content(
+        self, got: aiormq.abc.DeliveredMessage, *, now: datetime
+    ) -> tuple[Mapping[str, Any] | None, bytes | None]:
         if hashlib.sha256(got.body).hexdigest() != self.body_sha256:
             raise ConfigurationError(
                 "the parked message changed since the edit was checked (another message with "
                 "its id was parked): nothing replayed; edit it again"
             )
-        now = utcnow()
-        headers, body = apply_edit(
-            got.header.properties.headers, got.body, self.edit, edited_by=self.edited_by, now=now
-        )
-        route, headers = replay_copy(
-            headers,
-            topology=self.topology,
-            target=self.target,
-            delay=self.delay,
-            now=now,
-            replayed_by=self.edited_by,
-            canary_token=canary_token,
-        )
-        await copy_then_ack(
-            own,
-            got,
-            exchange=route.exchange,
-            routing_key=route.routing_key,
-            headers=headers,
-            timeout=self.publish_timeout,
-            body=body,
+        return apply_edit(
+            got.header.properties.headers, got.body, self.edit, edited_by=self.replayed_by, now=now
         )
 
 
@@ -188,7 +151,7 @@ async def edit_and_replay(
         edit=edit,
         body_sha256=hashlib.sha256(record.body).hexdigest(),
         delay=seconds,
-        edited_by=edited_by,
+        replayed_by=edited_by,
         publish_timeout=publish_timeout,
     )
     request = MoveRequest(

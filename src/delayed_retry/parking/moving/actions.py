@@ -9,7 +9,9 @@ running them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
 import aiormq.abc
@@ -131,12 +133,14 @@ class ReplayAction:
         *,
         canary_token: str | None,
     ) -> None:
+        now = utcnow()
+        headers, body = self.content(got, now=now)
         route, headers = replay_copy(
-            got.header.properties.headers,
+            headers,
             topology=self.topology,
             target=self.target,
             delay=self.delay,
-            now=utcnow(),
+            now=now,
             replayed_by=self.replayed_by,
             canary_token=canary_token,
         )
@@ -147,4 +151,13 @@ class ReplayAction:
             routing_key=route.routing_key,
             headers=headers,
             timeout=self.publish_timeout,
+            body=body,
         )
+
+    def content(
+        self, got: aiormq.abc.DeliveredMessage, *, now: datetime
+    ) -> tuple[Mapping[str, Any] | None, bytes | None]:
+        """The headers and body the copy starts from: the parked message's own (``None``: the
+        body unchanged). An edit and replay gives others."""
+        del now
+        return got.header.properties.headers, None
