@@ -11,6 +11,7 @@ import tenacity
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from delayed_retry import (
+    Outbox,
     RetryingHandler,
     consume,
     current_outbox,
@@ -101,7 +102,9 @@ async def test_a_held_publish_refused_keeps_the_incoming_message_until_it_is_con
     @with_delayed_retry(topology=quorum.topology, outbox=True)
     async def handler(message: AbstractIncomingMessage) -> None:
         runs.append(message.message_id)
-        current_outbox().publish(b"follow-up", exchange=exchange.name, routing_key="k")
+        current_outbox().publish(
+            b"follow-up", exchange=exchange.name, routing_key="k", mandatory=True
+        )
 
     quick = RetryingHandler(handler.fn, replace(handler.options, timing=SHORT_WINDOW))
     channel = await consuming(quorum, quick)
@@ -117,6 +120,31 @@ async def test_a_held_publish_refused_keeps_the_incoming_message_until_it_is_con
     (arrived,) = await drain(quorum.connection, down.name)
     assert arrived.message_id == "in-3:outbox:1"
     assert set(runs) == {"in-3"}
+
+
+async def test_an_event_nobody_receives_yet_does_not_hold_back_the_delivery(
+    quorum: Scenario,
+) -> None:
+    # Not mandatory (the default): an exchange with no binding confirms and drops the event,
+    # and the incoming message is acked once; a missing exchange closes only the outbox's
+    # own channel, so the consumer's channel and its other deliveries are untouched.
+    exchange = await quorum.ch.declare_exchange(quorum.name("x"), aio_pika.ExchangeType.DIRECT)
+    quorum.track_exchange(exchange.name)
+    runs: list[str | None] = []
+    outboxes: list[Outbox] = []
+
+    @with_delayed_retry(topology=quorum.topology, outbox=True)
+    async def handler(message: AbstractIncomingMessage) -> None:
+        runs.append(message.message_id)
+        outboxes.append(current_outbox())
+        current_outbox().publish(b"event", exchange=exchange.name, routing_key="nobody")
+
+    channel = await consuming(quorum, handler)
+    await publish(quorum.ch, quorum.name("work"), b"job", message_id="in-9")
+    # Released: the event confirmed and the delivery acked after it.
+    await wait_until(lambda: bool(outboxes) and outboxes[0].released, what="the outbox released")
+    assert runs == ["in-9"] and not channel.is_closed
+    await channel.close()
 
 
 async def test_an_immediate_retry_starts_with_an_empty_outbox(quorum: Scenario) -> None:

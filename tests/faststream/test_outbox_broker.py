@@ -89,7 +89,9 @@ async def test_a_refused_held_publish_gives_the_message_back_unacked(
     @broker.subscriber(work)
     async def handle(body: str) -> None:
         runs.append(1)
-        current_outbox().publish(b"follow-up", exchange=exchange.name, routing_key="k")
+        current_outbox().publish(
+            b"follow-up", exchange=exchange.name, routing_key="k", mandatory=True
+        )
 
     async with running(broker):
         await broker.declare_exchange(exchange)

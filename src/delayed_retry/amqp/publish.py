@@ -165,9 +165,12 @@ async def publish_confirmed(
     properties: spec.Basic.Properties,
     timeout: float = DEFAULT_PUBLISH_TIMEOUT,
     wait_for_write: bool = True,
+    mandatory: bool = True,
 ) -> None:
     """Publish and wait for the broker's confirm; raise :class:`PublishError` if there is none.
 
+    ``mandatory=False`` lets a message that no queue receives be confirmed and dropped by
+    the broker (an event nobody subscribes to yet) instead of refused.
     ``wait_for_write=False`` releases the channel as soon as the frames are
     queued rather than once they reach the socket, so concurrent publishes
     can share a write (see :mod:`delayed_retry.amqp.batching`); the confirm is
@@ -191,7 +194,7 @@ async def publish_confirmed(
                 exchange=exchange,
                 routing_key=routing_key,
                 properties=properties,
-                mandatory=True,
+                mandatory=mandatory,
                 timeout=timeout,
                 # aiormq's Channel takes ``wait``; its abstract interface does not say so.
                 **({} if wait_for_write else _NO_WAIT),

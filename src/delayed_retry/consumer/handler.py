@@ -26,7 +26,7 @@ import aiormq
 import aiormq.abc
 from aio_pika.abc import AbstractIncomingMessage
 
-from delayed_retry.amqp.channels import underlay_channel
+from delayed_retry.amqp.channels import scratch_channel, underlay_channel
 from delayed_retry.amqp.declarer import declarer_for
 from delayed_retry.consumer.crash_guard import guard_redelivery
 from delayed_retry.consumer.failures import FailureHandling
@@ -350,9 +350,9 @@ class RetryingHandler(Generic[P]):
                 message.message_id,
                 len(outbox.held),
             )
-            outbox.released = await outbox.release(message.channel, timeout=opts.publish_timeout)
+            outbox.released = await _publish_held(message, outbox, opts.publish_timeout)
             return
-        release = functools.partial(outbox.release, message.channel, timeout=opts.publish_timeout)
+        release = functools.partial(_publish_held, message, outbox, opts.publish_timeout)
         outbox.released = await hand_over(message, release, queue=queue, timing=opts.timing) is True
 
     def _settled_by_handler(
@@ -519,3 +519,10 @@ def _cancelling() -> bool:
     """Whether the running task is being cancelled (not a handler's stray ``CancelledError``)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+async def _publish_held(message: AbstractIncomingMessage, outbox: Outbox, timeout: float) -> bool:
+    """Release ``outbox`` on a confirm channel of its own: a publish the broker refuses (a
+    missing exchange) closes that channel, not the one the message and its neighbours came on."""
+    async with scratch_channel(message.channel.connection, confirms=True) as own:
+        return await outbox.release(own, timeout=timeout)

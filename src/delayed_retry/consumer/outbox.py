@@ -22,7 +22,7 @@ import aiormq.abc
 from aio_pika.abc import AbstractIncomingMessage, AbstractMessage
 from pamqp import commands as spec
 
-from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, Publisher, publish_confirmed
+from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT, publish_confirmed
 from delayed_retry.errors import ConfigurationError
 
 __all__ = ["CURRENT_OUTBOX", "HeldPublish", "Outbox", "current_outbox", "outbox_message_id"]
@@ -48,6 +48,7 @@ class HeldPublish:
     routing_key: str
     body: bytes
     properties: spec.Basic.Properties
+    mandatory: bool = False
 
 
 class Outbox:
@@ -77,13 +78,16 @@ class Outbox:
         routing_key: str,
         exchange: str = "",
         headers: Mapping[str, Any] | None = None,
+        mandatory: bool = False,
     ) -> str:
         """Hold ``message`` for ``exchange`` (default: the default exchange) and ``routing_key``.
 
         ``message`` is an ``aio_pika.Message`` (its properties are kept) or a
         body, sent persistent. Returns its ``message_id``: the one the message
         set, else :func:`outbox_message_id`. Nothing reaches the broker before
-        the handler returns.
+        the handler returns. ``mandatory=True``: a message no queue receives is refused, and
+        the delivery waits for a route (the hand-over's rules) instead of being acked; leave
+        it ``False`` for events that may have no subscriber yet, which the broker drops.
         """
         if isinstance(message, bytes):
             body = message
@@ -98,7 +102,7 @@ class Outbox:
             properties.message_id = outbox_message_id(
                 self._incoming.message_id, self._incoming.body, position
             )
-        self.held.append(HeldPublish(exchange, routing_key, body, properties))
+        self.held.append(HeldPublish(exchange, routing_key, body, properties, mandatory))
         return properties.message_id
 
     async def release(
@@ -106,7 +110,6 @@ class Outbox:
         channel: aiormq.abc.AbstractChannel,
         *,
         timeout: float = DEFAULT_PUBLISH_TIMEOUT,
-        publish: Publisher = publish_confirmed,
     ) -> bool:
         """Publish the held messages not yet confirmed, in order, each confirmed before the next.
 
@@ -116,13 +119,14 @@ class Outbox:
         """
         while self.confirmed < len(self.held):
             held = self.held[self.confirmed]
-            await publish(
+            await publish_confirmed(
                 channel,
                 exchange=held.exchange,
                 routing_key=held.routing_key,
                 body=held.body,
                 properties=held.properties,
                 timeout=timeout,
+                mandatory=held.mandatory,
             )
             self.confirmed += 1
         return True
