@@ -112,27 +112,38 @@ class ParkingAlerts:
         name = self.topology.alerts_queue
         if self._mutes is not None:
             await self._mutes.start()  # every mute set so far is known before any arrival
-        channel = await self.connection.channel()
-        await channel.set_qos(prefetch_count=self._window.max_batch)
         try:
-            if self.declare:
-                await declare_topology(channel, self.topology)
-            queue = await channel.declare_queue(name, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity as exc:
-            with contextlib.suppress(Exception):
-                await channel.close()
+            channel, queue = await self._alert_queue(name)
+        except BaseException:
             if self._mutes is not None:
                 await self._mutes.stop()
-            raise NotFoundError(
-                f"alert queue {name!r} does not exist; declare the topology first: pass "
-                "declare=True, call declare_topology(channel, topology), or run "
-                f"'delayed-retry declare' with the options of chain {self.topology.prefix!r}"
-            ) from exc
+            raise
         self._channel, self._queue = channel, queue
         self._stopping.clear()
         self._task = asyncio.create_task(self._flush_loop(), name="delayed-retry-parking-alerts")
         self._consumer = await start_consumer(queue, self._on_message, no_ack=False)
         log.info("parking alerts: consuming %r with %d sink(s)", name, len(self.sinks))
+
+    async def _alert_queue(self, name: str) -> tuple[AbstractChannel, AbstractQueue]:
+        """A channel of its own and the alert queue on it (declared first when ``declare``)."""
+        channel = await self.connection.channel()
+        try:
+            await channel.set_qos(prefetch_count=self._window.max_batch)
+            if self.declare:
+                await declare_topology(channel, self.topology)
+            return channel, await channel.declare_queue(name, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+            with contextlib.suppress(Exception):
+                await channel.close()
+            raise NotFoundError(
+                f"alert queue {name!r} does not exist; declare the topology first: pass "
+                "declare=True, call declare_topology(channel, topology), or run "
+                f"'delayed-retry declare' with the options of chain {self.topology.prefix!r}"
+            ) from exc
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await channel.close()
+            raise
 
     @property
     def consuming(self) -> bool:

@@ -93,15 +93,16 @@ class MuteFollower:
 
     async def start(self) -> None:
         """Read the stream up to now (within ``timeout`` seconds), then keep following it."""
-        await _append(self.connection, self.topology, b"{}", self._sync)
-        channel = await self.connection.channel()
-        await channel.set_qos(prefetch_count=200)  # streams need a prefetch
-        queue = await channel.declare_queue(
-            self.topology.mutes_stream, durable=True, arguments=dict(MUTES_STREAM_ARGUMENTS)
-        )
-        self._channel = channel
-        await start_consumer(queue, self._on_record, arguments={"x-stream-offset": "first"})
+        self._sync = f"{_SYNC_PREFIX}{uuid.uuid4().hex}"  # a restart reads to its own marker
+        self._synced = asyncio.Event()
         try:
+            await _append(self.connection, self.topology, b"{}", self._sync)
+            self._channel = channel = await self.connection.channel()
+            await channel.set_qos(prefetch_count=200)  # streams need a prefetch
+            queue = await channel.declare_queue(
+                self.topology.mutes_stream, durable=True, arguments=dict(MUTES_STREAM_ARGUMENTS)
+            )
+            await start_consumer(queue, self._on_record, arguments={"x-stream-offset": "first"})
             await asyncio.wait_for(self._synced.wait(), self.timeout)
         except TimeoutError as exc:
             await self.stop()
@@ -109,6 +110,16 @@ class MuteFollower:
                 f"the mutes stream {self.topology.mutes_stream!r} was not read to its end "
                 f"within {self.timeout:g} s; check the broker's health and try again"
             ) from exc
+        except aiormq.exceptions.ChannelAccessRefused as exc:
+            await self.stop()
+            raise ConfigurationError(
+                f"the broker refused this user the mutes stream {self.topology.mutes_stream!r} "
+                f"({exc}); grant configure, write and read on it, or pass mutes=False to "
+                "ParkingAlerts to alert without honouring mutes"
+            ) from exc
+        except BaseException:
+            await self.stop()
+            raise
 
     async def _on_record(self, message: AbstractIncomingMessage) -> None:
         if message.message_id == self._sync:

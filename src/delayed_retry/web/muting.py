@@ -66,8 +66,10 @@ async def mute_from_form(state: WebState, form: MultiDictProxy[Any], *, user: st
         known = state.mutes.table.get(group, now)
         if known is None:
             return f"group {group} is not muted"
-        await record_mute(state.connection, known.lifted(at=now, by=user), topology=topology)
-        state.mutes.table.apply(known.lifted(at=now, by=user))
+        await record_mute(
+            state.connection, known.lifted(at=max(now, known.at), by=user), topology=topology
+        )
+        state.mutes.table.apply(known.lifted(at=max(now, known.at), by=user))
         state.audit.write({"event": "mute-lifted", "user": user, "group": group})
         return f"lifted the mute of group {group}: its arrivals are alerted again"
     seconds = parse_duration(form_field(form, "mute_for") or DEFAULT_MUTE, name="mute for")
