@@ -193,9 +193,9 @@ async def _take_waiting(
             f"was returned {too_often.returns} times already (x-delivery-count); RabbitMQ 4.x "
             "counts returns toward a quorum queue's delivery limit (20 unless set; 4.0-4.2 "
             "count every return, 4.3 only those of a closed channel), past which a level sends "
-            f"a message on early, so a discard stops reading at {READ_BUDGET}: "
+            f"a message on early, so a scan of the chain stops reading at {READ_BUDGET}: "
             f"{report.done} selected message(s) read before it were taken out, none after. Let "
-            "the messages come due, or move to RabbitMQ 4.3, where a discard's reads do not count"
+            "the messages come due, or move to RabbitMQ 4.3, where these reads do not count"
         )
     if limit is None or report.done < limit:
         # Stopped at the limit, the scan did not look at every waiting message.
