@@ -160,7 +160,9 @@ async def test_killing_the_chain_leader_loses_no_message(
             declared = await probe.declare_queue(queue, passive=True)
             return declared.declaration_result.consumer_count == 3
 
-        await wait_until(three_consumers, timeout=60, what="the reconnected consumer restored")
+        # Its robust connection retries every 5 s and then restores its channel and consumer:
+        # seconds on an idle machine, the margin is for a loaded one.
+        await wait_until(three_consumers, timeout=180, what="the reconnected consumer restored")
         await probe.close()
         before = by_consumer[leader]
         more = set(range(MESSAGES, MESSAGES + 60))

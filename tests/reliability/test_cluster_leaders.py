@@ -111,11 +111,16 @@ async def test_rebalancing_a_lopsided_chain_keeps_waiting_messages_and_their_due
 
         work = await channel.get_queue(queue, ensure=False)
         await work.consume(on_message, no_ack=True)
-        output = await asyncio.to_thread(
-            cluster.nodes[0].cli, "rabbitmq-queues", *rebalance_args(topology)
-        )
-        rows = cluster.list_queues("name", "leader")
-        after = leader_spread(topology, {str(r["name"]): str(r["leader"]) for r in rows})
+        # A leadership transfer can time out on a loaded node; the documented remedy is to run
+        # the command again, which moves only what is still over its share.
+        for _ in range(3):
+            output = await asyncio.to_thread(
+                cluster.nodes[0].cli, "rabbitmq-queues", *rebalance_args(topology)
+            )
+            rows = cluster.list_queues("name", "leader")
+            after = leader_spread(topology, {str(r["name"]): str(r["leader"]) for r in rows})
+            if max(after.per_node.values()) <= spread_bound(LEVELS, 3):
+                break
         assert max(after.per_node.values()) <= spread_bound(LEVELS, 3), (after.per_node, output)
         assert lopsided_warning(topology, after, nodes=nodes) is None
         assert len(received) < MESSAGES, "the messages had left the chain before the rebalance"
