@@ -70,3 +70,11 @@ def test_impossible_mutes_are_refused_with_the_fix(until: datetime, match: str) 
         Mute(fingerprint="a1b2", at=T0, until=until)
     with pytest.raises(ConfigurationError, match="failure group's key"):
         Mute(fingerprint=" ", at=T0, until=T0)
+
+
+def test_a_lift_is_never_dated_before_the_mute_it_ends() -> None:
+    # A host whose clock is behind the muting host's would otherwise lose to the mute.
+    mute = _mute(at=T0)
+    lift = mute.lifted(at=T0 - timedelta(minutes=3), by="ops@slow-clock")
+    assert lift.at == lift.until == T0
+    assert MuteTable([mute, lift]).get("a1b2", T0) is None

@@ -50,7 +50,9 @@ class Mute:
         return self.at <= now < self.until
 
     def lifted(self, *, at: datetime, by: str | None = None) -> Mute:
-        """The record that ends this mute at ``at``."""
+        """The record that ends this mute at ``at``, never dated before the mute itself: with
+        the hosts' clocks apart, an earlier lift would lose to the mute it ends."""
+        at = max(at, self.at)
         return replace(self, at=at, until=at, by=by, reason="unmuted")
 
 

@@ -73,9 +73,7 @@ async def _mute(args: argparse.Namespace) -> int:
             if known is None:
                 print(f"group {args.group!r} is not muted; nothing changed")
                 return 0
-            await record_mute(
-                connection, known.lifted(at=max(now, known.at), by=who()), topology=topology
-            )
+            await record_mute(connection, known.lifted(at=now, by=who()), topology=topology)
             print(f"lifted the mute of group {args.group!r}: its arrivals are alerted again")
             return 0
         assert mute is not None
