@@ -74,7 +74,9 @@ async def test_rebalancing_a_lopsided_chain_keeps_waiting_messages_and_their_due
     cluster: RabbitMQCluster, unique: str
 ) -> None:
     topology = DelayTopology(prefix=unique, levels=LEVELS)
-    queue = f"{unique}.work"
+    # The application's queue, not the chain's: named outside the chain's prefix, as the
+    # rebalance pattern ('^<prefix>\.') counts every quorum queue it matches.
+    queue = f"{unique}-work"
     nodes = [node.name for node in cluster.nodes]
     # Declared through node 0 without the policies: node 0 leads every level, as before.
     connection = await aio_pika.connect(cluster.urls[0])
