@@ -42,7 +42,7 @@ CHAIN_WAIT_S = 15
 DELAY_LEVEL = 13  # a 15 s wait enters the chain at level 13 (8192 ms)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("placement", ["one-node", "spread"])
 async def test_killing_the_chain_leader_loses_no_message(
     cluster: RabbitMQCluster, unique: str, placement: str
@@ -107,33 +107,21 @@ async def test_killing_the_chain_leader_loses_no_message(
         # terms lazily, so save them first (the weakness of fresh queues is not under test).
         await asyncio.to_thread(cluster.flush_metadata)
         await asyncio.to_thread(cluster.kill_node, leader)
-        try:
-            await wait_until(
-                lambda: set(ledger.handled) >= ledger.sent,
-                # Leader elections and the chain wait take ~50 s on an idle 2-core machine;
-                # the margin is for a loaded one.
-                timeout=240,
-                what="every message back from the chain after the leader was killed",
-            )
-        except AssertionError as exc:
-            where = await asyncio.to_thread(where_messages_are, cluster, unique)
-            stranded = await asyncio.to_thread(stranded_dead_letters, cluster, topology)
-            if not stranded:
-                raise AssertionError(
-                    f"{exc}; {len(ledger.sent - set(ledger.handled))} missing; queues: {where}"
-                ) from None
+        stranded = await wait_for_return(cluster, topology, ledger, unique)
+        if stranded:
             # RabbitMQ 3.10 before 3.10.20 (rabbitmq-server pull request 7677): a level's
             # dead-letter worker that cannot register with the new leader on a loaded node
             # exits, and the level keeps what it dead-lettered (counted in `messages` only)
             # until the level gets a leader again. Nothing is lost; the operator's remedy,
             # in docs/reliability.md, is to restart the node that leads the level.
+            where = await asyncio.to_thread(where_messages_are, cluster, unique)
             warnings.warn(
                 f"dead-lettered messages stranded after the leader's kill ({where}); "
                 "restarting the nodes that lead those levels",
                 stacklevel=1,
             )
             await asyncio.to_thread(cluster.start_node, leader)
-            await asyncio.wait_for(reconnected.wait(), 60)
+            await asyncio.wait_for(reconnected.wait(), 120)
             for index in sorted(set(stranded.values())):
                 await asyncio.to_thread(cluster.restart_node, index)
             await wait_until(
@@ -169,7 +157,10 @@ async def test_killing_the_chain_leader_loses_no_message(
         ledger.sent |= more
         await publish_ids(await publisher.channel(), queue, sorted(more))
         await wait_until(
-            lambda: set(ledger.handled) >= ledger.sent, timeout=60, what="the second batch"
+            # Each fails once and waits 15 s in the chain, whose leaders just moved.
+            lambda: set(ledger.handled) >= ledger.sent,
+            timeout=180,
+            what="the second batch",
         )
         assert by_consumer[leader] > before, "the reconnected consumer took no work"
         assert ledger.report("cluster-after-rejoin")["lost"] == 0
@@ -189,6 +180,39 @@ async def test_killing_the_chain_leader_loses_no_message(
         await cleanup.close()
         for opened in connections:
             await opened.close()
+
+
+async def wait_for_return(
+    cluster: RabbitMQCluster, topology: DelayTopology, ledger: Ledger, prefix: str
+) -> dict[str, int]:
+    """Wait until every message is handled again after the kill; the stranded levels if some
+    stay in the chain while nothing comes back (empty when all came back).
+
+    Leader elections and the chain wait take ~50 s on an idle 2-core machine. A stall is
+    judged only once the wait is well over (a loaded machine needs the margin), and it fails
+    with where the missing messages are when no level holds them.
+    """
+    loop = asyncio.get_running_loop()
+    started = last_progress = loop.time()
+    handled = 0
+    while not set(ledger.handled) >= ledger.sent:
+        await asyncio.sleep(1)
+        now = loop.time()
+        if len(ledger.handled) != handled:
+            handled, last_progress = len(ledger.handled), now
+        if now - started < CHAIN_WAIT_S + 60 or now - last_progress < 45:
+            continue
+        stranded = await asyncio.to_thread(stranded_dead_letters, cluster, topology)
+        if stranded:
+            return stranded
+        if now - started > 300:
+            where = await asyncio.to_thread(where_messages_are, cluster, prefix)
+            missing = len(ledger.sent - set(ledger.handled))
+            raise AssertionError(
+                f"{missing} messages not back from the chain {now - started:.0f} s after the "
+                f"leader was killed, none stranded in a level; queues: {where}"
+            )
+    return {}
 
 
 def stranded_dead_letters(cluster: RabbitMQCluster, topology: DelayTopology) -> dict[str, int]:
