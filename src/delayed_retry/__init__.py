@@ -24,6 +24,11 @@ from delayed_retry.consumer.retry_state import current_retry_state, retry_state
 from delayed_retry.consumer.router import ConsumerRejected, RetryRouter
 from delayed_retry.delivery.forwarder import Forwarder
 from delayed_retry.delivery.front_door import FrontDoor
+from delayed_retry.delivery.ordered import (
+    declare_ordered_queues,
+    ordered_queue_names,
+    publish_ordered,
+)
 from delayed_retry.delivery.schedule import publish_delayed
 from delayed_retry.errors import (
     ConfigurationError,
@@ -76,6 +81,9 @@ __all__ = [
     "FailureEvent",
     "Outbox",
     "current_outbox",
+    "declare_ordered_queues",
+    "ordered_queue_names",
+    "publish_ordered",
     # retries for consumers in any language
     "RetryRouter",
     "RouterOptions",

@@ -53,6 +53,7 @@ async def consume(
             server_properties=getattr(underlay.connection, "server_properties", None),
         )
     )
+    _check_ordered(queue, handler, arguments)
     bound = handler.for_queue(queue.name)
     if target is not None:
         bound = RetryingHandler(bound.fn, replace(bound.options, dead_letter_queue=target))
@@ -76,4 +77,16 @@ def _check_handler(queue: AbstractQueue, handler: object, *, no_ack: bool) -> No
             f"consume({queue.name!r}, {handler!r}, no_ack=True) is refused: the broker forgets a "
             "no-ack message on delivery, so a failure could not be retried or parked without "
             "losing it; drop no_ack=True"
+        )
+
+
+def _check_ordered(queue: AbstractQueue, handler: RetryingHandler[Any], arguments: object) -> None:
+    """Refuse ``ordered_by`` on a queue known not to be single-active-consumer."""
+    if handler.options.ordered_by is None or not isinstance(arguments, dict):
+        return  # not ordered, or declared passively: its arguments are not known here
+    if not arguments.get("x-single-active-consumer"):
+        raise ConfigurationError(
+            f"queue {queue.name!r} is consumed with ordered_by= but was not declared with "
+            "x-single-active-consumer: two consumers could run one key's messages at once; "
+            "declare it with delayed_retry.declare_ordered_queues"
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import struct
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast
@@ -78,6 +78,10 @@ class FailureHandling:
     publish: Publisher = publish_confirmed
     """What publishes the copies, with confirms: passed in, so whoever builds the handling
     chooses it (one that fails or records shows what a hand-over does when the broker does)."""
+
+    before_retry: Callable[[AbstractIncomingMessage, datetime], Awaitable[None]] | None = None
+    """Awaited before a retry copy leaves, with its due time: an ordered key records that it
+    waits for the message (:mod:`delayed_retry.consumer.ordering`) before the message goes."""
 
     async def redelay(self, message: AbstractIncomingMessage, due_at: datetime) -> None:
         """Send a message that arrived before its due time back for the rest of its wait."""
@@ -201,6 +205,8 @@ class FailureHandling:
             due_at = now + timedelta(seconds=decision.delay)
         except OverflowError:
             return Decision.park("delay-out-of-range")
+        if self.before_retry is not None:
+            await self.before_retry(message, due_at)
         try:
             await send_into_chain(
                 message.channel,

@@ -33,6 +33,7 @@ from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import ack, hand_over
 from delayed_retry.consumer.hold import early_tolerance, hold_until_due
 from delayed_retry.consumer.immediate import pause_before_rerun
+from delayed_retry.consumer.ordering import KeyOrdering, Outcome
 from delayed_retry.consumer.outbox import CURRENT_OUTBOX, Outbox
 from delayed_retry.consumer.put_back import cancel_consumer_of, put_back
 from delayed_retry.consumer.rescue import rescue
@@ -86,6 +87,16 @@ class RetryingHandler(Generic[P]):
         self._guarded = options.crash_guard is not None or self.throttle is not None
         # Built at the first failure, then kept: every failure of this queue uses it.
         self._failure_handling: FailureHandling | None = None
+        self._ordering: KeyOrdering | None = (
+            KeyOrdering(
+                options.ordered_by,
+                queue=options.queue,
+                release_after=options.ordered_release_after,
+                publish_timeout=options.publish_timeout,
+            )
+            if options.ordered_by is not None and options.queue is not None
+            else None
+        )
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", self.fn)
@@ -139,6 +150,7 @@ class RetryingHandler(Generic[P]):
             record_runs=opts.immediate is not None,
             hooks=opts.hooks,
             timing=opts.timing,
+            before_retry=None if self._ordering is None else self._ordering.record_block,
         )
 
     def _queue(self) -> str:
@@ -157,19 +169,30 @@ class RetryingHandler(Generic[P]):
         message is parked, else requeued after a backoff; nothing is lost.
         """
         message = self._message_of(args)
+        if self._ordering is None:
+            await self._handle(message, args[:-1], kwargs)
+        else:  # in its key's order: now, or behind the key's message waiting in the chain
+            run = functools.partial(self._handle, args=args[:-1], kwargs=kwargs)
+            await self._ordering.deliver(message, run)
+
+    async def _handle(
+        self, message: AbstractIncomingMessage, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Outcome:
+        """The preflight, then the attempt; how the delivery ended."""
         queue = self._queue()
         # Read from the headers only when something needs it: the success path parses nothing.
         cell = LazyRetryState(message, queue)
         try:
             if self._needs_preflight(message) and not await self._preflight(message, queue, cell):
-                return
-            await self._attempt(message, queue, cell, args[:-1], kwargs)
+                return "requeued"
+            return await self._attempt(message, queue, cell, args, kwargs)
         except asyncio.CancelledError as exc:
             if _cancelling():
                 raise  # shutting down: the channel closes and the broker redelivers it
             await rescue(message, exc, failures=self._failures(queue), read_state=cell.get)
         except Exception as exc:
             await rescue(message, exc, failures=self._failures(queue), read_state=cell.get)
+        return "requeued"  # or parked as internal-error: an ordered key then waits its release
 
     def _message_of(self, args: tuple[Any, ...]) -> AbstractIncomingMessage:
         """The delivery this call handles: the last positional argument, unsettled."""
@@ -244,7 +267,7 @@ class RetryingHandler(Generic[P]):
         cell: LazyRetryState,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-    ) -> None:
+    ) -> Outcome:
         """Run the handler, again at once while immediate retries allow; then its outcome."""
         opts = self.options
         guarded = GuardedMessage(message)
@@ -269,22 +292,20 @@ class RetryingHandler(Generic[P]):
                     if holding is not None:
                         CURRENT_OUTBOX.reset(holding)
                 if failure is None:
-                    await self._succeeded(message, queue, guarded, scope, outbox)
-                    return
+                    return await self._succeeded(message, queue, guarded, scope, outbox)
                 if self._settled_by_handler(message, guarded, failure, scope):
-                    return
+                    return "done"
                 pause = self._immediate_pause(cell, failure, started, paused)
                 if pause is None:
                     try:
-                        await self._failed(message, queue, guarded, cell, failure, scope)
+                        return await self._failed(message, queue, guarded, cell, failure, scope)
                     finally:
                         # The failure's traceback holds this frame, and this frame the
                         # failure: a cycle per failed message for the collector to find.
                         failure = None
-                    return
                 scope.finish("immediate-retry", delay=pause, exc=failure)
             if not await self._pause_before_rerun(message, queue, cell, failure, pause):
-                return
+                return "requeued"
             paused += pause
             guarded.deferred = None  # the failed run's reject or nack was dropped
             cell.rerun()
@@ -314,7 +335,7 @@ class RetryingHandler(Generic[P]):
         guarded: GuardedMessage,
         scope: AttemptScope,
         outbox: Outbox | None = None,
-    ) -> None:
+    ) -> Outcome:
         """The outcome of a success: ack (after the outbox's publishes), or the reject or nack
         the handler asked for (the outbox's publishes dropped)."""
         opts = self.options
@@ -324,15 +345,19 @@ class RetryingHandler(Generic[P]):
             self.throttle.observe(message, None)
         if guarded.deferred is not None:
             # The handler rejected or nacked without raising: its explicit choice.
+            requeued = guarded.deferred.requeue
             await guarded.send_deferred()
             scope.finish("error", reason="settled-by-handler")
-            return
+            return "requeued" if requeued else "done"
         if outbox is not None and outbox.held:
             await self._release(message, queue, outbox)
+            if not outbox.released:
+                return "requeued"
         elif opts.ack_on_success and not message.processed:
             # Handled: a failed ack means a redelivery (a duplicate), never a park.
             await ack(message, queue)
         scope.finish("success")
+        return "done"
 
     async def _release(self, message: AbstractIncomingMessage, queue: str, outbox: Outbox) -> None:
         """Publish what the handler held, confirmed and in order, then ack: the one hand-over.
@@ -399,7 +424,7 @@ class RetryingHandler(Generic[P]):
         cell: LazyRetryState,
         failure: Exception,
         scope: AttemptScope,
-    ) -> None:
+    ) -> Outcome:
         """The outcome of a failure, immediate retries spent: a retry through the chain, or parking.
 
         A reject or nack the handler asked for on its way out (``message.process()``)
@@ -409,9 +434,11 @@ class RetryingHandler(Generic[P]):
             self.throttle.observe(message, failure)
         state = cell.get()
         decision, failure = self._decide(message, state, failure)
-        guarded.handed_over = await self._failures(queue).failed(
-            message, state, failure, decision, scope
-        )
+        handed_over = await self._failures(queue).failed(message, state, failure, decision, scope)
+        guarded.handed_over = handed_over
+        if handed_over is None:
+            return "requeued"
+        return "retried" if handed_over.action == "retry" else "done"
 
     async def _pause_before_rerun(
         self,

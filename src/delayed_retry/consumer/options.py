@@ -9,10 +9,11 @@ them into settings. How to add one: ``docs/development.md``.
 
 import difflib
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypedDict, get_args, get_origin, get_type_hints
 
+from aio_pika.abc import AbstractIncomingMessage
 from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
@@ -202,6 +203,25 @@ class SubscriberOptions(ChainOptions, total=False):
 
 class HandlerOptions(SubscriberOptions, total=False):
     """The options of :func:`~delayed_retry.with_delayed_retry`."""
+
+    ordered_by: Annotated[
+        Callable[[AbstractIncomingMessage], str | None] | None,
+        Option(
+            None,
+            "a function of the message giving its key: while a message of a key waits in the "
+            "chain for a retry, later messages of that key wait behind it and run in order once "
+            "it succeeds or parks (docs/ordering.md). The queue must be single-active-consumer "
+            "(declare_ordered_queues); None: no order",
+        ),
+    ]
+    ordered_release_after: Annotated[
+        Duration,
+        Option(
+            300.0,
+            "with ordered_by: how long past its due time a key waits for a message that does "
+            "not come back from the chain (purged or discarded) before its key is released",
+        ),
+    ]
 
     queue: Annotated[
         str | None,

@@ -10,9 +10,11 @@ when it is configured: :func:`retry_options` (a consumer's retries) or
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.chain.topology import DelayTopology
@@ -93,6 +95,11 @@ class RetryOptions(ChainSettings):
     outbox: bool
     """Whether the handler's publishes through ``current_outbox()`` are held until it succeeds
     (:mod:`delayed_retry.consumer.outbox`)."""
+    ordered_by: Callable[[AbstractIncomingMessage], str | None] | None = None
+    """The key whose messages run in order across retries (:mod:`delayed_retry.consumer.ordering`);
+    ``None``: no order."""
+    ordered_release_after: float = 300.0
+    """Seconds past its due time an ordered key waits for a message gone from the chain."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,6 +163,7 @@ def retry_options(
     _check_instance("crash_guard", o["crash_guard"], CrashGuard, "CrashGuard(max_crashes=3)")
     if not isinstance(o["outbox"], bool):
         raise ConfigurationError(f"outbox={o['outbox']!r} must be True or False")
+    _check_ordering(o)
     immediate = ImmediateRetries(times=o["immediate_retries"], wait=o["immediate_wait"])
     hooks = FailureHooks(on_retry=o["on_retry"], on_park=o["on_park"])
     settings = chain_settings(
@@ -170,6 +178,10 @@ def retry_options(
         throttle=o["throttle"],
         crash_guard=o["crash_guard"],
         outbox=o["outbox"],
+        ordered_by=o.get("ordered_by"),
+        ordered_release_after=to_seconds(
+            o.get("ordered_release_after", 300.0), name="ordered_release_after"
+        ),
     )
     if queue is not None:
         settings.topology.check_destination(queue)
@@ -205,4 +217,31 @@ def _check_instance(name: str, value: object, kind: type, example: str) -> None:
     if value is not None and not isinstance(value, kind):
         raise ConfigurationError(
             f"{name}={value!r} must be a delayed_retry.{kind.__name__}, e.g. {example}, or None"
+        )
+
+
+def _check_ordering(o: Mapping[str, Any]) -> None:
+    """Refuse ``ordered_by`` that is not a function, or with an option that reorders."""
+    ordered_by = o.get("ordered_by")
+    if ordered_by is None:
+        return
+    if not callable(ordered_by):
+        raise ConfigurationError(
+            f"ordered_by={ordered_by!r} must be a function of the message returning its key "
+            "(a str), e.g. ordered_by=lambda m: m.headers['customer']"
+        )
+    reorders = {
+        "throttle": "puts messages back at the tail of the queue, behind later ones",
+        "crash_guard": "puts a message held while stopping back at the tail of the queue",
+    }
+    for name, why in reorders.items():
+        if o.get(name) is not None:
+            raise ConfigurationError(
+                f"ordered_by= cannot be combined with {name}=: it {why}, out of its key's "
+                f"order; drop one of them"
+            )
+    if o["return_to"] != "queue":
+        raise ConfigurationError(
+            "ordered_by= needs return_to='queue': a retry must come back to the queue whose "
+            "consumer keeps its key waiting"
         )

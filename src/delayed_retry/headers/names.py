@@ -46,6 +46,10 @@ __all__ = [
     "X_THROTTLED_AT",
     "X_EDITED_AT",
     "X_EDITED_BY",
+    "X_ORDER_KEY",
+    "X_ORDER_TOKEN",
+    "X_ORDER_SEQ",
+    "X_ORDER_RECORD",
     "X_EDITED_HEADERS",
     "X_EDITED_OLD_BODY_SHA256",
     "X_DEATH",
@@ -136,6 +140,14 @@ X_EDITED_HEADERS = "x-edited-headers"
 body changed)."""
 X_EDITED_OLD_BODY_SHA256 = "x-edited-old-body-sha256"
 """Present when the edit replaced the body: the SHA-256 (hex) of the body it replaced."""
+X_ORDER_KEY = "x-retry-order-key"
+"""The key a consumer with ``ordered_by=`` keeps in order (on its retries and order records)."""
+X_ORDER_TOKEN = "x-retry-order-token"
+"""What identifies a message of an ordered key across retries: its id, else a digest."""
+X_ORDER_SEQ = "x-retry-order-seq"
+"""A record's place in its partition's order queue (an int, rising)."""
+X_ORDER_RECORD = "x-retry-order-record"
+"""What an order-queue record is: ``block``, ``deferred`` or ``marker``."""
 X_DEATH = "x-death"
 """The broker's dead-letter history (read to count rejections, never re-published)."""
 X_DELIVERY_COUNT = "x-delivery-count"
