@@ -81,6 +81,13 @@ WORKLOADS = (
         summary="CPU per message: success, retry-0hop, retry-1hop beside plain and hand-rolled",
     ),
     Workload(
+        name="ordering",
+        module="ordering",
+        summary="what ordered_by= costs: ordered / unordered consumer (rows: ordered-success, "
+        "ordered-retry)",
+        default=False,
+    ),
+    Workload(
         name="precision",
         module="precision",
         summary="lateness of held and unheld delays at --rates beside a plain consumer",

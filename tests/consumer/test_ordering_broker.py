@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import aio_pika
 import pytest
@@ -11,6 +12,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from delayed_retry import (
     ConfigurationError,
+    RetryingHandler,
     consume,
     current_retry_state,
     declare_ordered_queues,
@@ -35,12 +37,12 @@ class Run:
         self.fails = fails  # body -> how many attempts fail (large: always)
         self.handled: dict[str, list[str]] = defaultdict(list)
 
-    def handler(self, scenario: Scenario, **options: object) -> object:
+    def handler(self, scenario: Scenario, **options: Any) -> RetryingHandler[Any]:
         @with_delayed_retry(
             max_retries=3,
             wait=tenacity.wait_fixed(0.2),
             topology=scenario.topology,
-            **options,  # type: ignore[arg-type]
+            **options,
         )
         async def handle(message: AbstractIncomingMessage) -> None:
             body = message.body.decode()
@@ -128,7 +130,7 @@ async def test_a_new_consumer_takes_the_waiting_keys_over(
     first = Run({"a:0": 1})
     first_handler = with_delayed_retry(
         max_retries=3, wait=tenacity.wait_fixed(3), topology=quorum.topology, ordered_by=key_of
-    )(first.handler(quorum).fn)  # type: ignore[attr-defined]
+    )(first.handler(quorum).fn)
     connection = await start(rabbitmq_url, name, first_handler)
     await send(quorum, name, BODIES)
     await wait_until(lambda: first.count() == 5, what="the b messages handled")
@@ -158,7 +160,7 @@ async def test_a_blocker_gone_from_the_chain_releases_its_key(
         topology=quorum.topology,
         ordered_by=key_of,
         ordered_release_after=1,
-    )(run.handler(quorum).fn)  # type: ignore[attr-defined]
+    )(run.handler(quorum).fn)
     connection = await start(rabbitmq_url, name, handler)
     try:
         await send(quorum, name, ["a:0", "a:1", "a:2"])
@@ -186,7 +188,7 @@ async def test_ordered_by_on_a_queue_without_single_active_consumer_is_refused(
     queue = await quorum.queue("work")
     handler = Run({}).handler(quorum, ordered_by=key_of)
     with pytest.raises(ConfigurationError, match="x-single-active-consumer"):
-        await consume(queue, handler)  # type: ignore[arg-type]
+        await consume(queue, handler)
 
 
 def test_ordered_by_with_a_throttle_is_refused() -> None:

@@ -29,12 +29,12 @@ PARTITIONS = 4
 
 def handlings(files: list[Path]) -> dict[str, list[int]]:
     """Each key's successful handlings in the order they happened, from every process."""
-    lines = []
+    lines: list[tuple[int, str, int]] = []
     for file in files:
         if file.exists():
             for line in file.read_text().splitlines():
-                at, _pid, key, n = line.split()
-                lines.append((int(at), key, int(n)))
+                at, _pid, name, seq = line.split()
+                lines.append((int(at), name, int(seq)))
     by_key: dict[str, list[int]] = defaultdict(list)
     for _at, key, n in sorted(lines):
         by_key[key].append(n)

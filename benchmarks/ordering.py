@@ -1,0 +1,149 @@
+"""Order per key: what ``ordered_by=`` costs, beside the same consumer without it.
+
+Each subject consumes the same persistent 200-byte messages, spread over 50 keys, from
+a fresh single-active-consumer quorum queue (``declare_ordered_queues``), prefetch 100.
+Measured: CPU microseconds per message of the client process and of the broker's Erlang
+VM (the ratio), and messages per second. Subject and baseline are measured interleaved,
+a new order each round, and the medians kept.
+
+* ``ordered-success``: every message succeeds. With ``ordered_by`` each delivery takes
+  its key's lock and looks its key up: no record is written.
+* ``ordered-retry``: one message in ten fails once (retried after 50 ms). With
+  ``ordered_by`` its key writes a block record, the key's later messages are deferred
+  to the order queue and run once it is back; without, they run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+import uuid
+from typing import Any
+
+import aio_pika
+import tenacity
+from aio_pika.abc import AbstractIncomingMessage
+from throughput import BODY, PREFETCH, Sample, broker_cpu_seconds, delete_topology
+from workloads import Row, Suite
+
+from delayed_retry import (
+    DelayTopology,
+    NoInstrumentation,
+    consume,
+    declare_ordered_queues,
+    declare_topology,
+    with_delayed_retry,
+)
+from delayed_retry.consumer.ordering import order_queue_name
+
+KEYS = 50
+
+
+def key_of(message: AbstractIncomingMessage) -> str:
+    return str(message.headers["key"])
+
+
+async def measure(
+    connection: aio_pika.abc.AbstractConnection,
+    topology: DelayTopology,
+    n: int,
+    *,
+    ordered: bool,
+    failing: bool,
+    broker_pid: int | None,
+) -> Sample:
+    """Rate and CPU cost of one subject on a fresh ordered queue of ``n`` messages."""
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=PREFETCH)
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    [queue] = await declare_ordered_queues(channel, name)
+    await declare_topology(channel, topology, queues=[name])
+    for i in range(n):
+        message = aio_pika.Message(
+            BODY, message_id=str(i), headers={"key": f"k{i % KEYS}", "n": i}, delivery_mode=2
+        )
+        await channel.default_exchange.publish(message, routing_key=name)
+    done = asyncio.Event()
+    seen: set[str | None] = set()
+    count = 0
+
+    async def handler(message: AbstractIncomingMessage) -> None:
+        nonlocal count
+        if failing and int(message.headers["n"]) % 10 == 3 and message.message_id not in seen:
+            seen.add(message.message_id)
+            raise RuntimeError("fails once")
+        count += 1
+        if count == n:
+            done.set()
+
+    options: dict[str, Any] = {
+        "topology": topology,
+        "hold": None,
+        "instrumentation": NoInstrumentation(),
+        "wait": tenacity.wait_fixed(0.05),
+    }
+    if ordered:
+        options["ordered_by"] = key_of
+    start, cpu, broker = time.perf_counter(), time.process_time(), broker_cpu_seconds(broker_pid)
+    tag = await consume(queue, with_delayed_retry(**options)(handler))
+    await asyncio.wait_for(done.wait(), timeout=600)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    broker = broker_cpu_seconds(broker_pid) - broker
+    await queue.cancel(tag)
+    for doomed in (name, order_queue_name(name), topology.default_parking_queue(name)):
+        await channel.queue_delete(doomed)
+    await channel.close()
+    return Sample(n / elapsed, cpu / n * 1e6, broker / n * 1e6 if broker_pid else 0.0)
+
+
+async def ordering(suite: Suite) -> list[Row]:
+    """The ``ordering`` workload: the rows ``ordered-success`` and ``ordered-retry``."""
+    args = suite.args
+    n, rounds = args.messages, args.rounds
+    print(f"ordering: {n} messages x {rounds} rounds per subject ...")
+    topology = DelayTopology(prefix=f"bench-{uuid.uuid4().hex[:6]}", levels=16)
+    subjects = [(w, o) for w in ("ordered-success", "ordered-retry") for o in (True, False)]
+    samples: dict[tuple[str, bool], list[Sample]] = {s: [] for s in subjects}
+    connection = await aio_pika.connect(suite.url)
+    async with connection:
+        channel = await connection.channel()
+        await declare_topology(channel, topology)
+        for round_ in range(rounds):
+            order = list(subjects)
+            random.Random(round_).shuffle(order)
+            for workload, ordered in order:
+                samples[(workload, ordered)].append(
+                    await measure(
+                        connection,
+                        topology,
+                        n,
+                        ordered=ordered,
+                        failing=workload == "ordered-retry",
+                        broker_pid=suite.broker_pid,
+                    )
+                )
+        await delete_topology(channel, topology)
+    rows: list[Row] = []
+    for workload in ("ordered-success", "ordered-retry"):
+        subject, base = samples[(workload, True)], samples[(workload, False)]
+
+        def med(values: list[Sample], attr: str) -> float:
+            return statistics.median(getattr(v, attr) for v in values)
+
+        rows.append(
+            {
+                "workload": workload,
+                "subject": "delayed-retry, ordered_by",
+                "baseline": "delayed-retry",
+                "unit": "CPU µs/msg",
+                "value": round(med(subject, "cost_us"), 1),
+                "baseline_value": round(med(base, "cost_us"), 1),
+                "ratio": round(med(base, "cost_us") / med(subject, "cost_us"), 3),
+                "wall_ratio": round(med(subject, "rate") / med(base, "rate"), 3),
+                "rate": round(med(subject, "rate"), 1),
+                "baseline_rate": round(med(base, "rate"), 1),
+            }
+        )
+    return rows
