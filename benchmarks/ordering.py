@@ -92,7 +92,12 @@ async def measure(
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     broker = broker_cpu_seconds(broker_pid) - broker
     await queue.cancel(tag)
-    for doomed in (name, order_queue_name(name), topology.default_parking_queue(name)):
+    for doomed in (
+        name,
+        order_queue_name(name),
+        f"{name}.dead-letter",
+        topology.default_parking_queue(name),
+    ):
         await channel.queue_delete(doomed)
     await channel.close()
     return Sample(n / elapsed, cpu / n * 1e6, broker / n * 1e6 if broker_pid else 0.0)

@@ -60,7 +60,7 @@ class Run:
 
 async def ordered_queue(scenario: Scenario, channel: AbstractChannel | None = None) -> str:
     name = scenario.name("work")
-    scenario.track_queue(name, order_queue_name(name))
+    scenario.track_queue(name, order_queue_name(name), f"{name}.dead-letter")
     await declare_ordered_queues(channel or scenario.ch, name)
     return name
 

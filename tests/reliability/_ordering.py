@@ -114,6 +114,7 @@ async def run_order_scenario(
             queues=[
                 *names,
                 *(order_queue_name(name) for name in names),
+                *(f"{name}.dead-letter" for name in names),
                 *(topology.default_parking_queue(name) for name in names),
             ],
             topology=topology,

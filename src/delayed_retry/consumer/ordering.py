@@ -37,6 +37,7 @@ from aio_pika.message import IncomingMessage
 
 from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.publish import copy_properties, publish_confirmed
+from delayed_retry.chain.topology import DELIVERY_LIMIT
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.headers.names import (
     X_DUE_AT,
@@ -59,8 +60,13 @@ retry, or back in its queue (it will be delivered again)."""
 Record = aiormq.abc.DeliveredMessage
 Run = Callable[[AbstractIncomingMessage], Awaitable[Outcome]]
 
-ORDER_QUEUE_ARGUMENTS: dict[str, Any] = {"x-queue-type": "quorum", "x-single-active-consumer": True}
-"""The order queue's arguments: replicated, and read by one consumer at a time."""
+ORDER_QUEUE_ARGUMENTS: dict[str, Any] = {
+    "x-queue-type": "quorum",
+    "x-single-active-consumer": True,
+    "x-delivery-limit": DELIVERY_LIMIT,
+}
+"""The order queue's arguments: replicated, read by one consumer at a time, and every record
+given back at each takeover kept (no delivery limit a return could reach)."""
 
 _MARKER = "marker"
 _BLOCK = "block"

@@ -21,14 +21,10 @@ from aio_pika.abc import AbstractChannel, AbstractQueue
 from delayed_retry.consumer.ordering import ORDER_QUEUE_ARGUMENTS, order_queue_name
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers.names import X_ORDER_KEY
+from delayed_retry.rabbitmq.work_queues import work_queue_arguments
 from delayed_retry.recovery.ordering import partition_for
 
 __all__ = ["declare_ordered_queues", "ordered_queue_names", "publish_ordered"]
-
-ORDERED_QUEUE_ARGUMENTS: Mapping[str, Any] = {
-    "x-queue-type": "quorum",
-    "x-single-active-consumer": True,
-}
 
 
 def ordered_queue_names(queue: str, partitions: int = 1) -> list[str]:
@@ -47,17 +43,18 @@ async def declare_ordered_queues(
     partitions: int = 1,
     arguments: Mapping[str, Any] | None = None,
 ) -> list[AbstractQueue]:
-    """Declare ``queue``'s partitions (quorum, single active consumer) and their order queues.
+    """Declare ``queue``'s partitions and their order queues.
 
-    ``arguments`` are added to each partition's (a delivery limit, say). Returns the
-    partitions, to consume each with :func:`~delayed_retry.consume`.
+    Each partition is a work queue (:func:`~delayed_retry.work_queue_arguments`: quorum,
+    a delivery limit whose excess goes to ``<partition>.dead-letter``) with a single active
+    consumer; ``arguments`` are added to each partition's. Returns the partitions, to
+    consume each with :func:`~delayed_retry.consume`.
     """
     declared = []
     for name in ordered_queue_names(queue, partitions):
+        own = {**work_queue_arguments(name), "x-single-active-consumer": True}
         declared.append(
-            await channel.declare_queue(
-                name, durable=True, arguments={**ORDERED_QUEUE_ARGUMENTS, **(arguments or {})}
-            )
+            await channel.declare_queue(name, durable=True, arguments={**own, **(arguments or {})})
         )
         await channel.declare_queue(
             order_queue_name(name), durable=True, arguments=ORDER_QUEUE_ARGUMENTS
