@@ -52,6 +52,7 @@ from delayed_retry.parking.shortcuts import ParkedMessage, ReplayResult, peek_pa
 from delayed_retry.rabbitmq.work_queues import WORK_QUEUE_DELIVERY_LIMIT, work_queue_arguments
 from delayed_retry.recovery.crash_guard import CrashGuard
 from delayed_retry.recovery.hold import DEFAULT_HOLD, Hold
+from delayed_retry.recovery.ordering import partition_for
 from delayed_retry.recovery.policy import DEFAULT_MAX_RETRIES, DEFAULT_WAIT, RetryPolicy
 from delayed_retry.recovery.throttle import Throttle
 
@@ -84,6 +85,7 @@ __all__ = [
     "declare_ordered_queues",
     "ordered_queue_names",
     "publish_ordered",
+    "partition_for",
     # retries for consumers in any language
     "RetryRouter",
     "RouterOptions",
