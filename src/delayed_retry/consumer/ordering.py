@@ -38,6 +38,7 @@ from aio_pika.message import IncomingMessage
 from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.publish import copy_properties, publish_confirmed
 from delayed_retry.chain.topology import DELIVERY_LIMIT
+from delayed_retry.consumer.handover import RequeueBackoff, requeue_after_backoff
 from delayed_retry.durations import to_epoch_ms
 from delayed_retry.headers.names import (
     X_DUE_AT,
@@ -96,6 +97,7 @@ class KeyOrdering:
         self.queue = queue
         self.release_after = release_after
         self.publish_timeout = publish_timeout
+        self._backoff = RequeueBackoff()
         self.partitions: weakref.WeakKeyDictionary[object, _Partition] = weakref.WeakKeyDictionary()
 
     def key_of(self, message: AbstractIncomingMessage) -> str | None:
@@ -137,16 +139,50 @@ class KeyOrdering:
             message.message_id, message.body, headers
         )
         headers[X_ORDER_KEY], headers[X_ORDER_TOKEN] = key, token  # retry copies carry both
-        await partition.ready()
-        async with partition.locks.hold(key):
-            if partition.book.must_wait(key, token):
-                await partition.defer(message, key, token)
+        if not partition.loaded:
+            try:
+                await partition.ready()
+            except Exception as exc:  # refused or cut off: the next delivery tries again
+                partition.lose()
+                await self._give_back(message, exc)
                 return
-            if await run(message) != "done":
-                return  # in the chain (its key waits for it), or back in the queue
-            block = partition.book.unblock(key, token)
-            if block is not None:
-                await partition.released(block)
+        locks = partition.locks
+        lock = locks.take(key)  # no await before it: deliveries take their key in order
+        try:
+            async with lock:
+                await self._in_turn(partition, message, key, token, run)
+        finally:
+            locks.give_back(key)
+
+    async def _in_turn(
+        self,
+        partition: _Partition,
+        message: AbstractIncomingMessage,
+        key: str,
+        token: str,
+        run: Run,
+    ) -> None:
+        """With ``key``'s lock: defer ``message``, or run it and release its key after."""
+        if partition.book.must_wait(key, token):
+            try:
+                await partition.defer(message, key, token)
+            except Exception as exc:  # not kept: back to its queue, in turn (the lock is held)
+                await self._give_back(message, exc)
+            return
+        if await run(message) != "done":
+            return  # in the chain (its key waits for it), or back in the queue
+        block = partition.book.unblock(key, token)
+        if block is not None:
+            await partition.released(block)
+
+    async def _give_back(self, message: AbstractIncomingMessage, exc: Exception) -> None:
+        """Requeue ``message`` after a pause that grows with each in a row (never lost)."""
+        if not message.processed:
+            await requeue_after_backoff(message, self.queue, exc, self._backoff)
+
+    def loaded(self) -> None:
+        """A partition was read back: the requeues in a row end."""
+        self._backoff.reset()
 
     async def record_block(self, message: AbstractIncomingMessage, due_at: datetime) -> None:
         """Before ``message`` leaves for the chain: its key waits for it (written first)."""
@@ -174,6 +210,11 @@ class _Partition:
         self._arrivals: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the records are read back (checked on every delivery, no await)."""
+        return self._loading is not None and self._loading.done() and not self._loading.cancelled()
+
     async def ready(self) -> None:
         """Wait until the partition's records are read back (at once once they are)."""
         if self._loading is None:
@@ -185,8 +226,8 @@ class _Partition:
         connection = self.consumer.connection
         channel = await connection.channel(publisher_confirms=True)
         self._channel = channel
-        channel.closing.add_done_callback(lambda _: self._lose())
-        self.consumer.closing.add_done_callback(lambda _: self._lose())
+        channel.closing.add_done_callback(lambda _: self.lose())
+        self.consumer.closing.add_done_callback(lambda _: self.lose())
         self.owner.partitions[channel] = self  # its deliveries' retries block their keys here
         await channel.queue_declare(
             self.order_queue, durable=True, arguments=dict(ORDER_QUEUE_ARGUMENTS)
@@ -209,9 +250,10 @@ class _Partition:
                 )
         for key in list(self.book.ready_keys()):
             self._spawn(self._drain(key))
+        self.owner.loaded()
         self._spawn(self._sweep())
 
-    def _lose(self) -> None:
+    def lose(self) -> None:
         """The order channel or the consumer's channel closed: everything is read again."""
         if self.lost:
             return
@@ -223,6 +265,7 @@ class _Partition:
         for arrival in self._arrivals.values():
             if not arrival.done():
                 arrival.set_exception(ConnectionError(f"{self.order_queue!r}: channel closed"))
+                arrival.add_done_callback(_retrieved)  # its delivery may be gone already
 
     def _on_record(self, record: Record) -> None:
         """A record of the order queue: the marker, a block or a deferred message."""
@@ -387,22 +430,38 @@ class _KeyLocks:
     def __contains__(self, key: str) -> bool:
         return key in self._locks
 
+    def take(self, key: str) -> asyncio.Lock:
+        """``key``'s lock, counted as used until :meth:`give_back`."""
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+        return lock
+
+    def give_back(self, key: str) -> None:
+        """One use of ``key``'s lock ended; the lock is dropped when none is left."""
+        lock, users = self._locks[key]
+        if users == 1:
+            del self._locks[key]
+        else:
+            self._locks[key] = (lock, users - 1)
+
     @contextlib.asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
-        self._locks[key] = (lock, users + 1)
+        """Hold ``key``'s lock for the block (for the rare paths: drains, releases)."""
+        lock = self.take(key)
         try:
             async with lock:
                 yield
         finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
+            self.give_back(key)
 
 
 def _text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode()
     return value if isinstance(value, str) else ""
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """Mark ``future``'s exception as seen: nobody may be left to await it."""
+    if not future.cancelled():
+        future.exception()
