@@ -69,6 +69,15 @@ ORDER_QUEUE_ARGUMENTS: dict[str, Any] = {
 """The order queue's arguments: replicated, read by one consumer at a time, and every record
 given back at each takeover kept (no delivery limit a return could reach)."""
 
+HELD_LIMIT = 50_000
+"""Records a consumer holds per partition at most. A message of a waiting key that arrives
+beyond it goes back to its queue after a pause (it comes back in turn): memory stays bounded,
+and the broker never stops delivering records (a quorum queue caps a consumer's unacked
+messages at its prefetch: :data:`_ORDER_PREFETCH`, above this limit)."""
+
+_ORDER_PREFETCH = 65_535  # the largest prefetch AMQP can say; 0 means 2,000 on a quorum queue
+_ARRIVAL_TIMEOUT = 60.0  # a record confirmed but not delivered back: given back, tried again
+
 _MARKER = "marker"
 _BLOCK = "block"
 _DEFERRED = "deferred"
@@ -232,7 +241,7 @@ class _Partition:
         await channel.queue_declare(
             self.order_queue, durable=True, arguments=dict(ORDER_QUEUE_ARGUMENTS)
         )
-        await channel.basic_qos(prefetch_count=0)
+        await channel.basic_qos(prefetch_count=_ORDER_PREFETCH)
         marked = self._arrival(_MARKER, self._marker)
         await channel.basic_consume(self.order_queue, self._on_record)
         await self._publish(headers={X_ORDER_RECORD: _MARKER, X_ORDER_TOKEN: self._marker})
@@ -267,7 +276,7 @@ class _Partition:
                 arrival.set_exception(ConnectionError(f"{self.order_queue!r}: channel closed"))
                 arrival.add_done_callback(_retrieved)  # its delivery may be gone already
 
-    def _on_record(self, record: Record) -> None:
+    async def _on_record(self, record: Record) -> None:
         """A record of the order queue: the marker, a block or a deferred message."""
         headers = record.header.properties.headers or {}
         kind, token = _text(headers.get(X_ORDER_RECORD)), _text(headers.get(X_ORDER_TOKEN))
@@ -298,12 +307,18 @@ class _Partition:
         """Keep ``message`` behind ``key`` in the order queue (confirmed, read back), then ack
         it. A redelivery of one already kept is only acked."""
         if not self.book.is_deferred(key, token):
+            if self.book.held() >= HELD_LIMIT:
+                raise OrderQueueFullError(
+                    f"{self.order_queue!r} holds {HELD_LIMIT} records: message "
+                    f"{message.message_id} of waiting key {key!r} goes back to its queue until "
+                    "the keys ahead of it are released"
+                )
             seq = self.book.next_seq()
             headers = sanitize_headers(message.headers)
             headers.update({X_ORDER_RECORD: _DEFERRED, X_ORDER_SEQ: seq})
             arrived = self._arrival(_DEFERRED, token)
             await self._publish(headers=headers, body=message.body, like=message)
-            await arrived
+            await asyncio.wait_for(arrived, _ARRIVAL_TIMEOUT)
         await message.ack()
 
     async def record_block(self, key: str, token: str, due_at: datetime) -> None:
@@ -321,7 +336,7 @@ class _Partition:
                 X_DUE_AT: to_epoch_ms(due_at),
             }
         )
-        await arrived
+        await asyncio.wait_for(arrived, _ARRIVAL_TIMEOUT)
 
     async def released(self, block: Block[Record]) -> None:
         """``block``'s message ran for good (or is gone): ack the block, run what waited
@@ -419,6 +434,10 @@ class _Partition:
     def _spawn_detached(self, work: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(work)
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+class OrderQueueFullError(Exception):
+    """A partition holds :data:`HELD_LIMIT` records: the message is given back for now."""
 
 
 class _KeyLocks:

@@ -140,6 +140,10 @@ class OrderBook(Generic[R]):
         """Keys with messages waiting and no blocker: what a takeover or a release runs."""
         return (key for key in list(self.deferred) if key not in self.blocks)
 
+    def held(self) -> int:
+        """Records held: the blocks and the messages waiting behind them."""
+        return len(self.blocks) + self.waiting()
+
     def waiting(self) -> int:
         """Messages waiting behind a blocked key, in all."""
         return sum(len(waiting) for waiting in self.deferred.values())
