@@ -67,16 +67,15 @@ async def measure(
         await channel.default_exchange.publish(message, routing_key=name)
     done = asyncio.Event()
     seen: set[str | None] = set()
-    count = 0
+    handled: set[int] = set()
 
     async def handler(message: AbstractIncomingMessage) -> None:
-        nonlocal count
-        n = int(message.headers["n"])  # one in ten of each key's messages fails once
-        if failing and (n // KEYS) % 10 == 3 and message.message_id not in seen:
+        i = int(message.headers["n"])  # one in ten of each key's messages fails once
+        if failing and (i // KEYS) % 10 == 3 and message.message_id not in seen:
             seen.add(message.message_id)
             raise RuntimeError("fails once")
-        count += 1
-        if count == n:
+        handled.add(i)
+        if len(handled) == n:
             done.set()
 
     options: dict[str, Any] = {
@@ -89,7 +88,14 @@ async def measure(
         options["ordered_by"] = key_of
     start, cpu, broker = time.perf_counter(), time.process_time(), broker_cpu_seconds(broker_pid)
     tag = await consume(queue, with_delayed_retry(**options)(handler))
-    await asyncio.wait_for(done.wait(), timeout=600)
+    try:
+        await asyncio.wait_for(done.wait(), timeout=120)
+    except TimeoutError:
+        missing = sorted(set(range(n)) - handled)
+        raise RuntimeError(
+            f"{len(missing)} of {n} messages not handled in 120 s (ordered={ordered}, "
+            f"failing={failing}), first {missing[:10]} on queue {name!r}"
+        ) from None
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     broker = broker_cpu_seconds(broker_pid) - broker
     await queue.cancel(tag)

@@ -253,3 +253,24 @@ async def test_a_partition_holding_its_limit_gives_messages_back_none_lost(
         assert "holds 3 records" in caplog.text
     finally:
         await connection.close()
+
+
+async def test_more_messages_wait_behind_a_key_than_a_quorum_queue_gives_by_default(
+    quorum: Scenario, rabbitmq_url: str
+) -> None:
+    # A quorum queue gives a consumer without a prefetch 2,000 unacked messages at most:
+    # the order queue's records past that must still arrive, or the consumer waits for ever.
+    name = await ordered_queue(quorum)
+    quorum.track_queue(quorum.topology.default_parking_queue(name))
+    bodies = [f"a:{n}" for n in range(2_300)]
+    run = Run({"a:0": 1})
+    handler = with_delayed_retry(
+        max_retries=3, wait=tenacity.wait_fixed(5), topology=quorum.topology, ordered_by=key_of
+    )(run.handler(quorum).fn)
+    await send(quorum, name, bodies)  # all in the queue before a:0 fails and comes back
+    connection = await start(rabbitmq_url, name, handler)
+    try:
+        await wait_until(lambda: run.count() == len(bodies), timeout=120, what="all 2,300 handled")
+        assert run.handled["a"] == bodies
+    finally:
+        await connection.close()
