@@ -16,8 +16,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from types import TracebackType
-from typing import Self
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
@@ -36,13 +34,14 @@ from delayed_retry.amqp.declarer import declare_topology
 from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.durations import Duration, to_seconds, utcnow
 from delayed_retry.errors import ConfigurationError, NotFoundError
+from delayed_retry.lifecycle import Lifecycle
 
 __all__ = ["ParkingAlerts"]
 
 log = logging.getLogger(__name__)
 
 
-class ParkingAlerts:
+class ParkingAlerts(Lifecycle):
     """Tells people when messages are parked, one alert per window of arrivals.
 
     Run one per system (several are safe: each alert copy goes to one of
@@ -282,15 +281,3 @@ class ParkingAlerts:
             if self._channel is not None and not self._channel.is_closed:
                 await self._channel.close()
             self._channel = self._queue = self._consumer = None
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()

@@ -19,8 +19,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Self
 
 import aiormq
 import aiormq.abc
@@ -28,6 +26,7 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.durations import Duration, to_seconds
+from delayed_retry.lifecycle import Lifecycle
 from delayed_retry.observability.metrics import meter_for
 from delayed_retry.observability.spans import MESSAGING_DESTINATION_NAME
 from delayed_retry.rabbitmq.urls import redact_url
@@ -52,7 +51,7 @@ class DepthReading:
     parked: dict[str, int] = field(default_factory=dict)
 
 
-class ChainMonitor:
+class ChainMonitor(Lifecycle):
     """Publishes the depths of the delay chain and of parking queues as OpenTelemetry gauges.
 
     Use it in one process per system (an operations sidecar, the alerting
@@ -207,15 +206,3 @@ class ChainMonitor:
         if connection is not None and not connection.is_closed:
             with contextlib.suppress(Exception):
                 await connection.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
