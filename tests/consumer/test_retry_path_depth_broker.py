@@ -33,6 +33,7 @@ pytestmark = pytest.mark.broker
 
 RETRY_STEPS = [
     "consumer.handler:__call__",
+    "consumer.handler:_handle",
     "consumer.handler:_attempt",
     "consumer.handler:_failed",
     "consumer.failures:failed",

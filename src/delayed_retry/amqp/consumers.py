@@ -200,9 +200,9 @@ async def consume_to_scan(
     """Consume ``queue`` on a scan's own channel, acks by hand; return the consumer tag.
 
     For a read that ends with its channel (an operator's scan of the delay
-    levels): deliberately not restored after a reconnect, since what a lost
-    channel held goes back to the queue and the scan fails rather than go on
-    with half a view.
+    levels, the records of an ordered partition): deliberately not restored
+    after a reconnect, since what a lost channel held goes back to the queue
+    and the reader starts again rather than go on with half a view.
     """
     ok = await channel.basic_consume(queue, callback, no_ack=False)
     if ok.consumer_tag is None:

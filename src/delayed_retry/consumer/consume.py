@@ -82,7 +82,7 @@ def _check_handler(queue: AbstractQueue, handler: object, *, no_ack: bool) -> No
 
 def _check_ordered(queue: AbstractQueue, handler: RetryingHandler[Any], arguments: object) -> None:
     """Refuse ``ordered_by`` on a queue known not to be single-active-consumer."""
-    if handler.options.ordered_by is None or not isinstance(arguments, dict):
+    if handler.options.ordering is None or not isinstance(arguments, dict):
         return  # not ordered, or declared passively: its arguments are not known here
     if not arguments.get("x-single-active-consumer"):
         raise ConfigurationError(

@@ -87,15 +87,16 @@ class RetryingHandler(Generic[P]):
         self._guarded = options.crash_guard is not None or self.throttle is not None
         # Built at the first failure, then kept: every failure of this queue uses it.
         self._failure_handling: FailureHandling | None = None
+        ordering = options.ordering
         self._ordering: KeyOrdering | None = (
-            KeyOrdering(
-                options.ordered_by,
+            None
+            if ordering is None or options.queue is None
+            else KeyOrdering(
+                ordering.ordered_by,
                 queue=options.queue,
-                release_after=options.ordered_release_after,
+                release_after=ordering.release_after,
                 publish_timeout=options.publish_timeout,
             )
-            if options.ordered_by is not None and options.queue is not None
-            else None
         )
 
     def __repr__(self) -> str:

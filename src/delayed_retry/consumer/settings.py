@@ -95,11 +95,17 @@ class RetryOptions(ChainSettings):
     outbox: bool
     """Whether the handler's publishes through ``current_outbox()`` are held until it succeeds
     (:mod:`delayed_retry.consumer.outbox`)."""
-    ordered_by: Callable[[AbstractIncomingMessage], str | None] | None = None
-    """The key whose messages run in order across retries (:mod:`delayed_retry.consumer.ordering`);
-    ``None``: no order."""
-    ordered_release_after: float = 300.0
-    """Seconds past its due time an ordered key waits for a message gone from the chain."""
+    ordering: Ordering | None = None
+    """Order per key across retries (:mod:`delayed_retry.consumer.ordering`); ``None``: none."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ordering:
+    """What ``ordered_by=`` runs with: the key of a message, and how long past its due time a
+    key waits for a message that does not come back from the chain."""
+
+    ordered_by: Callable[[AbstractIncomingMessage], str | None]
+    release_after: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,7 +169,6 @@ def retry_options(
     _check_instance("crash_guard", o["crash_guard"], CrashGuard, "CrashGuard(max_crashes=3)")
     if not isinstance(o["outbox"], bool):
         raise ConfigurationError(f"outbox={o['outbox']!r} must be True or False")
-    _check_ordering(o)
     immediate = ImmediateRetries(times=o["immediate_retries"], wait=o["immediate_wait"])
     hooks = FailureHooks(on_retry=o["on_retry"], on_park=o["on_park"])
     settings = chain_settings(
@@ -178,10 +183,7 @@ def retry_options(
         throttle=o["throttle"],
         crash_guard=o["crash_guard"],
         outbox=o["outbox"],
-        ordered_by=o.get("ordered_by"),
-        ordered_release_after=to_seconds(
-            o.get("ordered_release_after", 300.0), name="ordered_release_after"
-        ),
+        ordering=_ordering(o),
     )
     if queue is not None:
         settings.topology.check_destination(queue)
@@ -220,15 +222,29 @@ def _check_instance(name: str, value: object, kind: type, example: str) -> None:
         )
 
 
-def _check_ordering(o: Mapping[str, Any]) -> None:
-    """Refuse ``ordered_by`` that is not a function, or with an option that reorders."""
+def _ordering(o: Mapping[str, Any]) -> Ordering | None:
+    """The :class:`Ordering` of ``ordered_by=``, checked; ``None`` without it."""
     ordered_by = o.get("ordered_by")
     if ordered_by is None:
-        return
+        return None
+    _check_ordering(o)
+    release_after = to_seconds(o["ordered_release_after"], name="ordered_release_after")
+    return Ordering(ordered_by=ordered_by, release_after=release_after or 0.0)
+
+
+def _check_ordering(o: Mapping[str, Any]) -> None:
+    """Refuse ``ordered_by`` that is not a function, or with an option that reorders."""
+    ordered_by = o["ordered_by"]
     if not callable(ordered_by):
         raise ConfigurationError(
             f"ordered_by={ordered_by!r} must be a function of the message returning its key "
             "(a str), e.g. ordered_by=lambda m: m.headers['customer']"
+        )
+    release_after = to_seconds(o["ordered_release_after"], name="ordered_release_after")
+    if not release_after or release_after < 1:
+        raise ConfigurationError(
+            f"ordered_release_after={release_after!r} must be at least 1 second: it is how long "
+            "past its due time a key waits for a message that does not come back"
         )
     reorders = {
         "throttle": "puts messages back at the tail of the queue, behind later ones",

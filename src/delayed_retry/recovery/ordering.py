@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from delayed_retry.headers.names import is_broker_header
+
 __all__ = ["Block", "Deferred", "OrderBook", "order_token", "partition_for"]
 
 R = TypeVar("R")
@@ -36,24 +38,31 @@ def partition_for(key: str, partitions: int) -> int:
 
 def order_token(message_id: str | None, body: bytes, headers: Mapping[str, object]) -> str:
     """What identifies a message across its retries and redeliveries: its ``message_id``,
-    else a digest of its body and headers (two identical messages of one key are one)."""
+    else a digest of its body and its own headers (not the broker's, which a redelivery
+    changes). Two messages of one key alike in all of these are taken for one: give
+    messages a ``message_id``."""
     if message_id:
         return f"id:{message_id}"
     digest = hashlib.sha256(body)
     for name in sorted(headers):
-        digest.update(f"\0{name}={headers[name]!r}".encode())
+        if not is_broker_header(name.lower()):
+            digest.update(f"\0{name}={headers[name]!r}".encode())
     return f"sha256:{digest.hexdigest()[:32]}"
 
 
 @dataclass(frozen=True)
 class Block(Generic[R]):
-    """Key ``key`` waits for the message with ``token``, due back from the chain at ``due_ms``."""
+    """Key ``key`` waits for the message with ``token``, due back at ``due_ms``.
+
+    ``record`` is ``None`` for a wait kept in memory only: a message gone back to its queue
+    (it is delivered again), which a crash would deliver again anyway.
+    """
 
     key: str
     token: str
     due_ms: int
     seq: int
-    record: R
+    record: R | None
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,7 @@ class OrderBook(Generic[R]):
     blocks: dict[str, Block[R]] = field(default_factory=dict)
     deferred: dict[str, list[Deferred[R]]] = field(default_factory=dict)
     last_seq: int = 0
+    _waiting: int = 0
 
     def next_seq(self) -> int:
         """A sequence number above every record of the partition."""
@@ -111,24 +121,40 @@ class OrderBook(Generic[R]):
             return None
         return self.blocks.pop(key)
 
-    def defer(self, deferred: Deferred[R]) -> None:
-        """Keep ``deferred`` behind its key, in sequence order."""
+    def defer(self, deferred: Deferred[R]) -> list[Deferred[R]]:
+        """Keep ``deferred`` behind its key, in sequence order; the entries it replaces (to
+        ack): a fresh copy of a record replaces the one held (same token and sequence)."""
         self.last_seq = max(self.last_seq, deferred.seq)
         waiting = self.deferred.setdefault(deferred.key, [])
+        for index, held in enumerate(waiting):
+            if held.token == deferred.token and held.seq == deferred.seq:
+                waiting[index] = deferred
+                return [held]
         bisect.insort(waiting, deferred, key=lambda d: d.seq)
+        self._waiting += 1
+        return []
+
+    def find(self, key: str, token: str, seq: int) -> Deferred[R] | None:
+        """The waiting entry of ``key`` with ``token`` and ``seq``, if it still waits."""
+        return next(
+            (d for d in self.deferred.get(key, ()) if d.token == token and d.seq == seq), None
+        )
 
     def next_deferred(self, key: str) -> Deferred[R] | None:
-        """The earliest message waiting behind ``key``, if its key is not blocked."""
-        if key in self.blocks:
-            return None
+        """The earliest message waiting behind ``key``: if its key is not blocked, or is
+        blocked by that very message (gone back to the order queue, and now back)."""
         waiting = self.deferred.get(key)
-        return waiting[0] if waiting else None
+        if not waiting:
+            return None
+        block = self.blocks.get(key)
+        return waiting[0] if block is None or block.token == waiting[0].token else None
 
     def done(self, deferred: Deferred[R]) -> None:
         """``deferred`` ran (or left): it no longer waits."""
         waiting = self.deferred.get(deferred.key, [])
         if deferred in waiting:
             waiting.remove(deferred)
+            self._waiting -= 1
         if not waiting:
             self.deferred.pop(deferred.key, None)
 
@@ -142,8 +168,14 @@ class OrderBook(Generic[R]):
 
     def held(self) -> int:
         """Records held: the blocks and the messages waiting behind them."""
-        return len(self.blocks) + self.waiting()
+        return len(self.blocks) + self._waiting
 
     def waiting(self) -> int:
         """Messages waiting behind a blocked key, in all."""
-        return sum(len(waiting) for waiting in self.deferred.values())
+        return self._waiting
+
+    def records(self) -> Iterator[Block[R] | Deferred[R]]:
+        """Every block and waiting message held with a record of the broker's."""
+        yield from (block for block in self.blocks.values() if block.record is not None)
+        for waiting in self.deferred.values():
+            yield from waiting
