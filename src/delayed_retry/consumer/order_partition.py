@@ -247,8 +247,8 @@ class Partition:
             return
         for replaced in self.book.defer(Deferred(key, token, seq, record)):
             self._ack(replaced.record)
-        if self.loaded:
-            self._spawn(self._drain(key))  # runs it in turn (nothing while its key waits)
+        if self.loaded and self.book.next_deferred(key) is not None:
+            self._spawn(self._drain(key))  # back from a requeue, or its key released: its turn
 
     async def defer(self, message: AbstractIncomingMessage, key: str, token: str) -> None:
         """Keep ``message`` behind ``key`` in the order queue (confirmed, read back), then ack
