@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import statistics
 import time
 import uuid
 from typing import Any
@@ -25,7 +24,15 @@ from typing import Any
 import aio_pika
 import tenacity
 from aio_pika.abc import AbstractIncomingMessage
-from throughput import BODY, PREFETCH, Sample, broker_cpu_seconds, delete_topology
+from throughput import (
+    BODY,
+    PREFETCH,
+    Pair,
+    Sample,
+    broker_cpu_seconds,
+    delete_topology,
+    pair_row,
+)
 from workloads import Row, Suite
 
 from delayed_retry import (
@@ -139,30 +146,6 @@ async def ordering(suite: Suite) -> list[Row]:
         await delete_topology(channel, topology)
     rows: list[Row] = []
     for workload in ("ordered-success", "ordered-retry"):
-        subject, base = samples[(workload, True)], samples[(workload, False)]
-
-        def med(values: list[Sample], attr: str) -> float:
-            return statistics.median(getattr(v, attr) for v in values)
-
-        rows.append(
-            {
-                "workload": workload,
-                "subject": "delayed-retry, ordered_by",
-                "baseline": "delayed-retry",
-                "unit": "CPU µs/msg",
-                "value": round(med(subject, "cost_us"), 1),
-                "baseline_value": round(med(base, "cost_us"), 1),
-                "ratio": round(med(base, "cost_us") / med(subject, "cost_us"), 3),
-                "wall_ratio": round(med(subject, "rate") / med(base, "rate"), 3),
-                "client_ratio": round(med(base, "client_us") / med(subject, "client_us"), 3),
-                "rate": round(med(subject, "rate"), 1),
-                "baseline_rate": round(med(base, "rate"), 1),
-                "client_us": round(med(subject, "client_us"), 1),
-                "baseline_client_us": round(med(base, "client_us"), 1),
-                "broker_us": round(med(subject, "broker_us"), 1),
-                "baseline_broker_us": round(med(base, "broker_us"), 1),
-                "samples": [vars(v) for v in subject],
-                "baseline_samples": [vars(v) for v in base],
-            }
-        )
+        pair = Pair(workload, "delayed-retry, ordered_by", "delayed-retry")
+        rows.append(pair_row(pair, samples[(workload, True)], samples[(workload, False)]))
     return rows

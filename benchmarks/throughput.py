@@ -313,32 +313,35 @@ async def run(
     for pair in PAIRS:
         subject = samples[(pair.workload, pair.subject)]
         base = samples[(pair.workload, pair.baseline)]
-
-        def med(values: list[Sample], attr: str) -> float:
-            return statistics.median(getattr(v, attr) for v in values)
-
-        rows.append(
-            {
-                "workload": pair.workload,
-                "subject": pair.subject,
-                "baseline": pair.baseline,
-                "unit": "CPU µs/msg",
-                "value": round(med(subject, "cost_us"), 1),
-                "baseline_value": round(med(base, "cost_us"), 1),
-                "ratio": round(med(base, "cost_us") / med(subject, "cost_us"), 3),
-                "wall_ratio": round(med(subject, "rate") / med(base, "rate"), 3),
-                "client_ratio": round(med(base, "client_us") / med(subject, "client_us"), 3),
-                "rate": round(med(subject, "rate"), 1),
-                "baseline_rate": round(med(base, "rate"), 1),
-                "client_us": round(med(subject, "client_us"), 1),
-                "baseline_client_us": round(med(base, "client_us"), 1),
-                "broker_us": round(med(subject, "broker_us"), 1),
-                "baseline_broker_us": round(med(base, "broker_us"), 1),
-                "samples": [vars(v) for v in subject],
-                "baseline_samples": [vars(v) for v in base],
-            }
-        )
+        rows.append(pair_row(pair, subject, base))
     return rows
+
+
+def pair_row(pair: Pair, subject: list[Sample], base: list[Sample]) -> dict[str, Any]:
+    """One pair's row: the medians of its samples, and the ratios baseline / subject (CPU)."""
+
+    def med(values: list[Sample], attr: str) -> float:
+        return statistics.median(getattr(v, attr) for v in values)
+
+    return {
+        "workload": pair.workload,
+        "subject": pair.subject,
+        "baseline": pair.baseline,
+        "unit": "CPU µs/msg",
+        "value": round(med(subject, "cost_us"), 1),
+        "baseline_value": round(med(base, "cost_us"), 1),
+        "ratio": round(med(base, "cost_us") / med(subject, "cost_us"), 3),
+        "wall_ratio": round(med(subject, "rate") / med(base, "rate"), 3),
+        "client_ratio": round(med(base, "client_us") / med(subject, "client_us"), 3),
+        "rate": round(med(subject, "rate"), 1),
+        "baseline_rate": round(med(base, "rate"), 1),
+        "client_us": round(med(subject, "client_us"), 1),
+        "baseline_client_us": round(med(base, "client_us"), 1),
+        "broker_us": round(med(subject, "broker_us"), 1),
+        "baseline_broker_us": round(med(base, "broker_us"), 1),
+        "samples": [vars(v) for v in subject],
+        "baseline_samples": [vars(v) for v in base],
+    }
 
 
 async def delete_topology(channel: AbstractChannel, topology: DelayTopology) -> None:

@@ -39,12 +39,15 @@ class Run:
         self.handled: dict[str, list[str]] = defaultdict(list)
 
     def handler(self, scenario: Scenario, **options: Any) -> RetryingHandler[Any]:
-        @with_delayed_retry(
-            max_retries=3,
-            wait=tenacity.wait_fixed(0.2),
-            topology=scenario.topology,
+        """The handler, retrying after 0.2 s up to 3 times unless ``options`` say otherwise."""
+        settings = {
+            "max_retries": 3,
+            "wait": tenacity.wait_fixed(0.2),
+            "topology": scenario.topology,
             **options,
-        )
+        }
+
+        @with_delayed_retry(**settings)
         async def handle(message: AbstractIncomingMessage) -> None:
             body = message.body.decode()
             state = current_retry_state()
@@ -129,9 +132,7 @@ async def test_a_new_consumer_takes_the_waiting_keys_over(
     name = await ordered_queue(quorum)
     quorum.track_queue(quorum.topology.default_parking_queue(name))
     first = Run({"a:0": 1})
-    first_handler = with_delayed_retry(
-        max_retries=3, wait=tenacity.wait_fixed(3), topology=quorum.topology, ordered_by=key_of
-    )(first.handler(quorum).fn)
+    first_handler = first.handler(quorum, wait=tenacity.wait_fixed(3), ordered_by=key_of)
     connection = await start(rabbitmq_url, name, first_handler)
     await send(quorum, name, BODIES)
     await wait_until(lambda: first.count() == 5, what="the b messages handled")
@@ -162,13 +163,9 @@ async def test_a_blocker_gone_from_the_chain_releases_its_key(
     name = await ordered_queue(quorum)
     quorum.track_queue(quorum.topology.default_parking_queue(name))
     run = Run({"a:0": 1})
-    handler = with_delayed_retry(
-        max_retries=3,
-        wait=tenacity.wait_fixed(2),
-        topology=quorum.topology,
-        ordered_by=key_of,
-        ordered_release_after=1,
-    )(run.handler(quorum).fn)
+    handler = run.handler(
+        quorum, wait=tenacity.wait_fixed(2), ordered_by=key_of, ordered_release_after=1
+    )
     connection = await start(rabbitmq_url, name, handler)
     try:
         await send(quorum, name, ["a:0", "a:1", "a:2"])
@@ -240,9 +237,7 @@ async def test_a_partition_holding_its_limit_gives_messages_back_none_lost(
     name = await ordered_queue(quorum)
     quorum.track_queue(quorum.topology.default_parking_queue(name))
     run = Run({"a:0": 1})
-    handler = with_delayed_retry(
-        max_retries=3, wait=tenacity.wait_fixed(2), topology=quorum.topology, ordered_by=key_of
-    )(run.handler(quorum).fn)
+    handler = run.handler(quorum, wait=tenacity.wait_fixed(2), ordered_by=key_of)
     connection = await start(rabbitmq_url, name, handler)
     try:
         await send(quorum, name, [f"a:{n}" for n in range(6)])
@@ -265,9 +260,7 @@ async def test_more_messages_wait_behind_a_key_than_a_quorum_queue_gives_by_defa
     quorum.track_queue(quorum.topology.default_parking_queue(name))
     bodies = [f"a:{n}" for n in range(2_300)]
     run = Run({"a:0": 1})
-    handler = with_delayed_retry(
-        max_retries=3, wait=tenacity.wait_fixed(5), topology=quorum.topology, ordered_by=key_of
-    )(run.handler(quorum).fn)
+    handler = run.handler(quorum, wait=tenacity.wait_fixed(5), ordered_by=key_of)
     await send(quorum, name, bodies)  # all in the queue before a:0 fails and comes back
     connection = await start(rabbitmq_url, name, handler)
     try:
@@ -284,13 +277,12 @@ async def test_each_retry_of_the_waiting_message_moves_its_keys_release(
     name = await ordered_queue(quorum)
     quorum.track_queue(quorum.topology.default_parking_queue(name))
     run = Run({"a:0": 2})
-    handler = with_delayed_retry(
-        max_retries=3,
+    handler = run.handler(
+        quorum,
         wait=tenacity.wait_chain(tenacity.wait_fixed(1), tenacity.wait_fixed(4)),
-        topology=quorum.topology,
         ordered_by=key_of,
         ordered_release_after=2,
-    )(run.handler(quorum).fn)
+    )
     connection = await start(rabbitmq_url, name, handler)
     try:
         await send(quorum, name, ["a:0", "a:1", "a:2"])
