@@ -135,7 +135,12 @@ class Partition:
     def loaded(self) -> bool:
         """Whether the records are read back (checked on every delivery, no await)."""
         loading = self._loading
-        return loading is not None and loading.done() and not loading.cancelled()
+        return (
+            loading is not None
+            and loading.done()
+            and not loading.cancelled()
+            and loading.exception() is None
+        )
 
     async def ready(self) -> None:
         """Wait until the partition's records are read back (at once once they are)."""

@@ -136,7 +136,11 @@ class KeyOrdering:
         """With ``key``'s lock: defer ``message``, or run it; then what waits behind the key."""
         try:
             if not partition.loaded:
-                await partition.ready()
+                try:
+                    await partition.ready()
+                except Exception:
+                    partition.lose()  # the next delivery reads the records back anew
+                    raise
                 if partition.channel is not None:
                     self.partitions[partition.channel] = partition  # its records' retries
             if partition.lost:
