@@ -64,7 +64,12 @@ class Run:
 
 async def ordered_queue(scenario: Scenario, channel: AbstractChannel | None = None) -> str:
     name = scenario.name("work")
-    scenario.track_queue(name, order_queue_name(name), f"{name}.dead-letter")
+    scenario.track_queue(
+        name,
+        order_queue_name(name),
+        f"{name}.dead-letter",
+        scenario.topology.default_parking_queue(name),
+    )
     await declare_ordered_queues(channel or scenario.ch, name)
     return name
 
@@ -93,7 +98,6 @@ async def test_a_keys_later_messages_wait_behind_its_retry(
     quorum: Scenario, rabbitmq_url: str, ordered: bool
 ) -> None:
     name = await ordered_queue(quorum)
-    quorum.track_queue(quorum.topology.default_parking_queue(name))
     run = Run({"a:0": 2})
     options = {"ordered_by": key_of} if ordered else {}
     connection = await start(rabbitmq_url, name, run.handler(quorum, **options))
@@ -114,7 +118,6 @@ async def test_a_parked_blocker_releases_its_key_in_order(
     quorum: Scenario, rabbitmq_url: str
 ) -> None:
     name = await ordered_queue(quorum)
-    quorum.track_queue(quorum.topology.default_parking_queue(name))
     run = Run({"a:0": 99, "a:2": 1})
     connection = await start(rabbitmq_url, name, run.handler(quorum, ordered_by=key_of))
     try:
@@ -130,7 +133,6 @@ async def test_a_new_consumer_takes_the_waiting_keys_over(
     quorum: Scenario, rabbitmq_url: str
 ) -> None:
     name = await ordered_queue(quorum)
-    quorum.track_queue(quorum.topology.default_parking_queue(name))
     first = Run({"a:0": 1})
     first_handler = first.handler(quorum, wait=tenacity.wait_fixed(3), ordered_by=key_of)
     connection = await start(rabbitmq_url, name, first_handler)
@@ -161,7 +163,6 @@ async def test_a_blocker_gone_from_the_chain_releases_its_key(
     quorum: Scenario, rabbitmq_url: str
 ) -> None:
     name = await ordered_queue(quorum)
-    quorum.track_queue(quorum.topology.default_parking_queue(name))
     run = Run({"a:0": 1})
     handler = run.handler(
         quorum, wait=tenacity.wait_fixed(2), ordered_by=key_of, ordered_release_after=1
@@ -235,7 +236,6 @@ async def test_a_partition_holding_its_limit_gives_messages_back_none_lost(
 ) -> None:
     monkeypatch.setattr(order_partition, "HELD_LIMIT", 3)  # a block and two messages behind it
     name = await ordered_queue(quorum)
-    quorum.track_queue(quorum.topology.default_parking_queue(name))
     run = Run({"a:0": 1})
     handler = run.handler(quorum, wait=tenacity.wait_fixed(2), ordered_by=key_of)
     connection = await start(rabbitmq_url, name, handler)
@@ -257,7 +257,6 @@ async def test_more_messages_wait_behind_a_key_than_a_quorum_queue_gives_by_defa
     # A quorum queue gives a consumer without a prefetch 2,000 unacked messages at most:
     # the order queue's records past that must still arrive, or the consumer waits for ever.
     name = await ordered_queue(quorum)
-    quorum.track_queue(quorum.topology.default_parking_queue(name))
     bodies = [f"a:{n}" for n in range(2_300)]
     run = Run({"a:0": 1})
     handler = run.handler(quorum, wait=tenacity.wait_fixed(5), ordered_by=key_of)
@@ -275,7 +274,6 @@ async def test_each_retry_of_the_waiting_message_moves_its_keys_release(
 ) -> None:
     # a:0 waits 1 s, then 4 s. Released 2 s past its first due time, a:1 would run before it.
     name = await ordered_queue(quorum)
-    quorum.track_queue(quorum.topology.default_parking_queue(name))
     run = Run({"a:0": 2})
     handler = run.handler(
         quorum,
@@ -296,7 +294,6 @@ async def test_a_message_that_went_back_to_its_queue_keeps_its_turn(
     quorum: Scenario, rabbitmq_url: str
 ) -> None:
     name = await ordered_queue(quorum)
-    quorum.track_queue(quorum.topology.default_parking_queue(name))
     run = Run({"a:0": 1})
     nacked: list[str] = []
 
@@ -326,7 +323,6 @@ async def test_two_alike_messages_without_an_id_both_run(
 ) -> None:
     # Without a message_id, both have one token; neither is a redelivery, so both are kept.
     name = await ordered_queue(quorum)
-    quorum.track_queue(quorum.topology.default_parking_queue(name))
     run = Run({"a:0": 1})
     connection = await start(rabbitmq_url, name, run.handler(quorum, ordered_by=key_of))
     try:

@@ -38,7 +38,7 @@ from delayed_retry.amqp.channels import close_quietly
 from delayed_retry.amqp.consumers import consume_to_scan
 from delayed_retry.amqp.publish import copy_properties, publish_confirmed
 from delayed_retry.chain.topology import DELIVERY_LIMIT
-from delayed_retry.durations import to_epoch_ms
+from delayed_retry.durations import to_epoch_ms, utcnow
 from delayed_retry.errors import PublishTimeoutError
 from delayed_retry.headers.names import (
     X_DUE_AT,
@@ -47,7 +47,8 @@ from delayed_retry.headers.names import (
     X_ORDER_SEQ,
     X_ORDER_TOKEN,
 )
-from delayed_retry.headers.values import sanitize_headers
+from delayed_retry.headers.text import header_text
+from delayed_retry.headers.values import header_int, sanitize_headers
 from delayed_retry.recovery.ordering import Block, Deferred, OrderBook
 
 __all__ = [
@@ -210,8 +211,9 @@ class Partition:
     async def _on_record(self, record: Record) -> None:
         """A record of the order queue: the marker, a block or a deferred message."""
         headers = record.header.properties.headers or {}
-        kind, token = _text(headers.get(X_ORDER_RECORD)), _text(headers.get(X_ORDER_TOKEN))
-        key, seq = _text(headers.get(X_ORDER_KEY)), headers.get(X_ORDER_SEQ)
+        kind = header_text(headers.get(X_ORDER_RECORD))
+        token = header_text(headers.get(X_ORDER_TOKEN)) or ""
+        key, seq = header_text(headers.get(X_ORDER_KEY)), header_int(headers.get(X_ORDER_SEQ))
         if self.lost:
             return  # this channel is closing: the broker gives the record back
         if kind == _MARKER:
@@ -221,26 +223,26 @@ class Partition:
             # Another consumer's: it takes the partition over once this channel closes and
             # the marker goes back to the queue, unacked, behind every record held here.
             return
-        if not key or not isinstance(seq, int) or kind not in (_BLOCK, _DEFERRED):
+        if not key or seq is None or kind not in (_BLOCK, _DEFERRED):
             log.error("dropping record %r of %r: not a record of order", headers, self.order_queue)
             self._ack(record)
             return
         self._held_since[id(record)] = time.monotonic()
         if kind == _BLOCK:
-            due = headers.get(X_DUE_AT)
+            due = header_int(headers.get(X_DUE_AT)) or 0
             self._on_block(record, key, token, seq, due, refreshed=_REFRESHED in headers)
         else:
             self._on_deferred(record, key, token, seq, refreshed=_REFRESHED in headers)
         self._arrived(kind, token)
 
     def _on_block(
-        self, record: Record, key: str, token: str, seq: int, due: object, *, refreshed: bool
+        self, record: Record, key: str, token: str, seq: int, due: int, *, refreshed: bool
     ) -> None:
         held = self.book.blocks.get(key)
         if refreshed and (held is None or (held.token, held.seq) != (token, seq)):
             self._ack(record)  # released since the copy was made: the key no longer waits
             return
-        block = Block(key, token, due if isinstance(due, int) else 0, seq, record)
+        block = Block(key, token, due, seq, record)
         for replaced in self.book.block(block):
             self._ack(replaced.record)
 
@@ -288,14 +290,13 @@ class Partition:
         """``key`` waits for ``token``, gone back to its queue: in memory (a crash delivers
         it again anyway); released when it runs, or ``release_after`` from now."""
         if key not in self.book.blocks:
-            now_ms = int(time.time() * 1000)
+            now_ms = to_epoch_ms(utcnow())
             self.book.block(Block(key, token, now_ms, self.book.next_seq(), None))
 
     async def released(self, block: Block[Record]) -> None:
         """``block``'s message ran for good (or is gone): ack the block, run what waited
         behind its key. The caller holds the key's lock."""
-        if block.record is not None:
-            self._ack(block.record)
+        self._ack(block.record)
         await self.drain_held(block.key)
 
     async def _drain(self, key: str) -> None:
@@ -321,7 +322,7 @@ class Partition:
                 self.wait_in_memory(key, deferred.token)
             elif outcome == "done":
                 block = self.book.unblock(key, deferred.token)
-                if block is not None and block.record is not None:
+                if block is not None:
                     self._ack(block.record)
             if outcome != "done":
                 return
@@ -331,7 +332,7 @@ class Partition:
         grace_ms = int(self.release_after * 1000)
         while True:
             await asyncio.sleep(min(1.0, self.release_after))
-            for key in self.book.overdue(int(time.time() * 1000), grace_ms):
+            for key in self.book.overdue(to_epoch_ms(utcnow()), grace_ms):
                 if key not in self._releasing:
                     self._releasing.add(key)
                     self._spawn(self._release_overdue(key, grace_ms))
@@ -340,7 +341,7 @@ class Partition:
         try:
             async with self.locks.hold(key):
                 block = self.book.blocks.get(key)
-                if block is None or key not in self.book.overdue(int(time.time() * 1000), grace_ms):
+                if block is None or key not in self.book.overdue(to_epoch_ms(utcnow()), grace_ms):
                     return  # released meanwhile: its message came back
                 log.warning(
                     "key %r of queue %r waited %.0f s past the due time of message %s, which "
@@ -485,9 +486,3 @@ def _retrieved(future: asyncio.Future[None]) -> None:
     """Mark ``future``'s exception as seen: nobody may be left to await it."""
     if not future.cancelled():
         future.exception()
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode()
-    return value if isinstance(value, str) else ""

@@ -28,6 +28,7 @@ from delayed_retry.consumer.order_partition import (
     order_queue_name,
 )
 from delayed_retry.headers.names import X_ORDER_KEY, X_ORDER_TOKEN
+from delayed_retry.headers.text import header_text
 from delayed_retry.recovery.ordering import order_token
 
 __all__ = ["ORDER_QUEUE_ARGUMENTS", "KeyOrdering", "Outcome", "order_queue_name"]
@@ -63,7 +64,7 @@ class KeyOrdering:
         ``None`` when it has none, or ``ordered_by`` fails on it or returns no str: it then
         runs unordered (logged), through the same retries and parking as any message.
         """
-        key = _text(message.headers.get(X_ORDER_KEY))
+        key = header_text(message.headers.get(X_ORDER_KEY))
         if key:
             return key
         try:
@@ -90,7 +91,7 @@ class KeyOrdering:
             return
         partition = self._partition(message.channel, run)
         headers = message.headers
-        token = _text(headers.get(X_ORDER_TOKEN)) or order_token(
+        token = header_text(headers.get(X_ORDER_TOKEN)) or order_token(
             message.message_id, message.body, headers
         )
         headers[X_ORDER_KEY], headers[X_ORDER_TOKEN] = key, token  # retry copies carry both
@@ -171,13 +172,8 @@ class KeyOrdering:
     async def record_block(self, message: AbstractIncomingMessage, due_at: datetime) -> None:
         """Before ``message`` leaves for the chain: its key waits for it (written first)."""
         partition = self.partitions.get(message.channel)
-        key = _text(message.headers.get(X_ORDER_KEY))
+        key = header_text(message.headers.get(X_ORDER_KEY))
         if partition is None or not key:
             return  # not ordered: it has no key
-        await partition.record_block(key, _text(message.headers.get(X_ORDER_TOKEN)), due_at)
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode()
-    return value if isinstance(value, str) else ""
+        token = header_text(message.headers.get(X_ORDER_TOKEN)) or ""
+        await partition.record_block(key, token, due_at)

@@ -227,14 +227,6 @@ def _ordering(o: Mapping[str, Any]) -> Ordering | None:
     ordered_by = o.get("ordered_by")
     if ordered_by is None:
         return None
-    _check_ordering(o)
-    release_after = to_seconds(o["ordered_release_after"], name="ordered_release_after")
-    return Ordering(ordered_by=ordered_by, release_after=release_after or 0.0)
-
-
-def _check_ordering(o: Mapping[str, Any]) -> None:
-    """Refuse ``ordered_by`` that is not a function, or with an option that reorders."""
-    ordered_by = o["ordered_by"]
     if not callable(ordered_by):
         raise ConfigurationError(
             f"ordered_by={ordered_by!r} must be a function of the message returning its key "
@@ -246,6 +238,12 @@ def _check_ordering(o: Mapping[str, Any]) -> None:
             f"ordered_release_after={release_after!r} must be at least 1 second: it is how long "
             "past its due time a key waits for a message that does not come back"
         )
+    _refuse_reordering(o)
+    return Ordering(ordered_by=ordered_by, release_after=release_after)
+
+
+def _refuse_reordering(o: Mapping[str, Any]) -> None:
+    """Refuse ``ordered_by`` with an option that puts messages out of their key's order."""
     reorders = {
         "throttle": "puts messages back at the tail of the queue, behind later ones",
         "crash_guard": "puts a message held while stopping back at the tail of the queue",
