@@ -7,9 +7,8 @@ import argparse
 from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.alerts import AlertSink, LoggingSink, ParkingAlerts, WebhookSink
+from delayed_retry.cli import common, output
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.output import duration_type
 from delayed_retry.cli.service import add_service_args, run_service
 from delayed_retry.cli.service_state import Running
 from delayed_retry.cli.startup import Startup
@@ -24,24 +23,21 @@ def _options(parser: argparse.ArgumentParser) -> None:
         "--slack", action="store_true", help="send a Slack-compatible payload to --webhook"
     )
     parser.add_argument("--log", action="store_true", help="also log each alert (WARNING)")
-    parser.add_argument(
-        "--window",
-        type=duration_type,
-        default=30.0,
-        metavar="DURATION",
-        help="group arrivals within this long into one alert, e.g. 30s, 5m (30s)",
-    )
-    parser.add_argument(
-        "--retry-after",
-        type=duration_type,
-        default=60.0,
-        metavar="DURATION",
-        help="when a sink keeps failing, try the alert again after this long, e.g. 5m (60s)",
-    )
+    for flag, default, help_text in (
+        ("--window", 30.0, "group arrivals within this long into one alert, e.g. 30s, 5m (30s)"),
+        (
+            "--retry-after",
+            60.0,
+            "when a sink keeps failing, try the alert again after this long, e.g. 5m (60s)",
+        ),
+    ):
+        parser.add_argument(
+            flag, type=output.duration_type, default=default, metavar="DURATION", help=help_text
+        )
     parser.add_argument(
         "--once", action="store_true", help="exit after the first alert is delivered"
     )
-    add_topology_args(parser)
+    common.add_topology_args(parser)
     add_service_args(parser)
 
 
@@ -59,7 +55,7 @@ def _sinks(args: argparse.Namespace) -> list[AlertSink]:
 async def run_alerts(args: argparse.Namespace) -> int:
     """The command: consume until SIGINT/SIGTERM (or the first alert with ``--once``)."""
     sinks = _sinks(args)
-    topology = topology_from_args(args)
+    topology = common.topology_from_args(args)
 
     async def start(connection: AbstractRobustConnection | None) -> Running:
         assert connection is not None

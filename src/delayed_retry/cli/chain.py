@@ -25,8 +25,7 @@ from delayed_retry.admin.chain_probe import declared_queue, exchange_exists
 from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementClient, ManagementError
 from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.chain.topology import DelayTopology, amqp_arguments
-from delayed_retry.cli.common import management_client, topology_from_args
-from delayed_retry.cli.output import CommandError
+from delayed_retry.cli import common, output
 
 __all__ = ["bound_chains", "checked_topology"]
 
@@ -70,14 +69,14 @@ async def checked_topology(
 
     Raises :class:`CommandError` naming the mismatch and the options to pass.
     """
-    topology = topology_from_args(args)
+    topology = common.topology_from_args(args)
     given = bool(
         args.prefix
         or os.environ.get("DELAYED_RETRY_PREFIX")
         or getattr(args, "levels", None) is not None
     )
     if queue is not None:
-        client = management_client(args, timeout=BEST_EFFORT_TIMEOUT)
+        client = common.management_client(args, timeout=BEST_EFFORT_TIMEOUT)
         chains = await bound_chains(client, queue)
         if chains is not None and (topology.prefix, topology.levels) not in chains:
             if len(chains) == 1 and not given:
@@ -85,7 +84,7 @@ async def checked_topology(
                 topology = replace(topology, prefix=prefix, levels=levels)
             elif chains:
                 shown = "; ".join(_options(p, n) for p, n in chains)
-                raise CommandError(
+                raise output.CommandError(
                     f"queue {queue!r} is bound to the delay chain of {shown}, not to "
                     f"{_options(topology.prefix, topology.levels)}; pass the options of the "
                     "chain its consumers use (or set DELAYED_RETRY_PREFIX)"
@@ -93,11 +92,11 @@ async def checked_topology(
     if not await exchange_exists(connection, topology.delivery_exchange):
         found = await _levels_of(connection, topology.prefix)
         if found is not None:
-            raise CommandError(
+            raise output.CommandError(
                 f"the delay chain {topology.prefix!r} on this vhost has {found} levels, not "
                 f"{topology.levels}; pass --levels {found}"
             )
-        raise CommandError(
+        raise output.CommandError(
             f"there is no delay chain {topology.prefix!r} on this vhost (exchange "
             f"{topology.delivery_exchange!r} is missing); pass the --prefix your consumers use "
             "(or set DELAYED_RETRY_PREFIX), or create the chain with "
@@ -112,7 +111,7 @@ async def checked_topology(
                 spec.name, durable=True, arguments=dict(amqp_arguments(spec.arguments))
             )
         except aiormq.exceptions.ChannelPreconditionFailed as exc:
-            raise CommandError(
+            raise output.CommandError(
                 f"the delay chain {topology.prefix!r} was declared with another unit or queue "
                 f"type than --unit-ms {topology.unit_ms} --queue-type {topology.queue_type} "
                 f"(the broker said: {exc.args[0] if exc.args else exc}); pass the options your "

@@ -14,7 +14,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractConnection
 
-from delayed_retry.cli.output import CommandError, UsageError
+from delayed_retry.cli import output
 from delayed_retry.rabbitmq.urls import redact_url as redact
 from delayed_retry.rabbitmq.urls import vhost_of
 
@@ -30,19 +30,19 @@ def check_url(url: str) -> None:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise UsageError(
+        raise output.UsageError(
             f"--url {redact(url)!r} is not a broker URL ({exc}); write it like {example}"
         ) from None
     if parts.scheme not in _SCHEMES:
         what = f"a {parts.scheme}:// URL" if parts.scheme else "not a URL"
-        raise UsageError(
+        raise output.UsageError(
             f"--url {redact(url)!r} is {what}; the broker speaks AMQP: write it like {example} "
             "(the management UI's http:// address and port 15672 do not work here)"
         )
     if not parts.hostname:
-        raise UsageError(f"--url {redact(url)!r} names no host; write it like {example}")
+        raise output.UsageError(f"--url {redact(url)!r} names no host; write it like {example}")
     if port == 0:
-        raise UsageError(f"--url {redact(url)!r} has port 0; the AMQP port is usually 5672")
+        raise output.UsageError(f"--url {redact(url)!r} has port 0; the AMQP port is usually 5672")
 
 
 _CONNECTION_REFUSALS = (
@@ -134,4 +134,4 @@ async def connect(url: str, *, timeout: float = 10.0) -> AbstractConnection:
         line = explain_connection_error(exc, url)
         if line is None:
             raise
-        raise CommandError(line) from exc
+        raise output.CommandError(line) from exc

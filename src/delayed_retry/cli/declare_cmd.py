@@ -11,9 +11,8 @@ import aio_pika
 from delayed_retry.admin.chain_probe import declared_with, queue_depth
 from delayed_retry.amqp.channels import underlay_channel
 from delayed_retry.amqp.declarer import declare_topology, declarer_for
+from delayed_retry.cli import common, output
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_management_option, add_topology_args, topology_from_args
-from delayed_retry.cli.output import count_type
 from delayed_retry.cli.work_queue import check_work_queue
 from delayed_retry.errors import NotFoundError, queue_not_found
 from delayed_retry.rabbitmq.work_queues import (
@@ -26,7 +25,7 @@ __all__ = ["COMMAND"]
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
-    add_topology_args(parser)
+    common.add_topology_args(parser)
     parser.add_argument(
         "--bind", metavar="QUEUE", action="append", default=[], help="queue to bind (repeatable)"
     )
@@ -39,18 +38,18 @@ def _options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--delivery-limit",
-        type=count_type(1),
+        type=output.count_type(1),
         default=WORK_QUEUE_DELIVERY_LIMIT,
         metavar="N",
         help="deliveries before a queue made by --create moves a message to QUEUE.dead-letter "
         f"(default {WORK_QUEUE_DELIVERY_LIMIT}); for a queue that exists, the limit it was "
         "declared with, when the management API cannot tell",
     )
-    add_management_option(parser, purpose="checking each --bind queue's delivery limit")
+    common.add_management_option(parser, purpose="checking each --bind queue's delivery limit")
 
 
 async def _declare(args: argparse.Namespace) -> int:
-    topology = topology_from_args(args)
+    topology = common.topology_from_args(args)
     made: dict[str, str | None] = {}  # each queue made here, with its dead-letter queue
     dead_letters: dict[str, str] = {}
     connection = await aio_pika.connect(args.url)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from delayed_retry.cli import output
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.output import UsageError
 
 __all__ = ["NO_BROKER", "COMMAND"]
 
@@ -20,7 +20,7 @@ NO_BROKER = (
 
 def _demo(args: argparse.Namespace) -> int:
     if not args.url_given:
-        raise UsageError(NO_BROKER)
+        raise output.UsageError(NO_BROKER)
     from delayed_retry.cli.demo import main as run_demo
 
     return run_demo(args.url)

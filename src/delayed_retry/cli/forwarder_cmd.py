@@ -10,27 +10,33 @@ import argparse
 
 from aio_pika.abc import AbstractRobustConnection
 
+from delayed_retry.cli import common
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.service import add_service_args, run_service
-from delayed_retry.cli.service_state import Running, exchanges_exist
+from delayed_retry.cli.service_state import Running, forwarding
 from delayed_retry.cli.startup import Startup
 from delayed_retry.delivery.forwarder import Forwarder
 
-__all__ = ["COMMAND"]
+__all__ = ["COMMAND", "add_forwarding_args"]
+
+
+def add_forwarding_args(parser: argparse.ArgumentParser) -> None:
+    """The options after ``--exchange`` of a command that runs a :class:`Forwarder` (``forwarder``,
+    ``front-door``): ``--prefetch``, the delay topology, the service options."""
+    parser.add_argument("--prefetch", type=int, default=1000, help="unacked at once (%(default)s)")
+    common.add_topology_args(parser)
+    add_service_args(parser)
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exchange", action="append", required=True, help="an exchange to forward to (repeat)"
     )
-    parser.add_argument("--prefetch", type=int, default=1000, help="unacked at once (%(default)s)")
-    add_topology_args(parser)
-    add_service_args(parser)
+    add_forwarding_args(parser)
 
 
 async def _forwarder(args: argparse.Namespace) -> int:
-    topology = topology_from_args(args)
+    topology = common.topology_from_args(args)
 
     async def start(connection: AbstractRobustConnection | None) -> Running:
         assert connection is not None
@@ -38,22 +44,19 @@ async def _forwarder(args: argparse.Namespace) -> int:
             connection, exchanges=args.exchange, topology=topology, prefetch=args.prefetch
         )
         await forwarder.start()
-        return Running(
+        return forwarding(
+            forwarder,
             startup=Startup(
                 command="forwarder",
                 topology=topology,
                 consumes=tuple(topology.forward_queue(x) for x in args.exchange),
                 delivers_to=tuple(args.exchange),
             ),
-            stop=lambda grace: forwarder.close(grace=grace),
-            consumers=lambda: forwarder.consumers,
-            watch=lambda: exchanges_exist(forwarder),
             counts=lambda: {
                 "forwarded": forwarder.forwarded,
                 "parked": forwarder.parked,
                 "given_back": forwarder.given_back,
             },
-            held=lambda: forwarder.held_until_due,
         )
 
     return await run_service(args, command="forwarder", start=start)

@@ -10,10 +10,11 @@ import argparse
 
 from aio_pika.abc import AbstractRobustConnection
 
+from delayed_retry.cli import common
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.service import add_service_args, run_service
-from delayed_retry.cli.service_state import Running, exchanges_exist
+from delayed_retry.cli.forwarder_cmd import add_forwarding_args
+from delayed_retry.cli.service import run_service
+from delayed_retry.cli.service_state import Running, forwarding
 from delayed_retry.cli.startup import Startup
 from delayed_retry.delivery.front_door import FrontDoor
 
@@ -28,13 +29,11 @@ def _options(parser: argparse.ArgumentParser) -> None:
         default="topic",
         help="type of EXCHANGE, the plugin exchange's x-delayed-type (%(default)s)",
     )
-    parser.add_argument("--prefetch", type=int, default=1000, help="unacked at once (%(default)s)")
-    add_topology_args(parser)
-    add_service_args(parser)
+    add_forwarding_args(parser)
 
 
 async def _front_door(args: argparse.Namespace) -> int:
-    topology = topology_from_args(args)
+    topology = common.topology_from_args(args)
 
     async def start(connection: AbstractRobustConnection | None) -> Running:
         assert connection is not None
@@ -47,23 +46,20 @@ async def _front_door(args: argparse.Namespace) -> int:
         )
         await door.start()
         forwarder = door.forwarder
-        return Running(
+        return forwarding(
+            door,
             startup=Startup(
                 command="front-door",
                 topology=topology,
                 consumes=(door.inbox_queue, door.forward_queue),
                 delivers_to=(args.exchange,),
             ),
-            stop=lambda grace: door.close(grace=grace),
-            consumers=lambda: door.consumers,
-            watch=lambda: exchanges_exist(forwarder),
             counts=lambda: {
                 "accepted": door.accepted,
                 "forwarded": forwarder.forwarded,
                 "parked": forwarder.parked,
                 "given_back": door.given_back + forwarder.given_back,
             },
-            held=lambda: forwarder.held_until_due,
         )
 
     return await run_service(args, command="front-door", start=start)

@@ -13,7 +13,7 @@ from delayed_retry.admin.live_chain import LiveQueue
 from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementError
 from delayed_retry.chain.leaders import LeaderSpread, leader_spread, lopsided_warning
 from delayed_retry.chain.topology import DelayTopology
-from delayed_retry.cli.common import management_client
+from delayed_retry.cli import common
 from delayed_retry.rabbitmq.urls import vhost_of
 
 __all__ = ["ChainLeaders", "read_chain_leaders"]
@@ -35,7 +35,7 @@ class ChainLeaders:
 async def read_chain_leaders(args: argparse.Namespace, topology: DelayTopology) -> ChainLeaders:
     """Read the leader and members of each level queue; never fails for want of the API."""
     try:
-        queues = await management_client(args, timeout=BEST_EFFORT_TIMEOUT).queues()
+        queues = await common.management_client(args, timeout=BEST_EFFORT_TIMEOUT).queues()
     except ManagementError as exc:
         return ChainLeaders(spread=None, members={}, unread=str(exc))
     by_name: dict[str, LiveQueue] = {queue.name: queue for queue in queues}

@@ -33,8 +33,8 @@ from collections.abc import Sequence
 
 import aiormq
 
+from delayed_retry.cli import output
 from delayed_retry.cli.connection import check_url, explain_connection_error
-from delayed_retry.cli.output import EXIT_FAILURE, EXIT_USAGE, CommandError, print_error
 from delayed_retry.cli.parser import CommandLineParser
 from delayed_retry.errors import (
     AccessRefusedError,
@@ -168,19 +168,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "needs_broker", True):
             check_url(args.url)
         code: int = args.func(args)
-    except CommandError as exc:
-        print_error(str(exc))
+    except output.CommandError as exc:
+        output.print_error(str(exc))
         return exc.exit_code
     # A name the user gave names nothing, or the broker refuses the user: the world, not the words.
     except (NotFoundError, AccessRefusedError, ServiceUnavailableError) as exc:
-        print_error(str(exc))
-        return EXIT_FAILURE
+        output.print_error(str(exc))
+        return output.EXIT_FAILURE
     except ConfigurationError as exc:  # a value the user gave is wrong: a usage error
-        print_error(str(exc))
-        return EXIT_USAGE
+        output.print_error(str(exc))
+        return output.EXIT_USAGE
     except DelayedRetryError as exc:  # its message names the object and the fix already
-        print_error(str(exc))
-        return EXIT_FAILURE
+        output.print_error(str(exc))
+        return output.EXIT_FAILURE
     except BrokenPipeError:
         if _stdout_closed():  # `delayed-retry parking list | head -1`: the reader is done
             return EXIT_BROKEN_PIPE
@@ -189,10 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         line = explain_connection_error(exc, args.url)
         if line is None:
             line = f"the broker at {redact_url(args.url)!r} failed the command: {exc!r}"
-        print_error(line)
-        return EXIT_FAILURE
+        output.print_error(line)
+        return output.EXIT_FAILURE
     except KeyboardInterrupt:
-        print_error("interrupted; nothing acted on was lost (unacked messages went back)")
+        output.print_error("interrupted; nothing acted on was lost (unacked messages went back)")
         return 130
     return code
 

@@ -7,31 +7,26 @@ import argparse
 import aio_pika
 
 from delayed_retry.admin.plugin_migration import manual_steps, plan, prepare, read_exchange, swap
+from delayed_retry.cli import common
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import (
-    add_management_option,
-    add_topology_args,
-    management_client,
-    topology_from_args,
-)
 
 __all__ = ["COMMAND"]
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exchange", required=True, help="the plugin exchange (x-delayed-message)")
-    add_management_option(parser, purpose="reading EXCHANGE and its bindings")
+    common.add_management_option(parser, purpose="reading EXCHANGE and its bindings")
     parser.add_argument(
         "--swap",
         action="store_true",
         help="second stage, once the plugin holds no delayed message: replace EXCHANGE",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the steps, change nothing")
-    add_topology_args(parser)
+    common.add_topology_args(parser)
 
 
 async def _migrate(args: argparse.Namespace) -> int:
-    definition = await read_exchange(management_client(args), exchange=args.exchange)
+    definition = await read_exchange(common.management_client(args), exchange=args.exchange)
     stage = "swap" if args.swap else "prepare"
     print(
         f"exchange {definition.name!r}: type {definition.type}, x-delayed-type "
@@ -51,7 +46,7 @@ async def _migrate(args: argparse.Namespace) -> int:
             if args.swap:
                 await swap(connection, definition)
             else:
-                await prepare(connection, definition, topology=topology_from_args(args))
+                await prepare(connection, definition, topology=common.topology_from_args(args))
         print("done")
     print("steps for people, in order:")
     for n, line in enumerate(manual_steps(definition), 1):

@@ -7,16 +7,9 @@ from datetime import timedelta
 
 from delayed_retry.alerts.mute_store import read_mutes, record_mute
 from delayed_retry.alerts.mutes import LONGEST_MUTE, Mute
+from delayed_retry.cli import common, output
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.connection import connect
-from delayed_retry.cli.output import (
-    UsageError,
-    add_json_option,
-    duration_type,
-    emit_json,
-    print_table,
-)
 from delayed_retry.cli.parking_move import who
 from delayed_retry.durations import format_duration, utcnow
 
@@ -28,31 +21,31 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--for",
         dest="duration",
-        type=duration_type,
+        type=output.duration_type,
         metavar="DURATION",
         help=f"how long, e.g. 2h, 3d (at most {LONGEST_MUTE.days} days)",
     )
     parser.add_argument("--reason", default="", help="why, for the people who see the mute")
     parser.add_argument("--lift", action="store_true", help="end GROUP's mute now")
     parser.add_argument("--list", action="store_true", help="list the mutes in force")
-    add_json_option(parser)
-    add_topology_args(parser)
+    output.add_json_option(parser)
+    common.add_topology_args(parser)
 
 
 def _checked(args: argparse.Namespace) -> None:
     if args.list:
         if args.group or args.duration is not None or args.lift:
-            raise UsageError("mute --list takes no GROUP, --for or --lift")
+            raise output.UsageError("mute --list takes no GROUP, --for or --lift")
         return
     if not args.group:
-        raise UsageError("mute needs a GROUP (from 'parking list'), or --list")
+        raise output.UsageError("mute needs a GROUP (from 'parking list'), or --list")
     if args.lift == (args.duration is not None):
-        raise UsageError("mute GROUP needs either --for DURATION or --lift")
+        raise output.UsageError("mute GROUP needs either --for DURATION or --lift")
 
 
 async def _mute(args: argparse.Namespace) -> int:
     _checked(args)
-    topology = topology_from_args(args)
+    topology = common.topology_from_args(args)
     now = utcnow()
     mute = None
     if args.duration is not None:  # checked before connecting: a bad duration is a usage error
@@ -87,12 +80,12 @@ async def _mute(args: argparse.Namespace) -> int:
 
 def _print_mutes(mutes: list[Mute], args: argparse.Namespace) -> int:
     if args.json:
-        emit_json({"mutes": mutes})
+        output.emit_json({"mutes": mutes})
         return 0
     if not mutes:
         print("no failure group is muted")
         return 0
-    print_table(
+    output.print_table(
         ("group", "until", "by", "reason"),
         [
             (m.fingerprint, m.until.isoformat(timespec="seconds"), m.by or "", m.reason)

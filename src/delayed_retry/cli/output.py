@@ -32,6 +32,7 @@ __all__ = [
     "EXIT_USAGE",
     "CommandError",
     "UsageError",
+    "add_header_option",
     "add_json_option",
     "confirm",
     "counted",
@@ -145,6 +146,15 @@ def header_type(text: str) -> tuple[str, str]:
     if not sep or not name.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not name=value, e.g. tenant=acme")
     return name.strip(), value
+
+
+def add_header_option(parser: Any, flag: str, *, help: str, metavar: str = "NAME=TEXT") -> None:
+    """Add a repeatable ``flag NAME=VALUE`` option, read as a list of (name, value) pairs.
+
+    ``parser`` is a parser or an argument group."""
+    parser.add_argument(
+        flag, type=header_type, action="append", default=[], metavar=metavar, help=help
+    )
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:

@@ -2,19 +2,21 @@
 filter they describe.
 
 Use :func:`add_queue_args` and :func:`add_filter_args` when adding a parking verb, and
-:func:`filter_from_args` in its action; ``--id`` prefixes are resolved by
-:mod:`delayed_retry.cli.parking_ids`.
+:func:`filter_from_args` and :func:`lot_from_args` in its action; ``--id`` prefixes are
+resolved by :mod:`delayed_retry.cli.parking_ids`.
 """
 
 from __future__ import annotations
 
 import argparse
 from datetime import timedelta
+from typing import TypedDict
 
-from delayed_retry.cli.output import duration_type, header_type
+from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.cli import output
 from delayed_retry.parking.lot import ParkedFilter
 
-__all__ = ["add_filter_args", "add_queue_args", "filter_from_args"]
+__all__ = ["Lot", "add_filter_args", "add_queue_args", "filter_from_args", "lot_from_args"]
 
 
 def add_queue_args(parser: argparse.ArgumentParser) -> None:
@@ -38,19 +40,12 @@ def add_filter_args(parser: argparse.ArgumentParser, *, ids: bool = True) -> Non
     group.add_argument("--exception", metavar="TYPE", help="exception type, e.g. TimeoutError")
     group.add_argument("--reason", help="parked reason, e.g. max-retries, not-retryable")
     group.add_argument(
-        "--older-than", type=duration_type, metavar="AGE", help="parked before, e.g. 2h"
+        "--older-than", type=output.duration_type, metavar="AGE", help="parked before, e.g. 2h"
     )
     group.add_argument(
-        "--newer-than", type=duration_type, metavar="AGE", help="parked within, e.g. 15m"
+        "--newer-than", type=output.duration_type, metavar="AGE", help="parked within, e.g. 15m"
     )
-    group.add_argument(
-        "--header",
-        type=header_type,
-        action="append",
-        default=[],
-        metavar="NAME=TEXT",
-        help="header NAME contains TEXT (repeatable)",
-    )
+    output.add_header_option(group, "--header", help="header NAME contains TEXT (repeatable)")
     group.add_argument("--body-contains", metavar="TEXT", help="the body contains TEXT")
     group.add_argument("--group", metavar="FINGERPRINT", help="a failure group from 'parking list'")
 
@@ -67,3 +62,17 @@ def filter_from_args(args: argparse.Namespace) -> ParkedFilter:
         body_contains=args.body_contains,
         fingerprint=args.group,
     )
+
+
+class Lot(TypedDict):
+    """The keyword arguments that name a parking lot to the parking functions."""
+
+    queue: str
+    parking_queue: str | None
+    topology: DelayTopology
+
+
+def lot_from_args(args: argparse.Namespace, topology: DelayTopology) -> Lot:
+    """The parking lot the options of :func:`add_queue_args` name, in ``topology``: the keyword
+    arguments ``queue``, ``parking_queue`` and ``topology`` of the parking functions."""
+    return {"queue": args.queue, "parking_queue": args.parking_queue, "topology": topology}

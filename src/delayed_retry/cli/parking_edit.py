@@ -17,20 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.cli import common, output, parking_args
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_topology_args
 from delayed_retry.cli.connection import connect
-from delayed_retry.cli.output import (
-    CommandError,
-    UsageError,
-    add_json_option,
-    confirm,
-    duration_type,
-    emit_json,
-    header_type,
-)
-from delayed_retry.cli.parking_args import add_queue_args
 from delayed_retry.cli.parking_move import who
 from delayed_retry.errors import ConfigurationError, NotFoundError
 from delayed_retry.parking.edit import EditResult, MessageEdit, edit_and_replay, find_one_parked
@@ -45,19 +35,12 @@ def _edit_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "id", metavar="ID", help="a record id as 'parking list' shows it, or its start"
     )
-    add_queue_args(parser)
+    parking_args.add_queue_args(parser)
     parser.add_argument("--body-file", metavar="PATH", help="the new body ('-': standard input)")
     parser.add_argument(
         "--editor", action="store_true", help="edit the body in $VISUAL or $EDITOR (JSON indented)"
     )
-    parser.add_argument(
-        "--set-header",
-        type=header_type,
-        action="append",
-        default=[],
-        metavar="NAME=TEXT",
-        help="set header NAME to TEXT (repeatable)",
-    )
+    output.add_header_option(parser, "--set-header", help="set header NAME to TEXT (repeatable)")
     parser.add_argument(
         "--unset-header",
         action="append",
@@ -67,12 +50,12 @@ def _edit_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--to", dest="to_queue", help="send to this queue instead of QUEUE")
     parser.add_argument(
-        "--delay", type=duration_type, default=0.0, help="come due after, e.g. 90s, 1h (now)"
+        "--delay", type=output.duration_type, default=0.0, help="come due after, e.g. 90s, 1h (now)"
     )
     parser.add_argument("--dry-run", action="store_true", help="print the diff; move nothing")
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    add_json_option(parser)
-    add_topology_args(parser)
+    output.add_json_option(parser)
+    common.add_topology_args(parser)
 
 
 def _body_from_file(path: str) -> bytes:
@@ -81,7 +64,7 @@ def _body_from_file(path: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise UsageError(
+        raise output.UsageError(
             f"--body-file {path!r} cannot be read ({exc.strerror}); name a file"
         ) from exc
 
@@ -90,13 +73,13 @@ def _body_from_editor(text: str, suffix: str) -> bytes:
     """``text`` as the operator left it in their editor."""
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR")
     if not editor:
-        raise UsageError("--editor needs $VISUAL or $EDITOR set; or give --body-file")
+        raise output.UsageError("--editor needs $VISUAL or $EDITOR set; or give --body-file")
     with tempfile.TemporaryDirectory(prefix="delayed-retry-edit-") as folder:
         path = Path(folder) / f"body{suffix}"
         path.write_text(text, encoding="utf-8")
         done = subprocess.run([*shlex.split(editor), str(path)], check=False)
         if done.returncode != 0:
-            raise CommandError(
+            raise output.CommandError(
                 f"the editor {editor!r} exited with {done.returncode}; nothing moved"
             )
         return path.read_bytes()
@@ -104,7 +87,7 @@ def _body_from_editor(text: str, suffix: str) -> bytes:
 
 def _edited_body(args: argparse.Namespace, record: ParkedRecord) -> bytes | None:
     if args.body_file is not None and args.editor:
-        raise UsageError("give --body-file or --editor, not both")
+        raise output.UsageError("give --body-file or --editor, not both")
     if args.body_file is not None:
         return _body_from_file(args.body_file)
     if not args.editor:
@@ -130,7 +113,7 @@ async def _one_parked(
     except NotFoundError:
         raise
     except ConfigurationError as exc:
-        raise CommandError(str(exc)) from exc
+        raise output.CommandError(str(exc)) from exc
 
 
 def _audit_line(result: EditResult, edit: MessageEdit, queue: str, by: str | None) -> str:
@@ -159,7 +142,7 @@ async def _edit(args: argparse.Namespace) -> int:
             set_headers=dict(args.set_header),
             unset_headers=frozenset(args.unset_header),
         )
-        common: dict[str, Any] = dict(
+        replay: dict[str, Any] = dict(
             queue=args.queue,
             id=record.id,
             edit=edit,
@@ -173,20 +156,22 @@ async def _edit(args: argparse.Namespace) -> int:
         await prepare_replay_target(channel, topology, target, delay=args.delay, dry_run=True)
         if args.dry_run:
             if args.json:
-                emit_json(EditResult(id=record.id, to_queue=target, diff=diff, replayed=False))
+                output.emit_json(
+                    EditResult(id=record.id, to_queue=target, diff=diff, replayed=False)
+                )
             else:
                 print(diff, end="")
                 print(f"dry run: {record.id} stays parked")
             return 0
         print(diff, end="", file=sys.stderr if args.json else sys.stdout)
         question = f"replay {record.id} of {args.queue!r} with this edit?"
-        if not confirm(question, assume_yes=args.yes):
+        if not output.confirm(question, assume_yes=args.yes):
             print("nothing replayed", file=sys.stderr)
             return 1
         by = who()
-        result = await edit_and_replay(channel, edited_by=by, **common)
+        result = await edit_and_replay(channel, edited_by=by, **replay)
     if args.json:
-        emit_json(result)
+        output.emit_json(result)
     else:
         print(_audit_line(result, edit, args.queue, by))
     return 0

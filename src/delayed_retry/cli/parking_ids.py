@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from delayed_retry.chain.topology import DelayTopology
-from delayed_retry.cli.output import CommandError
+from delayed_retry.cli import output
 from delayed_retry.parking.ids import IdMatch, IdMatcher, describe_candidate, selected_count
 from delayed_retry.parking.lot import ParkedFilter, iter_parked
 
@@ -50,9 +50,9 @@ async def match_ids(
     return matcher.matches()
 
 
-def no_such_id(match: IdMatch, queue: str) -> CommandError:
+def no_such_id(match: IdMatch, queue: str) -> output.CommandError:
     """The error for an id that selects nothing (exit 1: the parking lot does not hold it)."""
-    return CommandError(
+    return output.CommandError(
         f"no parked message with id {match.given!r} (or an id starting with it) in the parking "
         f"lot of {queue!r}; 'delayed-retry parking list --queue {queue}' shows the ids"
     )
@@ -64,7 +64,7 @@ def _candidates(match: IdMatch) -> str:
     return shown + (f"; and {rest} more" if rest > 0 else "")
 
 
-def ambiguous_id(match: IdMatch, queue: str) -> CommandError:
+def ambiguous_id(match: IdMatch, queue: str) -> output.CommandError:
     """The error of ``parking show`` for an id that selects several messages, listing them."""
     if len(match.ids) == 1:
         fix = f"add --all to show each ('parking show {match.given} --queue {queue} --all')"
@@ -75,7 +75,7 @@ def ambiguous_id(match: IdMatch, queue: str) -> CommandError:
             f"{match.given!r} selects {match.count} parked messages of {queue!r} "
             f"({len(match.ids)} ids start with it)"
         )
-    return CommandError(f"{what}: {_candidates(match)}; {fix}")
+    return output.CommandError(f"{what}: {_candidates(match)}; {fix}")
 
 
 def _selection_line(match: IdMatch) -> str:

@@ -14,22 +14,10 @@ import sys
 from typing import Any
 
 from delayed_retry.amqp.channels import underlay_channel
+from delayed_retry.cli import common, output, parking_args
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.connection import connect
-from delayed_retry.cli.output import (
-    CommandError,
-    UsageError,
-    add_json_option,
-    confirm,
-    count_type,
-    duration_type,
-    emit_json,
-    progress_bar,
-    rate_type,
-)
-from delayed_retry.cli.parking_args import add_filter_args, add_queue_args, filter_from_args
 from delayed_retry.cli.parking_ids import resolve_ids
 from delayed_retry.cli.parking_read import exception_text
 from delayed_retry.parking.lot import (
@@ -47,26 +35,26 @@ __all__ = ["PURGE", "REFRESH", "REPLAY", "who"]
 
 
 def _replay_options(parser: argparse.ArgumentParser) -> None:
-    add_queue_args(parser)
-    add_filter_args(parser)
+    parking_args.add_queue_args(parser)
+    parking_args.add_filter_args(parser)
     parser.add_argument("--to", dest="to_queue", help="send to this queue instead of QUEUE")
     parser.add_argument(
-        "--limit", type=count_type(0), help="replay at most this many (default: all)"
+        "--limit", type=output.count_type(0), help="replay at most this many (default: all)"
     )
-    parser.add_argument("--rate", type=rate_type, help="at most this many, e.g. 50/s")
+    parser.add_argument("--rate", type=output.rate_type, help="at most this many, e.g. 50/s")
     parser.add_argument(
-        "--delay", type=duration_type, default=0.0, help="come due after, e.g. 90s, 1h (now)"
+        "--delay", type=output.duration_type, default=0.0, help="come due after, e.g. 90s, 1h (now)"
     )
     parser.add_argument(
         "--canary",
-        type=count_type(0),
+        type=output.count_type(0),
         default=0,
         metavar="N",
         help="replay N first; stop if one parks again",
     )
     parser.add_argument(
         "--canary-wait",
-        type=duration_type,
+        type=output.duration_type,
         default=None,
         metavar="DURATION",
         help="how long canaries have to park again once due before the rest follows (default: "
@@ -82,39 +70,39 @@ def _replay_options(parser: argparse.ArgumentParser) -> None:
         help="do not ask for confirmation (asked when an --id selects more than one message, "
         "and before replaying every parked message when no --id or filter is given)",
     )
-    add_json_option(parser)
-    add_topology_args(parser)
+    output.add_json_option(parser)
+    common.add_topology_args(parser)
 
 
 def _purge_options(parser: argparse.ArgumentParser) -> None:
-    add_queue_args(parser)
-    add_filter_args(parser)
+    parking_args.add_queue_args(parser)
+    parking_args.add_filter_args(parser)
     parser.add_argument("--all", action="store_true", help="select every parked message")
-    parser.add_argument("--limit", type=count_type(0), help="purge at most this many")
-    parser.add_argument("--rate", type=rate_type, help="at most this many, e.g. 500/s")
+    parser.add_argument("--limit", type=output.count_type(0), help="purge at most this many")
+    parser.add_argument("--rate", type=output.rate_type, help="at most this many, e.g. 500/s")
     parser.add_argument(
         "--dry-run", action="store_true", help="print what would go; delete nothing"
     )
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    add_json_option(parser)
-    add_topology_args(parser)
+    output.add_json_option(parser)
+    common.add_topology_args(parser)
 
 
 def _refresh_options(parser: argparse.ArgumentParser) -> None:
-    add_queue_args(parser)
+    parking_args.add_queue_args(parser)
     parser.add_argument(
         "--older-than",
-        type=duration_type,
+        type=output.duration_type,
         metavar="AGE",
         help="only messages in the parking queue longer than AGE, e.g. 7d (default: all)",
     )
     parser.add_argument("--limit", type=int, help="refresh at most this many")
-    parser.add_argument("--rate", type=rate_type, help="at most this many, e.g. 500/s")
+    parser.add_argument("--rate", type=output.rate_type, help="at most this many, e.g. 500/s")
     parser.add_argument(
         "--dry-run", action="store_true", help="print what would move; move nothing"
     )
-    add_json_option(parser)
-    add_topology_args(parser)
+    output.add_json_option(parser)
+    common.add_topology_args(parser)
 
 
 def who() -> str | None:
@@ -126,11 +114,25 @@ def who() -> str | None:
         return None
 
 
+_DONE = {"replay": "replayed", "purge": "purged", "refresh": "refreshed"}
+"""Each move in the past tense, as its progress and report say it."""
+
+
 def _progress(args: argparse.Namespace, action: str) -> Any:
     """The progress bar of a move: messages looked at of the queue's depth, and acted on."""
-    past = {"replay": "replayed", "purge": "purged", "refresh": "refreshed"}[action]
     enabled = None if not args.json else False
-    return progress_bar(action, total=None, enabled=enabled, counts="looked at", acted=past)
+    return output.progress_bar(
+        action, total=None, enabled=enabled, counts="looked at", acted=_DONE[action]
+    )
+
+
+def _declined(question: str, args: argparse.Namespace, *, action: str) -> bool:
+    """Whether the operator answered no to ``question`` (``--yes`` answers yes); if so, says on
+    stderr that nothing moved."""
+    if output.confirm(question, assume_yes=args.yes):
+        return False
+    print(f"nothing {_DONE[action]}", file=sys.stderr)
+    return True
 
 
 def _reporter(args: argparse.Namespace, update: Any) -> Any:
@@ -145,8 +147,8 @@ def _reporter(args: argparse.Namespace, update: Any) -> Any:
 
 def _report(report: MoveReport, args: argparse.Namespace) -> int:
     if args.json:
-        emit_json(report)
-    verb = {"replay": "replayed", "purge": "purged", "refresh": "refreshed"}[report.action]
+        output.emit_json(report)
+    verb = _DONE[report.action]
     if report.dry_run:
         line = f"dry run: would have {verb} {report.done} of {report.scanned} parked message(s)"
     else:
@@ -157,13 +159,13 @@ def _report(report: MoveReport, args: argparse.Namespace) -> int:
     if not args.json:
         print(line)
     if CANARY_PARKED_AGAIN in (report.stopped, report.canary_verdict):
-        raise CommandError(
+        raise output.CommandError(
             f"a canary parked again ({', '.join(report.canary_ids)}): the replay stopped after "
             f"{report.done}; the rest stay parked. Fix the cause, then replay again"
         )
     if report.canary_verdict == CANARY_PARKED_AFTER_THE_REST:
         rest = report.done - len(report.canary_ids)
-        raise CommandError(
+        raise output.CommandError(
             f"a canary parked again ({', '.join(report.canary_ids)}) after the other {rest} "
             f"were replayed: they are probably failing too. See 'delayed-retry parking list "
             f"--queue {args.queue}'; fix the cause, then replay again"
@@ -195,11 +197,12 @@ def _canary_news(news: CanaryNews) -> None:
 
 
 async def _replay(args: argparse.Namespace) -> int:
-    where = filter_from_args(args)
+    where = parking_args.filter_from_args(args)
     limit = args.limit
     connection = await connect(args.url)
     async with connection:
         topology = await checked_topology(connection, args, queue=args.to_queue or args.queue)
+        lot = parking_args.lot_from_args(args, topology)
         channel = await connection.channel()
         if where.ids:
             where, selected, ambiguous = await resolve_ids(
@@ -210,20 +213,12 @@ async def _replay(args: argparse.Namespace) -> int:
                 f"replay {limit} parked message(s) of {args.queue!r} (an --id selects more "
                 "than one)?"
             )
-            if ambiguous and not args.dry_run and not confirm(question, assume_yes=args.yes):
-                print("nothing replayed", file=sys.stderr)
+            if ambiguous and not args.dry_run and _declined(question, args, action="replay"):
                 return 1
         elif where.is_empty and not args.dry_run:
             # The whole lot, unfiltered: asked like a purge, with the count it is.
             preview = await replay_matching(
-                channel,
-                queue=args.queue,
-                parking_queue=args.parking_queue,
-                to_queue=args.to_queue,
-                where=where,
-                limit=limit,
-                dry_run=True,
-                topology=topology,
+                channel, to_queue=args.to_queue, where=where, limit=limit, dry_run=True, **lot
             )
             if preview.done == 0:
                 print(f"no parked messages of {args.queue!r}; nothing replayed")
@@ -233,14 +228,11 @@ async def _replay(args: argparse.Namespace) -> int:
                 f"replay all {limit} parked message(s) of {args.queue!r} (no --id or filter "
                 "selects fewer)?"
             )
-            if not confirm(question, assume_yes=args.yes):
-                print("nothing replayed", file=sys.stderr)
+            if _declined(question, args, action="replay"):
                 return 1
         with _progress(args, "replay") as bar:
             report = await replay_matching(
                 channel,
-                queue=args.queue,
-                parking_queue=args.parking_queue,
                 to_queue=args.to_queue,
                 where=where,
                 limit=limit,
@@ -252,19 +244,19 @@ async def _replay(args: argparse.Namespace) -> int:
                 dry_run=args.dry_run,
                 progress=_reporter(args, bar),
                 replayed_by=who(),
-                topology=topology,
+                **lot,
             )
     return _report(report, args)
 
 
 async def _purge(args: argparse.Namespace) -> int:
-    where = filter_from_args(args)
+    where = parking_args.filter_from_args(args)
     if where.is_empty and not args.all:
-        raise UsageError(
+        raise output.UsageError(
             "parking purge needs a selection: --id, a filter (--exception, --reason, "
             "--older-than, ...) or --all"
         )
-    topology = topology_from_args(args)
+    topology = common.topology_from_args(args)
     connection = await connect(args.url)
     async with connection:
         channel = await connection.channel()
@@ -274,19 +266,18 @@ async def _purge(args: argparse.Namespace) -> int:
                 channel, args, where, topology=topology, quiet=args.json
             )
             selected = selected if args.limit is None else min(selected, args.limit)
-        common: dict[str, Any] = dict(
-            queue=args.queue, parking_queue=args.parking_queue, where=where, topology=topology
-        )
+        lot = parking_args.lot_from_args(args, topology)
         if not args.dry_run:
             if selected is None:
-                preview = await purge_matching(channel, dry_run=True, limit=args.limit, **common)
+                preview = await purge_matching(
+                    channel, where=where, dry_run=True, limit=args.limit, **lot
+                )
                 selected = preview.done
             if selected == 0:
                 print(f"no parked messages of {args.queue!r} match; nothing purged")
                 return 0
             question = f"delete {selected} parked message(s) of {args.queue!r} for good?"
-            if not confirm(question, assume_yes=args.yes):
-                print("nothing purged", file=sys.stderr)
+            if _declined(question, args, action="purge"):
                 return 1
         with _progress(args, "purge") as bar:
             # The count the operator agreed to, never more (a message parked meanwhile stays).
@@ -296,15 +287,16 @@ async def _purge(args: argparse.Namespace) -> int:
                 rate=args.rate,
                 dry_run=args.dry_run,
                 progress=_reporter(args, bar),
-                **common,
+                where=where,
+                **lot,
             )
     return _report(report, args)
 
 
 async def _refresh(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
-        raise UsageError("--limit takes zero or more messages")
-    topology = topology_from_args(args)
+        raise output.UsageError("--limit takes zero or more messages")
+    topology = common.topology_from_args(args)
     connection = await connect(args.url)
     async with connection:
         channel = await connection.channel()
@@ -320,14 +312,12 @@ async def _refresh(args: argparse.Namespace) -> int:
         with _progress(args, "refresh") as bar:
             report = await refresh_parked(
                 channel,
-                queue=args.queue,
-                parking_queue=args.parking_queue,
                 older_than=args.older_than,
                 limit=args.limit,
                 rate=args.rate,
                 dry_run=args.dry_run,
                 progress=_reporter(args, bar),
-                topology=topology,
+                **parking_args.lot_from_args(args, topology),
             )
     return _report(report, args)
 

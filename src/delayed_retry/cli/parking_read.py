@@ -11,18 +11,9 @@ import sys
 from datetime import timedelta
 from typing import Any
 
+from delayed_retry.cli import common, output, parking_args
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_topology_args, topology_from_args
 from delayed_retry.cli.connection import connect
-from delayed_retry.cli.output import (
-    add_json_option,
-    count_type,
-    counted,
-    emit_json,
-    print_table,
-    to_jsonable,
-)
-from delayed_retry.cli.parking_args import add_filter_args, add_queue_args, filter_from_args
 from delayed_retry.cli.parking_ids import ambiguous_id, match_ids, no_such_id, resolve_ids
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.headers.names import (
@@ -41,16 +32,16 @@ __all__ = ["exception_text", "LIST", "SHOW"]
 
 
 def _list_options(parser: argparse.ArgumentParser) -> None:
-    add_queue_args(parser)
-    add_filter_args(parser)
+    parking_args.add_queue_args(parser)
+    parking_args.add_filter_args(parser)
     parser.add_argument(
-        "--limit", type=count_type(1), default=20, help="records to show (%(default)s)"
+        "--limit", type=output.count_type(1), default=20, help="records to show (%(default)s)"
     )
     parser.add_argument(
-        "--offset", type=count_type(0), default=0, help="skip this many records first"
+        "--offset", type=output.count_type(0), default=0, help="skip this many records first"
     )
-    add_json_option(parser)
-    add_topology_args(parser)
+    output.add_json_option(parser)
+    common.add_topology_args(parser)
 
 
 def _show_options(parser: argparse.ArgumentParser) -> None:
@@ -60,9 +51,9 @@ def _show_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="show every parked message the id selects (without it, more than one is an error)",
     )
-    add_queue_args(parser)
-    add_json_option(parser)
-    add_topology_args(parser)
+    parking_args.add_queue_args(parser)
+    output.add_json_option(parser)
+    common.add_topology_args(parser)
 
 
 def _age(record: ParkedRecord) -> str:
@@ -98,12 +89,12 @@ def _preview(record: ParkedRecord) -> str:
 
 
 def _summary(record: ParkedRecord) -> dict[str, Any]:
-    data = to_jsonable(record)
+    data = output.to_jsonable(record)
     headers, counters = split_read_counters(record.headers)
-    data["headers"] = to_jsonable(headers)
+    data["headers"] = output.to_jsonable(headers)
     # The broker raises these on every read, this one included: not the message's own.
-    data["broker_read_counters"] = to_jsonable(counters)
-    data["body"] = to_jsonable(record.body)
+    data["broker_read_counters"] = output.to_jsonable(counters)
+    data["body"] = output.to_jsonable(record.body)
     data["age_seconds"] = (
         None if record.parked_at is None else (utcnow() - record.parked_at).total_seconds()
     )
@@ -111,8 +102,8 @@ def _summary(record: ParkedRecord) -> dict[str, Any]:
 
 
 async def _list(args: argparse.Namespace) -> int:
-    where = filter_from_args(args)
-    topology = topology_from_args(args)
+    where = parking_args.filter_from_args(args)
+    topology = common.topology_from_args(args)
     connection = await connect(args.url)
     async with connection:
         channel = await connection.channel()
@@ -120,17 +111,13 @@ async def _list(args: argparse.Namespace) -> int:
             where, _count, _ambiguous = await resolve_ids(
                 channel, args, where, topology=topology, quiet=args.json
             )
-        common = dict(queue=args.queue, parking_queue=args.parking_queue, topology=topology)
-        groups = await group_parked(channel, where=where, **common)
+        lot = parking_args.lot_from_args(args, topology)
+        groups = await group_parked(channel, where=where, **lot)
         page = await browse_parked(
-            channel,
-            where=where,
-            offset=args.offset,
-            limit=args.limit,
-            **common,
+            channel, where=where, offset=args.offset, limit=args.limit, **lot
         )
     if args.json:
-        emit_json(
+        output.emit_json(
             {
                 "queue": args.queue,
                 "groups": groups,
@@ -143,9 +130,9 @@ async def _list(args: argparse.Namespace) -> int:
         print(f"no parked messages for {args.queue!r}" + ("" if where.is_empty else " match"))
         return 0
     now = utcnow()
-    total = counted(sum(g.count for g in groups), "message")
+    total = output.counted(sum(g.count for g in groups), "message")
     print(f"failure groups of {args.queue!r} ({total}):")
-    print_table(
+    output.print_table(
         ("group", "count", "reason", "oldest", "failure"),
         [
             (
@@ -160,7 +147,7 @@ async def _list(args: argparse.Namespace) -> int:
         right=(1,),
     )
     print()
-    table = print_table(
+    table = output.print_table(
         ("id", "age", "reason", "attempts", "exception", "body"),
         [
             (r.id, _age(r), r.reason, r.attempts, exception_text(r), _preview(r))
@@ -183,7 +170,7 @@ SHOW_AT_MOST = 20
 
 
 async def _show(args: argparse.Namespace) -> int:
-    topology = topology_from_args(args)
+    topology = common.topology_from_args(args)
     connection = await connect(args.url)
     async with connection:
         channel = await connection.channel()
@@ -196,7 +183,7 @@ async def _show(args: argparse.Namespace) -> int:
         raise ambiguous_id(match, args.queue)
     records = match.records
     if args.json:
-        emit_json(_summary(records[0]) if not args.all else [_summary(r) for r in records])
+        output.emit_json(_summary(records[0]) if not args.all else [_summary(r) for r in records])
     else:
         for n, record in enumerate(records, 1):
             if args.all:
@@ -234,15 +221,15 @@ def _print_record(record: ParkedRecord) -> None:
     print("       headers:")
     for key, value in sorted(headers.items()):
         if key != X_EXCEPTION_TRACEBACK:
-            print(f"    {key} = {to_jsonable(value)!r}")
+            print(f"    {key} = {output.to_jsonable(value)!r}")
     if counters:
         print(f"{'read counts':>14}: written by RabbitMQ on every read, this one included")
         for key, value in counters.items():
-            print(f"    {key} = {to_jsonable(value)!r}  ({BROKER_READ_COUNTERS[key]})")
+            print(f"    {key} = {output.to_jsonable(value)!r}  ({BROKER_READ_COUNTERS[key]})")
     if record.traceback:
         print("     traceback:")
         print("    " + record.traceback.rstrip().replace("\n", "\n    "))
-    body = to_jsonable(record.body)
+    body = output.to_jsonable(record.body)
     print(f"          body ({len(record.body)} bytes):")
     if isinstance(body, str):
         print(body)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from delayed_retry.cli.output import EXIT_USAGE, print_error
+from delayed_retry.cli import output
 
 __all__ = ["CommandLineParser"]
 
@@ -54,5 +54,5 @@ class CommandLineParser(argparse.ArgumentParser):
         # messages (unknown option, missing option, bad int) do not: point to --help.
         if ";" not in message:
             message = f"{message}; '{self.prog} --help' lists the options"
-        print_error(message)
-        self.exit(EXIT_USAGE)
+        output.print_error(message)
+        self.exit(output.EXIT_USAGE)

@@ -7,17 +7,10 @@ import sys
 from datetime import datetime, timedelta
 
 from delayed_retry.admin.chain_probe import queue_depth
+from delayed_retry.cli import common, output
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_topology_args
 from delayed_retry.cli.connection import connect
-from delayed_retry.cli.output import (
-    UsageError,
-    add_json_option,
-    duration_type,
-    emit_json,
-    header_type,
-)
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import NotFoundError, queue_not_found
 
@@ -41,21 +34,14 @@ def _moment(text: str) -> datetime:
 def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue", required=True, help="the queue that receives it when due")
     when = parser.add_mutually_exclusive_group(required=True)
-    when.add_argument("--delay", type=duration_type, help="due after, e.g. 90s, 15m, 1h, 2d")
+    when.add_argument("--delay", type=output.duration_type, help="due after, e.g. 90s, 15m, 1h, 2d")
     when.add_argument("--at", type=_moment, help="due at, e.g. 2026-12-01T09:00Z")
     parser.add_argument("--body", default="", help="the body as text, or - to read stdin")
-    parser.add_argument(
-        "--header",
-        type=header_type,
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a header (repeatable)",
-    )
+    output.add_header_option(parser, "--header", help="a header (repeatable)", metavar="NAME=VALUE")
     parser.add_argument("--message-id", help="message id (default: none)")
     parser.add_argument("--content-type", help="content type, e.g. application/json")
-    add_json_option(parser)
-    add_topology_args(parser)
+    output.add_json_option(parser)
+    common.add_topology_args(parser)
 
 
 async def _publish(args: argparse.Namespace) -> int:
@@ -72,7 +58,7 @@ async def _publish(args: argparse.Namespace) -> int:
             raise NotFoundError(queue_not_found(args.queue, so="nothing can be scheduled for it"))
         topology = await checked_topology(connection, args, queue=args.queue)
         if due_at - now > topology.max_delay:
-            raise UsageError(
+            raise output.UsageError(
                 f"due in {format_duration(due_at - now)}, longer than the chain's maximum "
                 f"{format_duration(topology.max_delay)}; pick an earlier time"
             )
@@ -86,7 +72,9 @@ async def _publish(args: argparse.Namespace) -> int:
         )
         await publish_delayed(channel, message, queue=args.queue, delay=due_at, topology=topology)
     if args.json:
-        emit_json({"queue": args.queue, "due_at": due_at, "bytes": len(body), "confirmed": True})
+        output.emit_json(
+            {"queue": args.queue, "due_at": due_at, "bytes": len(body), "confirmed": True}
+        )
     else:
         print(
             f"scheduled {len(body)} byte(s) for {args.queue!r}, due {due_at.isoformat()} "

@@ -10,8 +10,8 @@ from tenacity.wait import wait_base
 
 from delayed_retry.admin.chain_probe import queue_depth
 from delayed_retry.amqp.channels import close_quietly
+from delayed_retry.cli import common
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_queues_option, add_topology_args, topology_from_args
 from delayed_retry.cli.service import add_service_args, run_service
 from delayed_retry.cli.service_state import Running
 from delayed_retry.cli.startup import Startup
@@ -61,8 +61,8 @@ def wait_type(spec: str) -> wait_base:
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
-    add_topology_args(parser)
-    add_queues_option(
+    common.add_topology_args(parser)
+    common.add_queues_option(
         parser,
         help="a queue whose rejections to retry (repeatable; the only possible destinations)",
         required=True,
@@ -84,7 +84,7 @@ async def _router(args: argparse.Namespace) -> int:
     retry_router = RetryRouter(
         queues=args.queue,
         max_retries=args.max_retries,
-        topology=topology_from_args(args),
+        topology=common.topology_from_args(args),
         prefetch=args.prefetch,
         **({"wait": args.wait} if args.wait is not None else {}),
     )

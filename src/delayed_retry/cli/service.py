@@ -22,8 +22,8 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractRobustConnection
 
+from delayed_retry.cli import output
 from delayed_retry.cli.json_logs import JsonFormatter
-from delayed_retry.cli.output import duration_type
 from delayed_retry.cli.service_http import Route, serve_routes
 from delayed_retry.cli.service_metrics import ServiceMetrics
 from delayed_retry.cli.service_state import (
@@ -99,7 +99,7 @@ def add_service_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--stop-timeout",
-        type=duration_type,
+        type=output.duration_type,
         default=STOP_TIMEOUT,
         metavar="DURATION",
         help="on SIGTERM, let messages in flight finish for this long, then give the rest "

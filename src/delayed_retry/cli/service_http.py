@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from delayed_retry.cli.output import CommandError
+from delayed_retry.cli import output
 
 __all__ = ["Reply", "Route", "serve_routes"]
 
@@ -88,7 +88,7 @@ async def serve_routes(
             lambda r, w: _handle(routes, r, w), host=host, port=port, reuse_address=True
         )
     except OSError as exc:
-        raise CommandError(
+        raise output.CommandError(
             f"{option} {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); another "
             f"process uses the port: choose another {option}"
         ) from exc

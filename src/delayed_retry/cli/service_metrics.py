@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from delayed_retry.cli.output import require_extra
+from delayed_retry.cli import output
 from delayed_retry.cli.service_http import Reply
 
 __all__ = [
@@ -29,6 +29,15 @@ HELD_UNTIL_DUE = "delayed_retry.service.held_until_due"
 READY = "delayed_retry.service.ready"
 RECONNECTS = "delayed_retry.service.reconnects"
 CONSUMERS_RESTORED = "delayed_retry.service.consumers_restored"
+
+_DESCRIPTIONS = {
+    MESSAGES: "Messages this service handled, by outcome.",
+    HELD_UNTIL_DUE: "Messages held now because they left the chain a little early.",
+    READY: "1 while the readiness probe answers 200.",
+    RECONNECTS: "Times the connection to the broker was lost and made again.",
+    CONSUMERS_RESTORED: "Consumers found in place again after their channel reopened.",
+}
+"""What each of the service's own series says of itself (its HELP line)."""
 
 _MODULES = ("opentelemetry.sdk.metrics", "opentelemetry.exporter.prometheus", "prometheus_client")
 
@@ -50,7 +59,7 @@ class ServiceMetrics:
         reconnects: Callable[[], int] = lambda: 0,
         restored: Callable[[], int] = lambda: 0,
     ) -> None:
-        require_extra("service", _MODULES, what="--metrics-port")
+        output.require_extra("service", _MODULES, what="--metrics-port")
         from opentelemetry import metrics
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from opentelemetry.metrics import CallbackOptions, Observation
@@ -70,46 +79,17 @@ class ServiceMetrics:
         def messages(_: CallbackOptions) -> Iterable[Observation]:
             return [Observation(n, {**attrs, "outcome": k}) for k, n in counts().items()]
 
-        def held_now(_: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(held(), attrs)]
+        def one(read: Callable[[], int]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+            return lambda _: [Observation(read(), attrs)]
 
-        def ready_now(_: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(1 if ready() else 0, attrs)]
-
-        meter.create_observable_counter(
-            MESSAGES,
-            callbacks=[messages],
-            unit="{message}",
-            description="Messages this service handled, by outcome.",
-        )
-        meter.create_observable_gauge(
-            HELD_UNTIL_DUE,
-            callbacks=[held_now],
-            unit="{message}",
-            description="Messages held now because they left the chain a little early.",
-        )
-        meter.create_observable_gauge(
-            READY, callbacks=[ready_now], description="1 while the readiness probe answers 200."
-        )
-
-        def reconnected(_: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(reconnects(), attrs)]
-
-        def restorations(_: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(restored(), attrs)]
-
-        meter.create_observable_counter(
-            RECONNECTS,
-            callbacks=[reconnected],
-            unit="{reconnect}",
-            description="Times the connection to the broker was lost and made again.",
-        )
-        meter.create_observable_counter(
-            CONSUMERS_RESTORED,
-            callbacks=[restorations],
-            unit="{consumer}",
-            description="Consumers found in place again after their channel reopened.",
-        )
+        for create, name, callback, unit in (
+            (meter.create_observable_counter, MESSAGES, messages, "{message}"),
+            (meter.create_observable_gauge, HELD_UNTIL_DUE, one(held), "{message}"),
+            (meter.create_observable_gauge, READY, one(lambda: 1 if ready() else 0), ""),
+            (meter.create_observable_counter, RECONNECTS, one(reconnects), "{reconnect}"),
+            (meter.create_observable_counter, CONSUMERS_RESTORED, one(restored), "{consumer}"),
+        ):
+            create(name, callbacks=[callback], unit=unit, description=_DESCRIPTIONS[name])
 
     def page(self) -> Reply:
         """The Prometheus text exposition of every metric of the process."""

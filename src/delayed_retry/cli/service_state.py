@@ -24,6 +24,7 @@ from delayed_retry.amqp.consumers import Consumer
 from delayed_retry.cli.service_http import Reply, Route
 from delayed_retry.cli.startup import Startup
 from delayed_retry.delivery.forwarder import Forwarder
+from delayed_retry.delivery.front_door import FrontDoor
 
 __all__ = [
     "LIVENESS_PATH",
@@ -34,6 +35,7 @@ __all__ = [
     "ServiceState",
     "count_reconnect",
     "exchanges_exist",
+    "forwarding",
     "probe_routes",
     "watch",
     "watch_once",
@@ -160,6 +162,23 @@ async def exchanges_exist(forwarder: Forwarder) -> dict[str, bool]:
     start-up line names the missing ones).
     """
     return {"exchanges_exist": not await forwarder.missing_exchanges()}
+
+
+def forwarding(
+    service: Forwarder | FrontDoor, *, startup: Startup, counts: Callable[[], Mapping[str, int]]
+) -> Running:
+    """A started service that delivers through a :class:`Forwarder`: ``forwarder`` itself, or
+    ``front-door`` around one. Stopped and asked for its consumers as ``service``; ready while
+    the forwarder's exchanges exist; holds what the forwarder holds until due."""
+    forwarder = service.forwarder if isinstance(service, FrontDoor) else service
+    return Running(
+        startup=startup,
+        stop=lambda grace: service.close(grace=grace),
+        consumers=lambda: service.consumers,
+        watch=lambda: exchanges_exist(forwarder),
+        counts=counts,
+        held=lambda: forwarder.held_until_due,
+    )
 
 
 def count_reconnect(state: ServiceState) -> None:

@@ -7,11 +7,11 @@ import contextlib
 import functools
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
+from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.cli import common, output
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.output import CommandError, require_extra
 from delayed_retry.errors import (
     ConfigurationError,
     DelayedRetryError,
@@ -121,13 +121,13 @@ def _spark_command(
     def wrap(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
         @functools.wraps(func)
         def wrapper(args: argparse.Namespace) -> int:
-            require_extra("spark", needs, what=f"'delayed-retry {command}'")
+            output.require_extra("spark", needs, what=f"'delayed-retry {command}'")
             from delayed_retry.spark.session import SparkMissingError
 
             try:
                 return func(args)
             except SparkMissingError as exc:  # no Java, or Spark would not start: not the words
-                raise CommandError(str(exc)) from exc
+                raise output.CommandError(str(exc)) from exc
             except DelayedRetryError:
                 raise
             except Exception as exc:
@@ -165,6 +165,22 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Sending(TypedDict):
+    url: str
+    topology: DelayTopology
+    partitions: int | None
+
+
+def _sending(args: argparse.Namespace) -> _Sending:
+    """What a job that sends (``redrive``, ``schedule``) takes of the options besides its
+    ledger: the broker, the chain and the partitions sending at once."""
+    return {
+        "url": args.url,
+        "topology": common.topology_from_args(args),
+        "partitions": args.partitions,
+    }
+
+
 @_spark_command("spark redrive", needs=SPARK_JOB)
 def cmd_redrive(args: argparse.Namespace) -> int:
     """Send selected archived messages back to their queues through the delay chain."""
@@ -182,14 +198,12 @@ def cmd_redrive(args: argparse.Namespace) -> int:
         result = redrive(
             spark,
             args.paths,
-            url=args.url,
             where=args.where,
             rate=args.rate,
             dry_run=args.dry_run,
             redrive_id=args.redrive_id,
             ledger=args.ledger,
-            topology=topology_from_args(args),
-            partitions=args.partitions,
+            **_sending(args),
         )
     verb = "would send" if result.dry_run else "sent"
     count = result.to_send if result.dry_run else result.sent
@@ -234,11 +248,9 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             body=args.body,
             key=args.key,
             schedule_id=args.schedule_id,
-            ledger=args.ledger,
-            url=args.url,
             headers=dict(args.header),
-            topology=topology_from_args(args),
-            partitions=args.partitions,
+            ledger=args.ledger,
+            **_sending(args),
         )
     print(
         f"schedule {result.schedule_id}: {result.rows} rows, sent {result.sent}, "
@@ -302,7 +314,7 @@ def _redrive_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ledger", default=None, help="ledger folder (default <archive>/_ledger)")
     _with_master(parser)
     _with_partitions(parser)
-    add_topology_args(parser)
+    common.add_topology_args(parser)
 
 
 def _schedule_options(parser: argparse.ArgumentParser) -> None:
@@ -330,7 +342,7 @@ def _schedule_options(parser: argparse.ArgumentParser) -> None:
     )
     _with_master(parser)
     _with_partitions(parser)
-    add_topology_args(parser)
+    common.add_topology_args(parser)
 
 
 COMMAND = Command(

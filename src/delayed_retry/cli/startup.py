@@ -29,7 +29,7 @@ from delayed_retry.admin.chain_probe import declared_queue, exchange_exists
 from delayed_retry.admin.live_chain import LiveQueue
 from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementError
 from delayed_retry.chain.topology import DelayTopology
-from delayed_retry.cli.common import management_client
+from delayed_retry.cli import common
 from delayed_retry.durations import format_duration
 
 __all__ = ["Startup", "announce", "startup_line", "stranded_forward_queues"]
@@ -115,7 +115,7 @@ async def _checks(
     note = None
     if startup.delivers_to:
         try:
-            queues = await management_client(args, timeout=BEST_EFFORT_TIMEOUT).queues()
+            queues = await common.management_client(args, timeout=BEST_EFFORT_TIMEOUT).queues()
         except ManagementError:
             note = "forward queues of other prefixes not checked (management API not reachable)"
         else:

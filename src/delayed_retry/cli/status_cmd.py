@@ -11,18 +11,11 @@ from aio_pika.abc import AbstractConnection
 
 from delayed_retry.admin.chain_due import DueTimes, peek_due_times, peeks_are_safe
 from delayed_retry.admin.chain_probe import declared_queue
+from delayed_retry.cli import common, output
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_management_option, add_queues_option, add_topology_args
 from delayed_retry.cli.connection import connect
 from delayed_retry.cli.leaders import ChainLeaders, read_chain_leaders
-from delayed_retry.cli.output import (
-    CommandError,
-    add_json_option,
-    emit_json,
-    format_at_most,
-    print_table,
-)
 from delayed_retry.cli.work_queue import check_work_queue
 from delayed_retry.durations import format_duration, utcnow
 from delayed_retry.errors import NotFoundError, queue_not_found
@@ -32,16 +25,18 @@ __all__ = ["COMMAND"]
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
-    add_queues_option(parser, help="a work queue to show with its parking queue (repeatable)")
+    common.add_queues_option(
+        parser, help="a work queue to show with its parking queue (repeatable)"
+    )
     parser.add_argument("--all-levels", action="store_true", help="also show empty levels")
     parser.add_argument(
         "--no-peek",
         action="store_true",
         help="do not read the waiting messages' due times; show each level's bound only",
     )
-    add_json_option(parser)
-    add_topology_args(parser)
-    add_management_option(
+    output.add_json_option(parser)
+    common.add_topology_args(parser)
+    common.add_management_option(
         parser, purpose="the chain a --queue is bound to and its delivery limit's checks"
     )
 
@@ -120,7 +115,7 @@ async def _status(args: argparse.Namespace) -> int:
     missing += [topology.unroutable_queue] if unroutable is None else []
     missing += [q for q, found in work.items() if found is None]
     if args.json:
-        emit_json(
+        output.emit_json(
             {
                 "prefix": topology.prefix,
                 "levels": topology.levels,
@@ -157,7 +152,7 @@ async def _status(args: argparse.Namespace) -> int:
     )
     if args.queue:
         print()
-        print_table(
+        output.print_table(
             ("queue", "ready", "consumers", "throttled", "parked", "dead-lettered"),
             [
                 (
@@ -178,7 +173,7 @@ async def _status(args: argparse.Namespace) -> int:
     if shown:
         # The leader column only where the management API told where leaders are.
         read = leaders.spread is not None
-        print_table(
+        output.print_table(
             ("level", "holds", "messages", "due", *(("leader (members)",) if read else ())),
             [
                 (
@@ -251,7 +246,7 @@ def _due_cell(row: dict[str, Any], times: DueTimes | None, *, now: datetime, pee
     """When a level's messages come due: exact from their headers, else the level's bound."""
     if not row["messages"]:
         return "-"
-    bound = f"within {format_at_most(row['due_within_seconds'])}"
+    bound = f"within {output.format_at_most(row['due_within_seconds'])}"
     if times is None or times.known == 0:
         why = "level bound" if peeked else "level bound, not read"
         return f"{bound} ({why})"
@@ -283,7 +278,7 @@ def _raise_missing(work: dict[str, tuple[int, int] | None], missing: list[str]) 
         others = f"; also missing: {', '.join(named[1:])}" if named[1:] else ""
         raise NotFoundError(queue_not_found(named[0]) + others)
     if missing:
-        raise CommandError(
+        raise output.CommandError(
             f"{len(missing)} queue(s) of the delay chain are missing ({', '.join(missing[:3])}"
             f"{', …' if len(missing) > 3 else ''}); run 'delayed-retry declare' with the same "
             "options to create them"

@@ -18,24 +18,16 @@ from delayed_retry.admin.teardown import (
     tear_down,
 )
 from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.cli import common, output
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import (
-    add_management_option,
-    add_queues_option,
-    add_topology_args,
-    management_client,
-    topology_from_args,
-    topology_options,
-)
 from delayed_retry.cli.connection import connect
-from delayed_retry.cli.output import CommandError, add_json_option, confirm, emit_json
 
 __all__ = ["how_to_empty", "COMMAND"]
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
-    add_topology_args(parser)
-    add_queues_option(
+    common.add_topology_args(parser)
+    common.add_queues_option(
         parser, help="also remove QUEUE.parking (repeatable; QUEUE itself is never removed)"
     )
     parser.add_argument(
@@ -66,15 +58,15 @@ def _options(parser: argparse.ArgumentParser) -> None:
         help="--forward every exchange the chain forwards to (read from the management API; "
         "without this option they are listed and kept)",
     )
-    add_management_option(parser, purpose="finding forward queues")
+    common.add_management_option(parser, purpose="finding forward queues")
     parser.add_argument("--dry-run", action="store_true", help="list what would be removed")
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    add_json_option(parser)
+    output.add_json_option(parser)
 
 
 def how_to_empty(topology: DelayTopology, queue: str, work_queues: Iterable[str] = ()) -> str:
     """What empties ``queue`` of ``topology``'s chain (a step or a command), for a refusal."""
-    options = topology_options(topology)
+    options = common.topology_options(topology)
     purge = f"'delayed-retry parking purge --queue {queue} --parking-queue {queue} --all {options}'"
     if topology.is_level_queue(queue):
         source = (
@@ -209,7 +201,7 @@ def _stopped(plan: TeardownPlan, outcome: TeardownOutcome, topology: DelayTopolo
     kept = len(plan.queues) - len(outcome.queues)
     gone = (
         f"the {len(outcome.queues)} queue(s) before it are gone: run 'delayed-retry declare "
-        f"{topology_options(topology)}' to restore the chain for what waits in it"
+        f"{common.topology_options(topology)}' to restore the chain for what waits in it"
         if outcome.queues
         else "nothing was removed"
     )
@@ -221,10 +213,12 @@ def _stopped(plan: TeardownPlan, outcome: TeardownOutcome, topology: DelayTopolo
 
 
 async def _teardown(args: argparse.Namespace) -> int:
-    topology = topology_from_args(args)
-    found = await found_forwarding(management_client(args, timeout=BEST_EFFORT_TIMEOUT), topology)
+    topology = common.topology_from_args(args)
+    found = await found_forwarding(
+        common.management_client(args, timeout=BEST_EFFORT_TIMEOUT), topology
+    )
     if args.forwarding and found is None:
-        raise CommandError(
+        raise output.CommandError(
             "--forwarding reads the forward queues from the management API, which did not "
             "answer; name each exchange with --forward EXCHANGE, or pass --management-url"
         )
@@ -232,7 +226,7 @@ async def _teardown(args: argparse.Namespace) -> int:
     kept = [exchange for exchange in found or [] if exchange not in forwarding]
     removing = [s.name for s in deletion_order(topology, args.queue, [*forwarding, *kept])]
     left = await other_parking_queues(
-        management_client(args, timeout=BEST_EFFORT_TIMEOUT), topology, removing=removing
+        common.management_client(args, timeout=BEST_EFFORT_TIMEOUT), topology, removing=removing
     )
     connection = await connect(args.url)
     async with connection:
@@ -246,7 +240,7 @@ async def _teardown(args: argparse.Namespace) -> int:
         )
         note = sys.stderr if args.json else sys.stdout
         if args.json:
-            emit_json(
+            output.emit_json(
                 {
                     "dry_run": args.dry_run,
                     "queues": plan.queues,
@@ -265,7 +259,7 @@ async def _teardown(args: argparse.Namespace) -> int:
         _print_kept(topology, kept, stream=note)
         _print_left_behind(topology, left, stream=note)
         if plan.blocked:
-            raise CommandError(_refusal(plan, topology, args.queue))
+            raise output.CommandError(_refusal(plan, topology, args.queue))
         if not plan.queues and not plan.exchanges:
             print(f"nothing to remove: chain {topology.prefix!r} does not exist", file=note)
             return 0
@@ -282,11 +276,11 @@ async def _teardown(args: argparse.Namespace) -> int:
             f"remove {len(plan.queues)} queue(s) and {len(plan.exchanges)} exchange(s) of "
             f"chain {topology.prefix!r}{discarding}?"
         )
-        if not confirm(question, assume_yes=args.yes):
-            raise CommandError("not confirmed; nothing removed")
+        if not output.confirm(question, assume_yes=args.yes):
+            raise output.CommandError("not confirmed; nothing removed")
         outcome = await tear_down(connection, plan)
     if outcome.refused is not None:
-        raise CommandError(_stopped(plan, outcome, topology))
+        raise output.CommandError(_stopped(plan, outcome, topology))
     print(
         f"removed chain {topology.prefix!r}: {len(outcome.queues)} queue(s), "
         f"{len(outcome.exchanges)} exchange(s)",

@@ -26,22 +26,8 @@ from delayed_retry.chain.leaders import (
     rebalance_command,
 )
 from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.cli import common, output
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import (
-    add_management_option,
-    add_queues_option,
-    add_topology_args,
-    management_client,
-    topology_from_args,
-    topology_options,
-)
-from delayed_retry.cli.output import (
-    CommandError,
-    add_json_option,
-    emit_json,
-    format_at_most,
-    print_table,
-)
 from delayed_retry.cli.topology_discard_cmd import DISCARD, EXPEDITE
 from delayed_retry.cli.topology_migrate_cmd import MIGRATE
 from delayed_retry.durations import format_duration
@@ -52,25 +38,25 @@ __all__ = ["COMMAND"]
 
 
 def _verify_options(parser: argparse.ArgumentParser) -> None:
-    add_topology_args(parser)
-    add_queues_option(
+    common.add_topology_args(parser)
+    common.add_queues_option(
         parser, help="also check QUEUE's binding to the chain and its parking queue (repeatable)"
     )
-    add_management_option(parser, purpose="reading bindings and policies")
+    common.add_management_option(parser, purpose="reading bindings and policies")
     parser.add_argument(
         "--no-management", action="store_true", help="check over AMQP only, without the HTTP API"
     )
-    add_json_option(parser)
+    output.add_json_option(parser)
 
 
 def _show_options(parser: argparse.ArgumentParser) -> None:
-    add_topology_args(parser)
+    common.add_topology_args(parser)
     parser.add_argument("--all", action="store_true", help="also list empty levels")
-    add_json_option(parser)
+    output.add_json_option(parser)
 
 
 def _rebalance_options(parser: argparse.ArgumentParser) -> None:
-    add_topology_args(parser)
+    common.add_topology_args(parser)
     parser.add_argument(
         "--rabbitmq-major",
         type=int,
@@ -78,21 +64,23 @@ def _rebalance_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the broker's major version (3 or 4) instead of connecting to ask it",
     )
-    add_json_option(parser)
+    output.add_json_option(parser)
 
 
 async def _verify(args: argparse.Namespace) -> int:
-    topology = topology_from_args(args)
+    topology = common.topology_from_args(args)
     queues = tuple(args.queue)
     note: str | None = None
     differences: list[Difference]
     if not args.no_management:
         try:
-            live = await management_client(args).live_chain()
+            live = await common.management_client(args).live_chain()
         except ManagementError as exc:
             note = f"{exc}. Checked existence and arguments over AMQP only"
         else:
-            differences = compare(topology, live, options=topology_options(topology), queues=queues)
+            differences = compare(
+                topology, live, options=common.topology_options(topology), queues=queues
+            )
             style = binding_style(topology, live.bindings)
             return _report(
                 args,
@@ -108,7 +96,7 @@ async def _verify(args: argparse.Namespace) -> int:
     connection = await aio_pika.connect(args.url)
     async with connection:
         differences = await probe_over_amqp(
-            connection, topology, options=topology_options(topology), queues=queues
+            connection, topology, options=common.topology_options(topology), queues=queues
         )
     note = f"{note}; bindings, alternate exchanges in use and policies were NOT checked"
     return _report(args, topology, differences, checked="AMQP", note=note)
@@ -126,7 +114,7 @@ def _report(
 ) -> int:
     warnings = warnings or []
     if args.json:
-        emit_json(
+        output.emit_json(
             {
                 "prefix": topology.prefix,
                 "checked_through": checked,
@@ -175,7 +163,7 @@ def _leader_warnings(topology: DelayTopology, live: LiveChain, *, vhost: str) ->
 
 
 async def _rebalance(args: argparse.Namespace) -> int:
-    topology = topology_from_args(args)
+    topology = common.topology_from_args(args)
     vhost = vhost_of(args.url)
     major = args.rabbitmq_major
     if major is None:
@@ -186,7 +174,7 @@ async def _rebalance(args: argparse.Namespace) -> int:
     policies = leader_policies(topology, broker_major=major)
     rebalance = rebalance_command(topology, vhost=vhost)
     if args.json:
-        emit_json(
+        output.emit_json(
             {
                 "prefix": topology.prefix,
                 "vhost": vhost,
@@ -204,7 +192,7 @@ async def _rebalance(args: argparse.Namespace) -> int:
 
 
 async def _show(args: argparse.Namespace) -> int:
-    topology = topology_from_args(args)
+    topology = common.topology_from_args(args)
     connection = await aio_pika.connect(args.url)
     async with connection:
         depths = await level_depths(connection, topology)
@@ -230,13 +218,13 @@ async def _show(args: argparse.Namespace) -> int:
             }
         )
     if args.json:
-        emit_json({"prefix": topology.prefix, "levels": rows, "queues": others})
+        output.emit_json({"prefix": topology.prefix, "levels": rows, "queues": others})
     else:
         _print_show(args, topology, rows, others)
     missing = [r["queue"] for r in rows if r["messages"] is None]
     missing += [k for k, v in others.items() if v is None]
     if missing:
-        raise CommandError(
+        raise output.CommandError(
             f"{len(missing)} queue(s) of the chain are missing; check --prefix/--levels, or run "
             "'delayed-retry topology verify' with the same options"
         )
@@ -263,19 +251,23 @@ def _print_show(
                 (
                     r["level"],
                     format_duration(r["holds_seconds"]),
-                    f"{format_duration(low)} – {format_at_most(high)}",
+                    f"{format_duration(low)} – {output.format_at_most(high)}",
                     "missing" if r["messages"] is None else r["messages"],
-                    f"within {format_at_most(r['due_within_seconds'])}" if r["messages"] else "",
+                    f"within {output.format_at_most(r['due_within_seconds'])}"
+                    if r["messages"]
+                    else "",
                 )
             )
-        print_table(("level", "holds", "delays entering", "messages", "due"), table, right=(0, 3))
+        output.print_table(
+            ("level", "holds", "delays entering", "messages", "due"), table, right=(0, 3)
+        )
     hidden = len(rows) - len(shown)
     if hidden:
         print(f"({hidden} empty level(s) hidden; --all lists them)")
     waiting = sum(r["messages"] or 0 for r in rows)
     if waiting:
         latest = max(r["due_within_seconds"] for r in rows if r["messages"])
-        print(f"{waiting} message(s) waiting, all due within {format_at_most(latest)}")
+        print(f"{waiting} message(s) waiting, all due within {output.format_at_most(latest)}")
     else:
         print("no message waiting in the chain")
     print("   ".join(f"{k}: {'missing' if v is None else v}" for k, v in others.items()))

@@ -13,18 +13,10 @@ from typing import Any
 
 from delayed_retry.admin.chain_discard import DiscardReport, discard_waiting, expedite_waiting
 from delayed_retry.admin.waiting import WaitingMessage
+from delayed_retry.cli import common, output
 from delayed_retry.cli.chain import checked_topology
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_topology_args
 from delayed_retry.cli.connection import connect
-from delayed_retry.cli.output import (
-    CommandError,
-    UsageError,
-    add_json_option,
-    confirm,
-    emit_json,
-    print_table,
-)
 
 __all__ = ["DISCARD", "EXPEDITE"]
 
@@ -55,8 +47,8 @@ def _add_selection_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dry-run", action="store_true", help="list what would go; take nothing")
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    add_json_option(parser)
-    add_topology_args(parser)
+    output.add_json_option(parser)
+    common.add_topology_args(parser)
 
 
 def _what(args: argparse.Namespace) -> str:
@@ -78,7 +70,7 @@ def _question(args: argparse.Namespace, count: int) -> str:
 async def _take(args: argparse.Namespace) -> int:
     verb, done = ("expedite", "delivered") if args.expedite else ("discard", "discarded")
     if not args.ids and not args.queue:
-        raise UsageError(
+        raise output.UsageError(
             f"topology {verb} needs a selection: --id (as 'topology {verb} --dry-run --queue "
             "QUEUE' lists them), --queue, or both"
             + ("" if args.expedite else "; 'teardown --discard-waiting' removes everything")
@@ -87,23 +79,23 @@ async def _take(args: argparse.Namespace) -> int:
     async with connection:
         topology = await checked_topology(connection, args, queue=args.queue)
         channel = await connection.channel()
-        common: dict[str, Any] = dict(ids=tuple(args.ids), queue=args.queue, topology=topology)
+        selection: dict[str, Any] = dict(ids=tuple(args.ids), queue=args.queue, topology=topology)
         if args.expedite:
             take: Any = expedite_waiting
         else:
-            take, common["park"] = discard_waiting, args.park
+            take, selection["park"] = discard_waiting, args.park
         limit: int | None = None
         if not args.dry_run and not args.yes:
-            preview = await take(channel, dry_run=True, **common)
+            preview = await take(channel, dry_run=True, **selection)
             _refuse_unmatched(preview, args, prefix=topology.prefix)
             if preview.done == 0:
                 print(f"no message {_what(args)} waits in the chain; nothing {done}")
                 return 0
-            if not confirm(_question(args, preview.done), assume_yes=False):
+            if not output.confirm(_question(args, preview.done), assume_yes=False):
                 print(f"nothing {done}", file=sys.stderr)
                 return 1
             limit = preview.done  # the count the operator agreed to, never more
-        report = await take(channel, dry_run=args.dry_run, limit=limit, **common)
+        report = await take(channel, dry_run=args.dry_run, limit=limit, **selection)
     return _report(report, args, prefix=topology.prefix)
 
 
@@ -113,7 +105,7 @@ def _refuse_unmatched(report: DiscardReport, args: argparse.Namespace, *, prefix
     missing = ", ".join(repr(i) for i in report.unmatched)
     where = f" due to {args.queue!r}" if args.queue else ""
     taken = "" if report.dry_run else f" ({report.done} other message(s) were taken out)"
-    raise CommandError(
+    raise output.CommandError(
         f"no message{where} with id {missing} waits in the delay chain "
         f"{prefix!r}{taken}: it may have arrived already or never "
         "been scheduled; 'delayed-retry topology discard --dry-run --queue QUEUE' lists the "
@@ -128,10 +120,10 @@ def _row(message: WaitingMessage) -> tuple[object, ...]:
 
 def _report(report: DiscardReport, args: argparse.Namespace, *, prefix: str) -> int:
     if args.json:
-        emit_json(report)
+        output.emit_json(report)
     else:
         if report.dry_run and report.selected:
-            print_table(
+            output.print_table(
                 ("id", "destination", "due", "level"),
                 [_row(m) for m in report.selected],
                 right=(3,),

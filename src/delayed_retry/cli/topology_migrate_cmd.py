@@ -12,21 +12,14 @@ import aio_pika
 from delayed_retry.admin.chain_migration import migrate_chain, source_depths
 from delayed_retry.admin.other_chains import SourceChain
 from delayed_retry.chain.topology import DelayTopology
+from delayed_retry.cli import common, output
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import add_topology_args, topology_from_args
-from delayed_retry.cli.output import (
-    UsageError,
-    add_json_option,
-    emit_json,
-    format_at_most,
-    progress_bar,
-)
 
 __all__ = ["MIGRATE", "source_from_args"]
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
-    add_topology_args(parser)
+    common.add_topology_args(parser)
     parser.add_argument(
         "--from",
         dest="source",
@@ -60,7 +53,7 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="count what would move; read and move nothing"
     )
-    add_json_option(parser)
+    output.add_json_option(parser)
 
 
 def source_from_args(args: argparse.Namespace) -> SourceChain:
@@ -70,7 +63,7 @@ def source_from_args(args: argparse.Namespace) -> SourceChain:
     if args.source == "nservicebus":
         return SourceChain.nservicebus()
     if not args.from_prefix:
-        raise UsageError(
+        raise output.UsageError(
             "--from delayed-retry needs --from-prefix (and --from-levels/--from-unit-ms when "
             "they were not the defaults): the settings the old chain was declared with"
         )
@@ -87,27 +80,29 @@ def _mapping(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, queue = item.partition("=")
         if not sep or not key or not queue:
-            raise UsageError(f"--map {item!r} is not KEY=QUEUE, e.g. --map celery=tasks")
+            raise output.UsageError(f"--map {item!r} is not KEY=QUEUE, e.g. --map celery=tasks")
         out[key] = queue
     return out
 
 
 async def _migrate(args: argparse.Namespace) -> int:
     source = source_from_args(args)
-    target = topology_from_args(args)
+    target = common.topology_from_args(args)
     mapping = _mapping(args.map)
     connection = await aio_pika.connect(args.url)
     async with connection:
         depths = await source_depths(connection, source)
         if all(count is None for _, _, count in depths):
-            raise UsageError(
+            raise output.UsageError(
                 f"no queue of the {source.label} exists (looked for {source.level_name(0)!r} "
                 f"… {source.level_name(source.levels - 1)!r}); check --from and --from-prefix"
             )
         if args.dry_run:
             return _print_dry_run(args, source, target, depths)
         total = sum(count or 0 for _, _, count in depths)
-        with progress_bar("moving", total=total, enabled=None if not args.json else False) as bar:
+        with output.progress_bar(
+            "moving", total=total, enabled=None if not args.json else False
+        ) as bar:
             moved = 0
 
             def advance(n: int) -> None:
@@ -135,7 +130,7 @@ async def _migrate(args: argparse.Namespace) -> int:
         if r.moved or r.left or r.problems
     ]
     if args.json:
-        emit_json({"moved": report.moved, "left": report.left, "levels": rows})
+        output.emit_json({"moved": report.moved, "left": report.left, "levels": rows})
     else:
         for row in rows:
             print(f"{row['queue']}: moved {row['moved']}, left {row['left']}")
@@ -164,10 +159,10 @@ def _print_dry_run(
         )
     total = sum(r["messages"] for r in rows)
     if args.json:
-        emit_json({"dry_run": True, "would_move": total, "levels": rows})
+        output.emit_json({"dry_run": True, "would_move": total, "levels": rows})
         return 0
     for r in rows:
-        within = format_at_most(r["due_within_seconds"])
+        within = output.format_at_most(r["due_within_seconds"])
         print(f"{r['queue']}: {r['messages']} message(s), due within {within}")
     print(
         f"dry run: would move {total} message(s) from the {source.label} into "

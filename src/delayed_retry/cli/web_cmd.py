@@ -9,15 +9,8 @@ from pathlib import Path
 
 from aio_pika.abc import AbstractRobustConnection
 
+from delayed_retry.cli import common, output
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.common import (
-    add_management_option,
-    add_queues_option,
-    add_topology_args,
-    management_url_from,
-    topology_from_args,
-)
-from delayed_retry.cli.output import CommandError, require_extra
 from delayed_retry.cli.service import add_service_args, run_service
 from delayed_retry.cli.service_state import Running
 from delayed_retry.cli.startup import Startup
@@ -29,7 +22,7 @@ __all__ = ["COMMAND"]
 def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
     parser.add_argument("--port", type=int, default=8080, help="port (%(default)s)")
-    add_queues_option(
+    common.add_queues_option(
         parser,
         help="a work queue whose parking lot to show (repeat); default: find them through "
         "the management API",
@@ -51,8 +44,10 @@ def _options(parser: argparse.ArgumentParser) -> None:
         "~/.local/state/delayed-retry/audit.jsonl; none with --read-only, which has "
         "nothing to record)",
     )
-    add_management_option(parser, purpose="finding the parking queues when no --queue is given")
-    add_topology_args(parser)
+    common.add_management_option(
+        parser, purpose="finding the parking queues when no --queue is given"
+    )
+    common.add_topology_args(parser)
     add_service_args(parser)
 
 
@@ -84,7 +79,7 @@ def _audit_log_for(args: argparse.Namespace, default: Callable[[], Path]) -> Pat
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    require_extra("web", ("aiohttp", "jinja2"), what="the web view")
+    output.require_extra("web", ("aiohttp", "jinja2"), what="the web view")
     from aiohttp import web
 
     from delayed_retry.web import WebSettings, create_app, parse_credentials
@@ -99,11 +94,11 @@ async def _serve(args: argparse.Namespace) -> int:
     settings = WebSettings(
         url=args.url,
         queues=tuple(args.queue),
-        topology=topology_from_args(args),
+        topology=common.topology_from_args(args),
         credentials=credentials,
         read_only=args.read_only,
         audit_log=audit_log,
-        management_url=management_url_from(args),
+        management_url=common.management_url_from(args),
     )
     runner = web.AppRunner(create_app(settings), access_log=None, shutdown_timeout=5)
 
@@ -115,7 +110,7 @@ async def _serve(args: argparse.Namespace) -> int:
             await site.start()
         except OSError as exc:
             await runner.cleanup()
-            raise CommandError(
+            raise output.CommandError(
                 f"cannot listen on {args.host}:{args.port}: {exc.strerror}; choose another --port"
             ) from exc
         host = f"[{args.host}]" if ":" in args.host else args.host

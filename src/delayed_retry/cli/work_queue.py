@@ -18,7 +18,7 @@ from aio_pika.abc import AbstractConnection
 
 from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementError
 from delayed_retry.amqp.channels import underlay_channel
-from delayed_retry.cli.common import management_client
+from delayed_retry.cli import common
 from delayed_retry.rabbitmq.delivery_limits import undecodable_risk
 from delayed_retry.rabbitmq.versions import broker_major_version
 from delayed_retry.rabbitmq.work_queues import dead_letter_target
@@ -55,7 +55,7 @@ async def check_work_queue(
     args: argparse.Namespace, connection: AbstractConnection, queue: str
 ) -> WorkQueueCheck:
     """Check ``queue`` through the management API of the broker at ``--url``."""
-    client = management_client(args, timeout=BEST_EFFORT_TIMEOUT)
+    client = common.management_client(args, timeout=BEST_EFFORT_TIMEOUT)
     try:
         info = await client.queue(queue)
     except ManagementError as exc:
