@@ -43,7 +43,7 @@ from delayed_retry import (
     declare_topology,
     with_delayed_retry,
 )
-from delayed_retry.consumer.ordering import order_queue_name
+from delayed_retry.consumer.order_partition import order_queue_name
 
 KEYS = 50
 

@@ -20,7 +20,7 @@ from delayed_retry import (
     with_delayed_retry,
 )
 from delayed_retry.consumer import order_partition
-from delayed_retry.consumer.ordering import order_queue_name
+from delayed_retry.consumer.order_partition import order_queue_name
 from tests.support.chain import Scenario
 from tests.support.waiting import wait_until
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import aio_pika
 
 from delayed_retry import DelayTopology, declare_ordered_queues, publish_ordered
-from delayed_retry.consumer.ordering import order_queue_name
+from delayed_retry.consumer.order_partition import order_queue_name
 from delayed_retry.delivery.ordered import ordered_queue_names
 from tests.support.queues import delete_all
 from tests.support.waiting import wait_until

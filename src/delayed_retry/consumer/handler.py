@@ -33,7 +33,8 @@ from delayed_retry.consumer.failures import FailureHandling
 from delayed_retry.consumer.handover import ack, hand_over
 from delayed_retry.consumer.hold import early_tolerance, hold_until_due
 from delayed_retry.consumer.immediate import pause_before_rerun
-from delayed_retry.consumer.ordering import KeyOrdering, Outcome
+from delayed_retry.consumer.order_partition import Outcome
+from delayed_retry.consumer.ordering import KeyOrdering
 from delayed_retry.consumer.outbox import CURRENT_OUTBOX, Outbox
 from delayed_retry.consumer.put_back import cancel_consumer_of, put_back
 from delayed_retry.consumer.rescue import rescue

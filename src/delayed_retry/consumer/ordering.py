@@ -20,18 +20,12 @@ from datetime import datetime
 from aio_pika.abc import AbstractIncomingMessage
 
 from delayed_retry.consumer.handover import RequeueBackoff, requeue_after_backoff
-from delayed_retry.consumer.order_partition import (
-    ORDER_QUEUE_ARGUMENTS,
-    Outcome,
-    Partition,
-    Run,
-    order_queue_name,
-)
+from delayed_retry.consumer.order_partition import Partition, Run
 from delayed_retry.headers.names import X_ORDER_KEY, X_ORDER_TOKEN
 from delayed_retry.headers.text import header_text
 from delayed_retry.recovery.ordering import order_token
 
-__all__ = ["ORDER_QUEUE_ARGUMENTS", "KeyOrdering", "Outcome", "order_queue_name"]
+__all__ = ["KeyOrdering"]
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractQueue
 
-from delayed_retry.consumer.ordering import ORDER_QUEUE_ARGUMENTS, order_queue_name
+from delayed_retry.consumer.order_partition import ORDER_QUEUE_ARGUMENTS, order_queue_name
 from delayed_retry.errors import ConfigurationError
 from delayed_retry.headers.names import X_ORDER_KEY
 from delayed_retry.rabbitmq.work_queues import work_queue_arguments

@@ -33,14 +33,21 @@ Outcome = Literal["success", "retry", "parked", "redelayed", "error", "immediate
 PublishKind = Literal["retry", "park", "schedule"]
 
 
+_NOTHING: AbstractContextManager[None] = nullcontext()
+"""A context that does nothing: it keeps no state, so every quiet publish shares one."""
+
+
 class AttemptScope(Protocol):
-    """One handling attempt, open while the handler runs and the message is handed over."""
+    """One handling attempt, open while the handler runs and the message is handed over.
+
+    Subclassing it is optional; a subclass inherits methods that record nothing.
+    """
 
     def publishing(
         self, headers: dict[str, Any], *, kind: PublishKind, exchange: str, routing_key: str
     ) -> AbstractContextManager[None]:
         """Wrap a publish of the message onward; may add trace context to ``headers``."""
-        ...
+        return _NOTHING
 
     def finish(
         self,
@@ -51,7 +58,7 @@ class AttemptScope(Protocol):
         reason: str | None = None,
     ) -> None:
         """Record how the attempt ended (called once)."""
-        ...
+        return None
 
 
 class Instrumentation(Protocol):
@@ -75,11 +82,7 @@ class Instrumentation(Protocol):
         ...
 
 
-_NOTHING: AbstractContextManager[None] = nullcontext()
-"""A context that does nothing: it keeps no state, so every quiet publish shares one."""
-
-
-class QuietScope:
+class QuietScope(AttemptScope):
     """An attempt scope that records nothing, and its own context manager: free to enter.
 
     The middleware uses :data:`QUIET_SCOPE` instead of opening a scope while
@@ -90,21 +93,6 @@ class QuietScope:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        return None
-
-    def publishing(
-        self, headers: dict[str, Any], *, kind: PublishKind, exchange: str, routing_key: str
-    ) -> AbstractContextManager[None]:
-        return _NOTHING
-
-    def finish(
-        self,
-        outcome: Outcome,
-        *,
-        delay: float | None = None,
-        exc: BaseException | None = None,
-        reason: str | None = None,
-    ) -> None:
         return None
 
 

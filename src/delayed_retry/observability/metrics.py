@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from opentelemetry import metrics
-from opentelemetry.metrics import Meter, MeterProvider
+from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider
 
 from delayed_retry.durations import utcnow
 from delayed_retry.headers.retry_state import RetryState
@@ -50,6 +50,19 @@ THROTTLED = "delayed_retry.throttled"
 THROTTLE_TRIPS = "delayed_retry.throttle.trips"
 """How often a queue's consumer tripped its throttle."""
 
+_DESCRIPTIONS: dict[str, tuple[str, str]] = {
+    ATTEMPTS: ("{attempt}", "Handling attempts, by queue and outcome."),
+    RETRIES: ("{message}", "Retries scheduled into the delay chain, by queue and exception type."),
+    SUCCESSES_AFTER_RETRY: (
+        "{message}",
+        "Messages handled successfully after at least one failure.",
+    ),
+    PARKED: ("{message}", "Messages parked, by queue, exception type and reason."),
+    DELAY: ("s", "Delays chosen for retries and scheduled messages."),
+    RESOLUTION: ("s", "Time from a message's first failure to its success or parking."),
+}
+"""The unit and description of each instrument of :class:`RetryMetrics`, by name."""
+
 # Delays span milliseconds to days: explicit buckets from 10 ms to 7 days.
 DELAY_BUCKETS = (
     0.01,
@@ -73,40 +86,30 @@ def meter_for(provider: MeterProvider | None) -> Meter:
     return metrics.get_meter(INSTRUMENTATION_NAME, instrumentation_version(), provider)
 
 
+def _counter(meter: Meter, name: str) -> Counter:
+    """The counter ``name`` on ``meter``, with its unit and description."""
+    unit, description = _DESCRIPTIONS[name]
+    return meter.create_counter(name, unit=unit, description=description)
+
+
+def _delay_histogram(meter: Meter, name: str) -> Histogram:
+    """The histogram ``name`` on ``meter``, in seconds, with the :data:`DELAY_BUCKETS`."""
+    unit, description = _DESCRIPTIONS[name]
+    return meter.create_histogram(
+        name, unit=unit, description=description, explicit_bucket_boundaries_advisory=DELAY_BUCKETS
+    )
+
+
 class RetryMetrics:
     """The counters and histograms; one per instrumentation, cheap to record into."""
 
     def __init__(self, meter: Meter) -> None:
-        self.attempts = meter.create_counter(
-            ATTEMPTS, unit="{attempt}", description="Handling attempts, by queue and outcome."
-        )
-        self.retries = meter.create_counter(
-            RETRIES,
-            unit="{message}",
-            description="Retries scheduled into the delay chain, by queue and exception type.",
-        )
-        self.successes_after_retry = meter.create_counter(
-            SUCCESSES_AFTER_RETRY,
-            unit="{message}",
-            description="Messages handled successfully after at least one failure.",
-        )
-        self.parked = meter.create_counter(
-            PARKED,
-            unit="{message}",
-            description="Messages parked, by queue, exception type and reason.",
-        )
-        self.delay = meter.create_histogram(
-            DELAY,
-            unit="s",
-            description="Delays chosen for retries and scheduled messages.",
-            explicit_bucket_boundaries_advisory=DELAY_BUCKETS,
-        )
-        self.resolution = meter.create_histogram(
-            RESOLUTION,
-            unit="s",
-            description="Time from a message's first failure to its success or parking.",
-            explicit_bucket_boundaries_advisory=DELAY_BUCKETS,
-        )
+        self.attempts = _counter(meter, ATTEMPTS)
+        self.retries = _counter(meter, RETRIES)
+        self.successes_after_retry = _counter(meter, SUCCESSES_AFTER_RETRY)
+        self.parked = _counter(meter, PARKED)
+        self.delay = _delay_histogram(meter, DELAY)
+        self.resolution = _delay_histogram(meter, RESOLUTION)
 
     def record_attempt(
         self,

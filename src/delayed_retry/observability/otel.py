@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
@@ -51,21 +52,15 @@ RECHECK_SECONDS = 1.0
 """How often a quiet instrumentation looks again whether an SDK has been set up."""
 
 
+@dataclass(eq=False)
 class _Scope:
     """One attempt: its span, and the metrics recorded when it finishes."""
 
-    def __init__(
-        self,
-        owner: OpenTelemetryInstrumentation,
-        span: AttemptSpan,
-        message: AbstractIncomingMessage,
-        state: RetryState,
-    ) -> None:
-        self._owner = owner
-        self._span = span
-        self._message = message
-        self._state = state
-        self._finished = False
+    owner: OpenTelemetryInstrumentation
+    span: AttemptSpan
+    message: AbstractIncomingMessage
+    state: RetryState
+    finished: bool = False
 
     @contextmanager
     def publishing(
@@ -79,24 +74,24 @@ class _Scope:
             exchange=exchange,
             routing_key=routing_key,
             kind=kind,
-            queue=self._span.queue,
-            message_id=self._message.message_id,
-            conversation_id=self._message.correlation_id,
+            queue=self.span.queue,
+            message_id=self.message.message_id,
+            conversation_id=self.message.correlation_id,
         )
         with producer_span(
-            self._owner.tracer, self._owner.propagator, headers, attrs, exchange=exchange
+            self.owner.tracer, self.owner.propagator, headers, attrs, exchange=exchange
         ):
             yield
 
     def _origin(self) -> str | None:
         """``traceparent`` of the first failing delivery: the one it arrived with, or its span."""
         carrier: dict[str, Any] = {}
-        incoming = self._owner.propagator.extract(self._message.headers or {}, getter=HEADER_GETTER)
+        incoming = self.owner.propagator.extract(self.message.headers or {}, getter=HEADER_GETTER)
         if trace.get_current_span(incoming).get_span_context().is_valid:
             W3C.inject(carrier, context=incoming, setter=HEADER_SETTER)
-        elif self._span.span.get_span_context().is_valid:
+        elif self.span.span.get_span_context().is_valid:
             W3C.inject(
-                carrier, context=trace.set_span_in_context(self._span.span), setter=HEADER_SETTER
+                carrier, context=trace.set_span_in_context(self.span.span), setter=HEADER_SETTER
             )
         value = carrier.get("traceparent")
         return value if isinstance(value, str) else None
@@ -109,13 +104,13 @@ class _Scope:
         exc: BaseException | None = None,
         reason: str | None = None,
     ) -> None:
-        if self._finished:
+        if self.finished:
             return
-        self._finished = True
-        self._span.finish(outcome, delay=delay, exc=exc, reason=reason)
-        self._owner.metrics.record_attempt(
-            self._state,
-            queue=self._span.queue,
+        self.finished = True
+        self.span.finish(outcome, delay=delay, exc=exc, reason=reason)
+        self.owner.metrics.record_attempt(
+            self.state,
+            queue=self.span.queue,
             outcome=outcome,
             delay=delay,
             exc=exc,

@@ -12,16 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
-
-import aiormq.abc
+from typing import Any, ClassVar, Literal
 
 from delayed_retry.amqp.publish import DEFAULT_PUBLISH_TIMEOUT
 from delayed_retry.chain.topology import DEFAULT_TOPOLOGY, DelayTopology
 from delayed_retry.durations import Duration, to_epoch_ms, to_seconds, utcnow
 from delayed_retry.headers.names import X_PARKED_REFRESHED_AT
 from delayed_retry.headers.values import sanitize_headers
-from delayed_retry.parking.moving.actions import copy_then_ack
+from delayed_retry.parking.moving.actions import Channel, Delivery, copy_then_ack
 from delayed_retry.parking.moving.engine import MoveRequest, move
 from delayed_retry.parking.moving.report import MoveProgress, MoveReport
 from delayed_retry.parking.records import ParkedFilter
@@ -65,25 +63,14 @@ class RefreshAction:
     parking: str
     publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
 
-    @property
-    def name(self) -> Literal["refresh"]:
-        return "refresh"
-
-    @property
-    def confirms(self) -> bool:
-        return True
+    name: ClassVar[Literal["refresh"]] = "refresh"
+    confirms: ClassVar[bool] = True
 
     @property
     def to_queue(self) -> str:
         return self.parking
 
-    async def settle(
-        self,
-        own: aiormq.abc.AbstractChannel,
-        got: aiormq.abc.DeliveredMessage,
-        *,
-        canary_token: str | None,
-    ) -> None:
+    async def settle(self, own: Channel, got: Delivery, *, canary_token: str | None) -> None:
         headers = refresh_headers(got.header.properties.headers, now=utcnow())
         timeout = self.publish_timeout
         await copy_then_ack(

@@ -36,7 +36,7 @@ from delayed_retry.spark.fingerprints import (
     with_fingerprint,
 )
 from delayed_retry.spark.ledger import ledger_keys
-from delayed_retry.spark.partition_publish import PublishJob
+from delayed_retry.spark.partition_publish import PUBLISH_COLUMNS, PublishJob
 from delayed_retry.spark.publisher import (
     barrier_slots,
     declare_destinations,
@@ -278,16 +278,9 @@ def _run(
         job = replace(job, anchored=True)
     else:
         due = F.lit(start_ms)
+    taken_from = {"destination": F.col("origin_queue"), "due_at_ms": due}
     columns = sendable.select(
-        "message_key",
-        F.col("origin_queue").alias("destination"),
-        due.alias("due_at_ms"),
-        "body",
-        "headers_json",
-        "content_type",
-        "content_encoding",
-        "message_id",
-        "correlation_id",
+        *(taken_from.get(name, F.col(name)).alias(name) for name in PUBLISH_COLUMNS)
     )
     try:
         with reading(path_list):

@@ -61,28 +61,29 @@ LEDGER_COLUMNS: tuple[tuple[str, str, bool, str], ...] = (
 )
 
 
+_TYPES = {
+    "string": ("string", "StringType"),
+    "binary": ("binary", "BinaryType"),
+    "int64": ("int64", "LongType"),
+    "bool": ("bool_", "BooleanType"),
+}
+"""Each column type's pyarrow factory and Spark type (``timestamp`` is milliseconds, UTC)."""
+
+
 def _arrow_type(name: str) -> Any:
     import pyarrow as pa
 
-    return {
-        "string": pa.string(),
-        "binary": pa.binary(),
-        "int64": pa.int64(),
-        "bool": pa.bool_(),
-        "timestamp": pa.timestamp("ms", tz="UTC"),
-    }[name]
+    if name == "timestamp":
+        return pa.timestamp("ms", tz="UTC")
+    return getattr(pa, _TYPES[name][0])()
 
 
 def _spark_type(name: str) -> Any:
     from pyspark.sql import types as T
 
-    return {
-        "string": T.StringType(),
-        "binary": T.BinaryType(),
-        "int64": T.LongType(),
-        "bool": T.BooleanType(),
-        "timestamp": T.TimestampType(),
-    }[name]
+    if name == "timestamp":
+        return T.TimestampType()
+    return getattr(T, _TYPES[name][1])()
 
 
 def archive_arrow_schema() -> Any:

@@ -17,7 +17,6 @@ from delayed_retry.errors import DelayedRetryError
 from delayed_retry.headers.names import split_read_counters
 from delayed_retry.parking.lot import ParkedRecord
 from delayed_retry.web.jobs import Action, JobRequest
-from delayed_retry.web.query import filter_from_query, query_int
 from delayed_retry.web.records import group_label
 from delayed_retry.web.render import header_rows, view_body
 from delayed_retry.web.security import USER
@@ -32,6 +31,9 @@ __all__ = [
     "api_queues",
     "api_replay",
 ]
+
+routes = web.RouteTableDef()
+"""The JSON API's routes (GET answers HEAD too), added by ``create_app``."""
 
 
 def _record_json(record: ParkedRecord, *, body_size: int | None = None) -> dict[str, Any]:
@@ -58,6 +60,7 @@ def _bad_request(exc: Exception) -> web.HTTPBadRequest:
     return web.HTTPBadRequest(text=json.dumps({"error": str(exc)}), content_type="application/json")
 
 
+@routes.get("/api/queues", name="api-queues")
 async def api_queues(request: web.Request) -> web.Response:
     state = state_of(request)
     data = await overview_data(state)
@@ -74,15 +77,12 @@ async def api_queues(request: web.Request) -> web.Response:
     )
 
 
+@routes.get("/api/parked", name="api-parked")
 async def api_parked(request: web.Request) -> web.Response:
     state = state_of(request)
-    lot, _ = state.parts()
     queue = state.known(request.query.get("queue"))
     try:
-        where = filter_from_query(request.query)
-        offset = query_int(request.query, "offset", 0, high=10_000_000)
-        limit = query_int(request.query, "limit", state.settings.page_size, high=500)
-        page = await lot.page(state.parking_queue(queue), where=where, offset=offset, limit=limit)
+        _, page = await state.parked_page(queue, request.query, max_limit=500)
     except DelayedRetryError as exc:
         raise _bad_request(exc) from exc
     return web.json_response(
@@ -113,12 +113,9 @@ async def api_parked(request: web.Request) -> web.Response:
     )
 
 
+@routes.get("/api/message", name="api-message")
 async def api_message(request: web.Request) -> web.Response:
-    state = state_of(request)
-    lot, _ = state.parts()
-    queue = state.known(request.query.get("queue"))
-    key = request.query.get("key", "")
-    record = await lot.find(state.parking_queue(queue), key) if key else None
+    queue, key, record = await state_of(request).requested_record(request.query)
     if record is None:
         raise web.HTTPNotFound(
             text=json.dumps({"error": f"no parked message {key!r} in queue {queue!r}"}),
@@ -152,14 +149,17 @@ async def _api_action(request: web.Request, action: Action) -> web.Response:
     return web.json_response({"job": job.as_json(), "status_url": status_url}, status=202)
 
 
+@routes.post("/api/parked/replay", name="api-replay")
 async def api_replay(request: web.Request) -> web.Response:
     return await _api_action(request, "replay")
 
 
+@routes.post("/api/parked/purge", name="api-purge")
 async def api_purge(request: web.Request) -> web.Response:
     return await _api_action(request, "purge")
 
 
+@routes.get("/api/jobs/{id}", name="api-job")
 async def api_job(request: web.Request) -> web.Response:
     _, jobs = state_of(request).parts()
     job = jobs.jobs.get(request.match_info["id"])
@@ -170,6 +170,7 @@ async def api_job(request: web.Request) -> web.Response:
     return web.json_response(job.as_json())
 
 
+@routes.get("/api/audit", name="api-audit")
 async def api_audit(request: web.Request) -> web.Response:
     return web.json_response(
         {"items": list(reversed(state_of(request).audit.recent))}, dumps=_dumps

@@ -22,27 +22,11 @@ from aio_pika.abc import AbstractConnection
 from aiohttp import web
 
 from delayed_retry.durations import format_duration, utcnow
-from delayed_retry.web.api import (
-    api_audit,
-    api_job,
-    api_message,
-    api_parked,
-    api_purge,
-    api_queues,
-    api_replay,
-)
+from delayed_retry.web import api, pages
 from delayed_retry.web.discovery import discover_queues
 from delayed_retry.web.jobs import AuditLog, JobManager
 from delayed_retry.web.lot import ParkingLot
 from delayed_retry.web.muting import follow_mutes
-from delayed_retry.web.pages import (
-    action_form,
-    events,
-    job_fragment,
-    message_page,
-    overview_page,
-    queue_page,
-)
 from delayed_retry.web.records import group_label
 from delayed_retry.web.render import format_age
 from delayed_retry.web.security import security_middleware
@@ -89,21 +73,9 @@ def create_app(
     app[STATE] = state
     app.cleanup_ctx.append(_broker_context)
     app.on_shutdown.append(_on_shutdown)
-    r = app.router
-    r.add_get("/", overview_page, name="overview")
-    r.add_get("/parked", queue_page, name="queue")
-    r.add_get("/message", message_page, name="message")
-    r.add_get("/events", events, name="events")
-    r.add_get("/jobs/{id}", job_fragment, name="job")
-    r.add_post("/actions", action_form, name="actions")
-    r.add_get("/api/queues", api_queues, name="api-queues")
-    r.add_get("/api/parked", api_parked, name="api-parked")
-    r.add_get("/api/message", api_message, name="api-message")
-    r.add_post("/api/parked/replay", api_replay, name="api-replay")
-    r.add_post("/api/parked/purge", api_purge, name="api-purge")
-    r.add_get("/api/jobs/{id}", api_job, name="api-job")
-    r.add_get("/api/audit", api_audit, name="api-audit")
-    r.add_static("/static/", _HERE / "static", name="static", append_version=True)
+    app.add_routes(pages.routes)
+    app.add_routes(api.routes)
+    app.router.add_static("/static/", _HERE / "static", name="static", append_version=True)
     return app
 
 

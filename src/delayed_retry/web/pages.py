@@ -35,7 +35,6 @@ from delayed_retry.web.forms import PAGE_CANARY, PAGE_RATE, form_field, request_
 from delayed_retry.web.jobs import JobManager, JobRequest
 from delayed_retry.web.muting import MUTE_OPS, mute_from_form, muted_groups
 from delayed_retry.web.plans import PlanBook, ReplayPlan
-from delayed_retry.web.query import filter_from_query, query_int
 from delayed_retry.web.records import filter_to_mapping
 from delayed_retry.web.render import header_rows, histogram, view_body
 from delayed_retry.web.security import USER
@@ -57,6 +56,9 @@ __all__ = [
     "overview_page",
     "queue_page",
 ]
+
+routes = web.RouteTableDef()
+"""The pages' routes (GET answers HEAD too), added by ``create_app``."""
 
 
 def _url(request: web.Request, name: str, **query: Any) -> str:
@@ -80,6 +82,7 @@ def _render(request: web.Request, template: str, status: int = 200, **context: A
     return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
 
 
+@routes.get("/", name="overview")
 async def overview_page(request: web.Request) -> web.Response:
     state = state_of(request)
     lot, _ = state.parts()
@@ -109,16 +112,13 @@ async def overview_page(request: web.Request) -> web.Response:
     )
 
 
+@routes.get("/parked", name="queue")
 async def queue_page(request: web.Request) -> web.Response:
     state = state_of(request)
     lot, jobs = state.parts()
     queue = state.known(request.query.get("queue"))
     try:
-        where = filter_from_query(request.query)
-        offset = query_int(request.query, "offset", 0, high=10_000_000)
-        page = await lot.page(
-            state.parking_queue(queue), where=where, offset=offset, limit=state.settings.page_size
-        )
+        where, page = await state.parked_page(queue, request.query)
     except DelayedRetryError as exc:
         return _render(request, "error.html", status=400, error=str(exc), queue=queue)
     parked = (await lot.counts([state.parking_queue(queue)]))[state.parking_queue(queue)]
@@ -135,8 +135,8 @@ async def queue_page(request: web.Request) -> web.Response:
         filters=filter_to_mapping(where),
         jobs=list(reversed(recent)),
         now=utcnow(),
-        prev_offset=max(offset - page.limit, 0) if offset > 0 else None,
-        next_offset=offset + page.limit if offset + page.limit < page.matching else None,
+        prev_offset=max(page.offset - page.limit, 0) if page.offset > 0 else None,
+        next_offset=page.offset + page.limit if page.offset + page.limit < page.matching else None,
         is_unroutable=queue == state.settings.topology.unroutable_queue,
         page_rate=PAGE_RATE,
         page_canary=PAGE_CANARY,
@@ -144,12 +144,10 @@ async def queue_page(request: web.Request) -> web.Response:
     )
 
 
+@routes.get("/message", name="message")
 async def message_page(request: web.Request) -> web.Response:
     state = state_of(request)
-    lot, _ = state.parts()
-    queue = state.known(request.query.get("queue"))
-    key = request.query.get("key", "")
-    record = await lot.find(state.parking_queue(queue), key) if key else None
+    queue, key, record = await state.requested_record(request.query)
     if record is None:
         return _render(
             request,
@@ -187,6 +185,7 @@ async def message_page(request: web.Request) -> web.Response:
     )
 
 
+@routes.get("/jobs/{id}", name="job")
 async def job_fragment(request: web.Request) -> web.Response:
     _, jobs = state_of(request).parts()
     job = jobs.jobs.get(request.match_info["id"])
@@ -195,6 +194,7 @@ async def job_fragment(request: web.Request) -> web.Response:
     return _render(request, "_job.html", job=job)
 
 
+@routes.get("/events", name="events")
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: ``counts`` every few seconds until the client goes."""
     state = state_of(request)
@@ -214,6 +214,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     return response
 
 
+@routes.post("/actions", name="actions")
 async def action_form(request: web.Request) -> web.Response:
     """The page's replay/purge form: builds the same request as the API, then a job.
 

@@ -1,7 +1,8 @@
 """What the web view's handlers share: the state of one application, and the reads and
 checks that both the pages and the JSON API make.
 
-Use :func:`state_of` in a handler to reach the parking lot, the jobs and the served queues;
+Use :func:`state_of` in a handler to reach the parking lot, the jobs, the served queues and
+the parked messages a query asks for;
 :func:`overview_data` and :func:`level_rows` for the counts both views show;
 :func:`start_job` to start a replay or purge after :func:`check_target` accepted it.
 """
@@ -22,9 +23,11 @@ from delayed_retry.admin.management import BEST_EFFORT_TIMEOUT, ManagementClient
 from delayed_retry.alerts.mute_store import MuteFollower
 from delayed_retry.chain.leaders import leader_spread, lopsided_warning
 from delayed_retry.errors import ConfigurationError
+from delayed_retry.parking.lot import ParkedFilter, ParkedRecord
 from delayed_retry.web.jobs import AuditLog, Job, JobManager, JobRequest
-from delayed_retry.web.lot import ParkingLot
+from delayed_retry.web.lot import Page, ParkingLot
 from delayed_retry.web.plans import PlanBook
+from delayed_retry.web.query import filter_from_query, query_int
 from delayed_retry.web.settings import WebSettings
 
 __all__ = [
@@ -73,6 +76,34 @@ class WebState:
         if self.lot is None or self.jobs is None:
             raise web.HTTPServiceUnavailable(text="not connected to the broker yet\n")
         return self.lot, self.jobs
+
+    async def parked_page(
+        self, queue: str, query: Mapping[str, str], *, max_limit: int | None = None
+    ) -> tuple[ParkedFilter, Page]:
+        """The filter ``query`` describes and the page of ``queue``'s parked messages it selects.
+
+        The page starts at the query's ``offset``; it holds the query's ``limit`` (up to
+        ``max_limit``, the page size when absent) when ``max_limit`` is given, else the page
+        size. A bad value raises :class:`~delayed_retry.errors.ConfigurationError` naming it.
+        """
+        lot, _ = self.parts()
+        where = filter_from_query(query)
+        offset = query_int(query, "offset", 0, high=10_000_000)
+        limit = self.settings.page_size
+        if max_limit is not None:
+            limit = query_int(query, "limit", limit, high=max_limit)
+        page = await lot.page(self.parking_queue(queue), where=where, offset=offset, limit=limit)
+        return where, page
+
+    async def requested_record(
+        self, query: Mapping[str, str]
+    ) -> tuple[str, str, ParkedRecord | None]:
+        """The served queue and key ``query`` names, and that parked message (``None``: gone)."""
+        lot, _ = self.parts()
+        queue = self.known(query.get("queue"))
+        key = query.get("key", "")
+        record = await lot.find(self.parking_queue(queue), key) if key else None
+        return queue, key, record
 
 
 STATE = web.AppKey("delayed_retry_web", WebState)

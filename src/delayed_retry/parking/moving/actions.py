@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import aiormq.abc
 
@@ -21,7 +21,10 @@ from delayed_retry.chain.topology import DelayTopology
 from delayed_retry.durations import utcnow
 from delayed_retry.parking.records import replay_copy
 
-__all__ = ["MessageAction", "PurgeAction", "ReplayAction", "copy_then_ack"]
+__all__ = ["Channel", "Delivery", "MessageAction", "PurgeAction", "ReplayAction", "copy_then_ack"]
+
+Channel = aiormq.abc.AbstractChannel
+Delivery = aiormq.abc.DeliveredMessage
 
 
 class MessageAction(Protocol):
@@ -40,20 +43,14 @@ class MessageAction(Protocol):
         """Where the messages go (``None``: nowhere)."""
         ...
 
-    async def settle(
-        self,
-        own: aiormq.abc.AbstractChannel,
-        got: aiormq.abc.DeliveredMessage,
-        *,
-        canary_token: str | None,
-    ) -> None:
+    async def settle(self, own: Channel, got: Delivery, *, canary_token: str | None) -> None:
         """Act on ``got`` (taken unacked on ``own``) and ack it; raise to leave it parked."""
         ...
 
 
 async def copy_then_ack(
-    own: aiormq.abc.AbstractChannel,
-    got: aiormq.abc.DeliveredMessage,
+    own: Channel,
+    got: Delivery,
     *,
     exchange: str,
     routing_key: str,
@@ -81,25 +78,11 @@ async def copy_then_ack(
 class PurgeAction:
     """Purge: ack the parked message, so the broker deletes it for good."""
 
-    @property
-    def name(self) -> Literal["purge"]:
-        return "purge"
+    name: ClassVar[Literal["purge"]] = "purge"
+    confirms: ClassVar[bool] = False
+    to_queue: ClassVar[None] = None
 
-    @property
-    def confirms(self) -> bool:
-        return False
-
-    @property
-    def to_queue(self) -> None:
-        return None
-
-    async def settle(
-        self,
-        own: aiormq.abc.AbstractChannel,
-        got: aiormq.abc.DeliveredMessage,
-        *,
-        canary_token: str | None,
-    ) -> None:
+    async def settle(self, own: Channel, got: Delivery, *, canary_token: str | None) -> None:
         await own.basic_ack(got.delivery_tag or 0)
 
 
@@ -114,25 +97,14 @@ class ReplayAction:
     replayed_by: str | None = None
     publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
 
-    @property
-    def name(self) -> Literal["replay"]:
-        return "replay"
-
-    @property
-    def confirms(self) -> bool:
-        return True
+    name: ClassVar[Literal["replay"]] = "replay"
+    confirms: ClassVar[bool] = True
 
     @property
     def to_queue(self) -> str:
         return self.target
 
-    async def settle(
-        self,
-        own: aiormq.abc.AbstractChannel,
-        got: aiormq.abc.DeliveredMessage,
-        *,
-        canary_token: str | None,
-    ) -> None:
+    async def settle(self, own: Channel, got: Delivery, *, canary_token: str | None) -> None:
         now = utcnow()
         headers, body = self.content(got, now=now)
         route, headers = replay_copy(
@@ -155,7 +127,7 @@ class ReplayAction:
         )
 
     def content(
-        self, got: aiormq.abc.DeliveredMessage, *, now: datetime
+        self, got: Delivery, *, now: datetime
     ) -> tuple[Mapping[str, Any] | None, bytes | None]:
         """The headers and body the copy starts from: the parked message's own (``None``: the
         body unchanged). An edit and replay gives others."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict
 
 from delayed_retry.parking.moving.canary_rules import CanaryWait
 from delayed_retry.parking.records import ParkedRecord
@@ -37,6 +37,16 @@ CANARY_PARKED_AFTER_THE_REST = "canary-parked-again-after-the-rest"
 rest was replayed: the rest is probably failing too."""
 CANARY_CONFIRMED = "canary-confirmed"
 """``MoveReport.canary_verdict`` when no canary parked again until its watch ended."""
+
+
+class _Counts(TypedDict):
+    """What :class:`MoveProgress` and :class:`MoveReport` both say of a move so far."""
+
+    action: MoveAction
+    done: int
+    scanned: int
+    depth: int
+    dry_run: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,11 +135,7 @@ class MoveTally:
     ) -> MoveReport:
         """The report of the operation so far."""
         return MoveReport(
-            action=self.action,
-            done=self.done,
-            scanned=self.scanned,
-            depth=self.depth,
-            dry_run=self.dry_run,
+            **self._counts(),
             to_queue=self.to_queue,
             stopped=self.stopped,
             canary_ids=canary_ids,
@@ -137,15 +143,15 @@ class MoveTally:
             canary_verdict=canary_verdict,
         )
 
+    def _counts(self) -> _Counts:
+        return {
+            "action": self.action,
+            "done": self.done,
+            "scanned": self.scanned,
+            "depth": self.depth,
+            "dry_run": self.dry_run,
+        }
+
     def _tell(self, record: ParkedRecord | None) -> None:
         if self.progress is not None:
-            self.progress(
-                MoveProgress(
-                    action=self.action,
-                    done=self.done,
-                    scanned=self.scanned,
-                    depth=self.depth,
-                    record=record,
-                    dry_run=self.dry_run,
-                )
-            )
+            self.progress(MoveProgress(**self._counts(), record=record))
