@@ -5,6 +5,7 @@ Each view is saved as a screenshot under ``test-artifacts/web/`` (ignored by git
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
@@ -64,7 +65,11 @@ def _orders(lot: Scenario) -> str:
     return f"orders-{lot.unique[-6:]}"
 
 
-async def _page(browser: Browser, problems: list[str]) -> Page:
+@contextlib.asynccontextmanager
+async def _page(browser: Browser, problems: list[str]) -> AsyncIterator[Page]:
+    """A page whose console errors and warnings go to ``problems``; closed on leaving, so
+    enter it inside ``serve``: a page left open past the server logs its live counts'
+    reconnects as errors."""
     page = await browser.new_page(viewport={"width": 1280, "height": 900})
 
     def on_console(message: ConsoleMessage) -> None:
@@ -73,7 +78,10 @@ async def _page(browser: Browser, problems: list[str]) -> Page:
 
     page.on("console", on_console)
     page.on("pageerror", lambda error: problems.append(str(error)))
-    return page
+    try:
+        yield page
+    finally:
+        await page.close()
 
 
 async def _shot(page: Page, name: str) -> None:
@@ -105,8 +113,7 @@ async def test_browser_lists_filters_and_replays_a_group(
         live_interval=0.5,
     )
     problems: list[str] = []
-    async with serve(settings) as base:
-        page = await _page(browser, problems)
+    async with serve(settings) as base, _page(browser, problems) as page:
         await page.goto(base + "/")
         row = page.locator("#parking tbody tr", has_text=queue)
         await expect(row.locator("[data-live]")).to_have_text("5")
@@ -192,8 +199,7 @@ async def test_browser_purge_needs_the_typed_confirmation(
     await park(lot, queue, ["missing", "timeout"])
     settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology)
     problems: list[str] = []
-    async with serve(settings) as base:
-        page = await _page(browser, problems)
+    async with serve(settings) as base, _page(browser, problems) as page:
         await page.goto(f"{base}/parked?queue={queue}")
         await page.check("input[value='missing-100']")
         await page.get_by_role("button", name="Purge selected").click()
@@ -271,8 +277,7 @@ async def test_browser_pages_through_a_parking_lot(
     await park(lot, queue, ["missing", "timeout", "missing"])
     settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology, page_size=2)
     problems: list[str] = []
-    async with serve(settings) as base:
-        page = await _page(browser, problems)
+    async with serve(settings) as base, _page(browser, problems) as page:
         await page.goto(f"{base}/parked?queue={queue}")
         rows = page.locator("#messages tbody tr[data-key]")
         keys = "rows => rows.map(r => r.dataset.key)"
@@ -301,8 +306,7 @@ async def test_browser_replay_asks_first_and_its_canary_stops_a_replay_that_stil
     try:
         ids = await park_after_retries(lot, queue, 4)
         settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology)
-        async with serve(settings) as base:
-            page = await _page(browser, problems)
+        async with serve(settings) as base, _page(browser, problems) as page:
             await page.goto(f"{base}/parked?queue={queue}")
             await page.get_by_role("button", name="Replay group").click()
             confirm = page.locator("#confirm")
@@ -366,8 +370,7 @@ async def test_browser_shows_tracebacks_group_keys_and_the_newest_parked_first(
     await channel.close()
     settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology)
     problems: list[str] = []
-    async with serve(settings) as base:
-        page = await _page(browser, problems)
+    async with serve(settings) as base, _page(browser, problems) as page:
         await page.goto(f"{base}/parked?queue={queue}")
         group = page.locator("#groups tbody tr")
         await expect(group).to_have_count(1)  # one group, as before
@@ -423,8 +426,7 @@ async def test_browser_offers_only_what_can_be_done_and_shows_every_filter_in_fo
         live_interval=0.5,
     )
     problems: list[str] = []
-    async with serve(settings) as base:
-        page = await _page(browser, problems)
+    async with serve(settings) as base, _page(browser, problems) as page:
         await page.goto(base + "/")
         # The live state is a word as well as a colour, the same on every load.
         await expect(page.locator("#live-state")).to_have_text("live")

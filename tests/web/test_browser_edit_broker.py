@@ -35,8 +35,7 @@ async def test_browser_edits_a_json_field_and_replays(
         url=rabbitmq_url, queues=(queue,), topology=lot.topology, audit_log=tmp_path / "a.jsonl"
     )
     problems: list[str] = []
-    async with serve(settings) as base:
-        page = await _page(browser, problems)
+    async with serve(settings) as base, _page(browser, problems) as page:
         await page.goto(f"{base}/message?queue={queue}&key={parked.message_id}")
         body = page.locator("#edit-body")
         shown = await body.input_value()
@@ -111,8 +110,7 @@ async def test_a_read_only_view_offers_no_edit_and_refuses_one(
     (parked,) = await park(lot, queue, ["missing"])
     settings = WebSettings(url=rabbitmq_url, queues=(queue,), topology=lot.topology, read_only=True)
     problems: list[str] = []
-    async with serve(settings) as base:
-        page = await _page(browser, problems)
+    async with serve(settings) as base, _page(browser, problems) as page:
         await page.goto(f"{base}/message?queue={queue}&key={parked.message_id}")
         await expect(page.locator("#body")).to_be_visible()
         await expect(page.locator("#edit")).to_have_count(0)

@@ -39,8 +39,7 @@ async def test_browser_delivers_what_waits_for_a_queue_after_asking(
         url=rabbitmq_url, queues=(queue,), topology=lot.topology, audit_log=tmp_path / "a.jsonl"
     )
     problems: list[str] = []
-    async with serve(settings) as base:
-        page = await _page(browser, problems)
+    async with serve(settings) as base, _page(browser, problems) as page:
         await page.goto(f"{base}/parked?queue={queue}")
         await page.get_by_role("button", name="Deliver now…").click()
         confirm = page.locator("#confirm")

@@ -34,8 +34,7 @@ async def test_browser_mutes_a_group_and_lifts_it(
         url=rabbitmq_url, queues=(queue,), topology=lot.topology, audit_log=tmp_path / "a.jsonl"
     )
     problems: list[str] = []
-    async with serve(settings) as base:
-        page = await _page(browser, problems)
+    async with serve(settings) as base, _page(browser, problems) as page:
         await page.goto(f"{base}/parked?queue={queue}")
         row = page.locator("#groups tbody tr", has_text="GatewayTimeout")
         group = await row.get_attribute("data-group")
