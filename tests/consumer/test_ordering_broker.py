@@ -21,6 +21,7 @@ from delayed_retry import (
 )
 from delayed_retry.consumer import order_partition
 from delayed_retry.consumer.order_partition import order_queue_name
+from delayed_retry.headers.names import X_ORDER_RECORD, X_ORDER_TOKEN
 from tests.support.chain import Scenario
 from tests.support.waiting import wait_until
 
@@ -249,6 +250,44 @@ async def test_a_partition_holding_its_limit_gives_messages_back_none_lost(
         assert "holds 3 records" in caplog.text
     finally:
         await connection.close()
+
+
+async def test_records_held_long_are_replaced_by_fresh_copies(
+    quorum: Scenario, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Held past REFRESH_AFTER, each record is published again and the old one acked, so that no
+    # record is held unacked as long as RabbitMQ's consumer_timeout. Here after 0.6 s, while
+    # a:0 waits 4 s in the chain: every record is replaced several times.
+    monkeypatch.setattr(order_partition, "REFRESH_AFTER", 0.6)
+    refreshed: list[tuple[str, str]] = []
+    publish = order_partition.Partition._publish
+
+    async def counting(self: order_partition.Partition, **kwargs: Any) -> None:
+        headers = kwargs["headers"]
+        if "x-retry-order-refreshed" in headers:
+            refreshed.append((headers[X_ORDER_RECORD], headers[X_ORDER_TOKEN]))
+        await publish(self, **kwargs)
+
+    monkeypatch.setattr(order_partition.Partition, "_publish", counting)
+    name = await ordered_queue(quorum)
+    run = Run({"a:0": 1})
+    handler = run.handler(quorum, wait=tenacity.wait_fixed(4), ordered_by=key_of)
+    connection = await start(rabbitmq_url, name, handler)
+    try:
+        await send(quorum, name, BODIES)
+        await wait_until(lambda: run.count() == len(BODIES), timeout=60, what="every message")
+    finally:
+        await connection.close()
+    # Each message once, in order: a replaced record ran once, its fresh copy not again.
+    assert run.handled["a"] == [f"a:{n}" for n in range(5)]
+    assert run.handled["b"] == [f"b:{n}" for n in range(5)]
+    # The block and the four messages behind it were each refreshed, more than once.
+    kinds = {kind for kind, _ in refreshed}
+    assert kinds == {"block", "deferred"}, refreshed
+    assert len({token for _, token in refreshed}) == 5, refreshed
+    assert len(refreshed) > 5
+    # Every copy replaced was acked, the last ones once they ran: nothing is left behind.
+    await quorum.wait_for_depth(order_queue_name(name), 0)
 
 
 async def test_more_messages_wait_behind_a_key_than_a_quorum_queue_gives_by_default(
