@@ -264,7 +264,7 @@ async def test_records_held_long_are_replaced_by_fresh_copies(
 
     async def counting(self: order_partition.Partition, **kwargs: Any) -> None:
         headers = kwargs["headers"]
-        if "x-retry-order-refreshed" in headers:
+        if order_partition._REFRESHED in headers:
             refreshed.append((headers[X_ORDER_RECORD], headers[X_ORDER_TOKEN]))
         await publish(self, **kwargs)
 

@@ -12,20 +12,12 @@ from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.cli import common
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.service import add_service_args, run_service
+from delayed_retry.cli.service import add_forwarding_args, run_service
 from delayed_retry.cli.service_state import Running, forwarding
 from delayed_retry.cli.startup import Startup
 from delayed_retry.delivery.forwarder import Forwarder
 
-__all__ = ["COMMAND", "add_forwarding_args"]
-
-
-def add_forwarding_args(parser: argparse.ArgumentParser) -> None:
-    """The options after ``--exchange`` of a command that runs a :class:`Forwarder` (``forwarder``,
-    ``front-door``): ``--prefetch``, the delay topology, the service options."""
-    parser.add_argument("--prefetch", type=int, default=1000, help="unacked at once (%(default)s)")
-    common.add_topology_args(parser)
-    add_service_args(parser)
+__all__ = ["COMMAND"]
 
 
 def _options(parser: argparse.ArgumentParser) -> None:

@@ -12,8 +12,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from delayed_retry.cli import common
 from delayed_retry.cli.command import Command
-from delayed_retry.cli.forwarder_cmd import add_forwarding_args
-from delayed_retry.cli.service import run_service
+from delayed_retry.cli.service import add_forwarding_args, run_service
 from delayed_retry.cli.service_state import Running, forwarding
 from delayed_retry.cli.startup import Startup
 from delayed_retry.delivery.front_door import FrontDoor

@@ -148,10 +148,11 @@ def header_type(text: str) -> tuple[str, str]:
     return name.strip(), value
 
 
-def add_header_option(parser: Any, flag: str, *, help: str, metavar: str = "NAME=TEXT") -> None:
-    """Add a repeatable ``flag NAME=VALUE`` option, read as a list of (name, value) pairs.
-
-    ``parser`` is a parser or an argument group."""
+def add_header_option(
+    parser: argparse._ActionsContainer, flag: str, *, help: str, metavar: str = "NAME=TEXT"
+) -> None:
+    """Add a repeatable ``flag NAME=VALUE`` option, read as a list of (name, value) pairs: for
+    any option that sets or matches headers. ``parser`` is a parser or an argument group."""
     parser.add_argument(
         flag, type=header_type, action="append", default=[], metavar=metavar, help=help
     )

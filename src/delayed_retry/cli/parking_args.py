@@ -65,7 +65,8 @@ def filter_from_args(args: argparse.Namespace) -> ParkedFilter:
 
 
 class Lot(TypedDict):
-    """The keyword arguments that name a parking lot to the parking functions."""
+    """The keyword arguments that name a parking lot to the parking functions: spread it
+    (``**lot_from_args(args, topology)``) into any call of a parking verb's action."""
 
     queue: str
     parking_queue: str | None

@@ -142,15 +142,6 @@ async def _edit(args: argparse.Namespace) -> int:
             set_headers=dict(args.set_header),
             unset_headers=frozenset(args.unset_header),
         )
-        replay: dict[str, Any] = dict(
-            queue=args.queue,
-            id=record.id,
-            edit=edit,
-            parking_queue=args.parking_queue,
-            to_queue=args.to_queue,
-            delay=args.delay,
-            topology=topology,
-        )
         diff = checked_diff(record, edit)
         # Refused now, not after the question: a missing queue, a delay past the chain's reach.
         await prepare_replay_target(channel, topology, target, delay=args.delay, dry_run=True)
@@ -169,7 +160,15 @@ async def _edit(args: argparse.Namespace) -> int:
             print("nothing replayed", file=sys.stderr)
             return 1
         by = who()
-        result = await edit_and_replay(channel, edited_by=by, **replay)
+        result = await edit_and_replay(
+            channel,
+            id=record.id,
+            edit=edit,
+            to_queue=args.to_queue,
+            delay=args.delay,
+            edited_by=by,
+            **parking_args.lot_from_args(args, topology),
+        )
     if args.json:
         output.emit_json(result)
     else:

@@ -22,7 +22,7 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractRobustConnection
 
-from delayed_retry.cli import output
+from delayed_retry.cli import common, output
 from delayed_retry.cli.json_logs import JsonFormatter
 from delayed_retry.cli.service_http import Route, serve_routes
 from delayed_retry.cli.service_metrics import ServiceMetrics
@@ -42,6 +42,7 @@ __all__ = [
     "METRICS_PATH",
     "STOP_TIMEOUT",
     "Start",
+    "add_forwarding_args",
     "add_service_args",
     "run_service",
 ]
@@ -105,6 +106,15 @@ def add_service_args(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM, let messages in flight finish for this long, then give the rest "
         "back and exit (10s)",
     )
+
+
+def add_forwarding_args(parser: argparse.ArgumentParser) -> None:
+    """The options after ``--exchange`` of a command that runs a
+    :class:`~delayed_retry.delivery.forwarder.Forwarder` (``forwarder``, ``front-door``):
+    ``--prefetch``, the delay topology, the service options."""
+    parser.add_argument("--prefetch", type=int, default=1000, help="unacked at once (%(default)s)")
+    common.add_topology_args(parser)
+    add_service_args(parser)
 
 
 def _configure_logs(log_format: str) -> Callable[[str], None]:

@@ -166,6 +166,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 class _Sending(TypedDict):
+    """The keyword arguments every sending job takes from the options (see :func:`_sending`)."""
+
     url: str
     topology: DelayTopology
     partitions: int | None

@@ -50,7 +50,7 @@ THROTTLED = "delayed_retry.throttled"
 THROTTLE_TRIPS = "delayed_retry.throttle.trips"
 """How often a queue's consumer tripped its throttle."""
 
-_DESCRIPTIONS: dict[str, tuple[str, str]] = {
+_UNITS_AND_DESCRIPTIONS: dict[str, tuple[str, str]] = {
     ATTEMPTS: ("{attempt}", "Handling attempts, by queue and outcome."),
     RETRIES: ("{message}", "Retries scheduled into the delay chain, by queue and exception type."),
     SUCCESSES_AFTER_RETRY: (
@@ -88,13 +88,13 @@ def meter_for(provider: MeterProvider | None) -> Meter:
 
 def _counter(meter: Meter, name: str) -> Counter:
     """The counter ``name`` on ``meter``, with its unit and description."""
-    unit, description = _DESCRIPTIONS[name]
+    unit, description = _UNITS_AND_DESCRIPTIONS[name]
     return meter.create_counter(name, unit=unit, description=description)
 
 
 def _delay_histogram(meter: Meter, name: str) -> Histogram:
     """The histogram ``name`` on ``meter``, in seconds, with the :data:`DELAY_BUCKETS`."""
-    unit, description = _DESCRIPTIONS[name]
+    unit, description = _UNITS_AND_DESCRIPTIONS[name]
     return meter.create_histogram(
         name, unit=unit, description=description, explicit_bucket_boundaries_advisory=DELAY_BUCKETS
     )

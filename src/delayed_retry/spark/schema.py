@@ -12,6 +12,7 @@ partition columns live in the path only; folders whose names start with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -61,29 +62,27 @@ LEDGER_COLUMNS: tuple[tuple[str, str, bool, str], ...] = (
 )
 
 
-_TYPES = {
-    "string": ("string", "StringType"),
-    "binary": ("binary", "BinaryType"),
-    "int64": ("int64", "LongType"),
-    "bool": ("bool_", "BooleanType"),
+_TYPES: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "string": (lambda pa: pa.string(), lambda T: T.StringType()),
+    "binary": (lambda pa: pa.binary(), lambda T: T.BinaryType()),
+    "int64": (lambda pa: pa.int64(), lambda T: T.LongType()),
+    "bool": (lambda pa: pa.bool_(), lambda T: T.BooleanType()),
+    "timestamp": (lambda pa: pa.timestamp("ms", tz="UTC"), lambda T: T.TimestampType()),
 }
-"""Each column type's pyarrow factory and Spark type (``timestamp`` is milliseconds, UTC)."""
+"""Each column type as pyarrow's type (given the ``pyarrow`` module) and as Spark's (given
+``pyspark.sql.types``): both are imported only when a schema is asked for."""
 
 
 def _arrow_type(name: str) -> Any:
     import pyarrow as pa
 
-    if name == "timestamp":
-        return pa.timestamp("ms", tz="UTC")
-    return getattr(pa, _TYPES[name][0])()
+    return _TYPES[name][0](pa)
 
 
 def _spark_type(name: str) -> Any:
     from pyspark.sql import types as T
 
-    if name == "timestamp":
-        return T.TimestampType()
-    return getattr(T, _TYPES[name][1])()
+    return _TYPES[name][1](T)
 
 
 def archive_arrow_schema() -> Any:

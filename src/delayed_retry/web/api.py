@@ -80,6 +80,7 @@ async def api_queues(request: web.Request) -> web.Response:
 @routes.get("/api/parked", name="api-parked")
 async def api_parked(request: web.Request) -> web.Response:
     state = state_of(request)
+    state.parts()  # 503 while no broker is connected, before the queue is looked at
     queue = state.known(request.query.get("queue"))
     try:
         _, page = await state.parked_page(queue, request.query, max_limit=500)

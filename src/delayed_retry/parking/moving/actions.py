@@ -24,7 +24,9 @@ from delayed_retry.parking.records import replay_copy
 __all__ = ["Channel", "Delivery", "MessageAction", "PurgeAction", "ReplayAction", "copy_then_ack"]
 
 Channel = aiormq.abc.AbstractChannel
+"""The move's own channel, on which a :class:`MessageAction` settles each message."""
 Delivery = aiormq.abc.DeliveredMessage
+"""A parked message as the move took it (unacked): what a :class:`MessageAction` settles."""
 
 
 class MessageAction(Protocol):
