@@ -80,10 +80,10 @@ async def api_queues(request: web.Request) -> web.Response:
 @routes.get("/api/parked", name="api-parked")
 async def api_parked(request: web.Request) -> web.Response:
     state = state_of(request)
-    state.parts()  # 503 while no broker is connected, before the queue is looked at
+    lot, _ = state.parts()
     queue = state.known(request.query.get("queue"))
     try:
-        _, page = await state.parked_page(queue, request.query, max_limit=500)
+        _, page = await state.parked_page(lot, queue, request.query, max_limit=500)
     except DelayedRetryError as exc:
         raise _bad_request(exc) from exc
     return web.json_response(

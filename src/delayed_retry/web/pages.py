@@ -118,7 +118,7 @@ async def queue_page(request: web.Request) -> web.Response:
     lot, jobs = state.parts()
     queue = state.known(request.query.get("queue"))
     try:
-        where, page = await state.parked_page(queue, request.query)
+        where, page = await state.parked_page(lot, queue, request.query)
     except DelayedRetryError as exc:
         return _render(request, "error.html", status=400, error=str(exc), queue=queue)
     parked = (await lot.counts([state.parking_queue(queue)]))[state.parking_queue(queue)]

@@ -78,15 +78,20 @@ class WebState:
         return self.lot, self.jobs
 
     async def parked_page(
-        self, queue: str, query: Mapping[str, str], *, max_limit: int | None = None
+        self,
+        lot: ParkingLot,
+        queue: str,
+        query: Mapping[str, str],
+        *,
+        max_limit: int | None = None,
     ) -> tuple[ParkedFilter, Page]:
-        """The filter ``query`` describes and the page of ``queue``'s parked messages it selects.
+        """The filter ``query`` describes and the page of ``queue``'s parked messages it selects,
+        read from ``lot`` (see :meth:`parts`).
 
         The page starts at the query's ``offset``; it holds the query's ``limit`` (up to
         ``max_limit``, the page size when absent) when ``max_limit`` is given, else the page
         size. A bad value raises :class:`~delayed_retry.errors.ConfigurationError` naming it.
         """
-        lot, _ = self.parts()
         where = filter_from_query(query)
         offset = query_int(query, "offset", 0, high=10_000_000)
         limit = self.settings.page_size
